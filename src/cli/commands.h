@@ -1,0 +1,13 @@
+// The `deg` subcommands. Each lives in its own file and registers itself on the app; the CLI is a
+// thin layer over the library (STYLE.md §11): parse flags, call the API, print, map errors to
+// exit codes. A command's callback throws deg::Error for user errors; main() prints them.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace deg::cli {
+
+void add_inspect_command(CLI::App& app);
+void add_fill_command(CLI::App& app);
+
+}  // namespace deg::cli

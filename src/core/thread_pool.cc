@@ -1,0 +1,139 @@
+#include "core/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "core/config.h"
+#include "core/error.h"
+
+namespace deg {
+
+namespace {
+thread_local bool t_inside_worker = false;
+}  // namespace
+
+ThreadPool::ThreadPool(int threads) {
+  threads = std::max(1, threads);
+  for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i + 1); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  start_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+namespace {
+void chunk_bounds(int64_t n, int chunks, int index, int64_t* begin, int64_t* end) {
+  *begin = n * index / chunks;
+  *end = n * (index + 1) / chunks;
+}
+}  // namespace
+
+void ThreadPool::worker_loop(int index) {
+  t_inside_worker = true;
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int64_t, int64_t)>* job;
+    int64_t n;
+    int chunks;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+      n = job_n_;
+      chunks = job_chunks_;
+    }
+    if (index < chunks) {
+      int64_t b, e;
+      chunk_bounds(n, chunks, index, &b, &e);
+      if (b < e) (*job)(b, e);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
+                              int64_t grain) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(1, grain);
+  int chunks = int(std::min<int64_t>(size(), (n + grain - 1) / grain));
+  if (chunks <= 1 || t_inside_worker || workers_.empty()) {
+    fn(0, n);
+    return;
+  }
+  std::lock_guard<std::mutex> run(run_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &fn;
+    job_n_ = n;
+    job_chunks_ = chunks;
+    pending_ = int(workers_.size());
+    ++generation_;
+  }
+  start_cv_.notify_all();
+  int64_t b, e;
+  chunk_bounds(n, chunks, 0, &b, &e);
+  t_inside_worker = true;
+  fn(b, e);
+  t_inside_worker = false;
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+std::unique_ptr<ThreadPool>& pool_slot() {
+  static std::unique_ptr<ThreadPool> pool;
+  return pool;
+}
+int& requested_threads() {
+  static int n = 0;
+  return n;
+}
+std::mutex& pool_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+ThreadPool& thread_pool() {
+  std::lock_guard<std::mutex> lock(pool_mutex());
+  auto& pool = pool_slot();
+  if (!pool) {
+    int n = requested_threads();
+    if (n <= 0) n = env_config().threads;
+    if (n <= 0) n = available_cores();
+    pool = std::make_unique<ThreadPool>(n);
+  }
+  return *pool;
+}
+
+void set_thread_count(int threads) {
+  if (threads < 0) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("--threads must be >= 0, got {}", threads));
+  }
+  std::lock_guard<std::mutex> lock(pool_mutex());
+  requested_threads() = threads;
+  pool_slot().reset();
+}
+
+}  // namespace deg

@@ -1,0 +1,66 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace deg::testing {
+
+namespace fs = std::filesystem;
+
+fs::path fixture_path(const std::string& rel) {
+  return fs::path(DEG_FIXTURES_DIR) / rel;
+}
+fs::path source_path(const std::string& rel) {
+  return fs::path(DEG_SOURCE_DIR) / rel;
+}
+
+TempDir::TempDir() {
+  static std::atomic<int> counter{0};
+  std::random_device rd;
+  path_ = fs::temp_directory_path() / ("deg_test_" + std::to_string(getpid()) + "_" +
+                                       std::to_string(counter++) + "_" + std::to_string(rd()));
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text) {
+  TempDir dir;
+  write_text(dir / "stdin", stdin_text);
+  std::string cmd = std::string("'") + DEG_BINARY + "'";
+  for (const auto& a : args) {
+    std::string quoted = "'";
+    for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    cmd += " " + quoted + "'";
+  }
+  cmd += " <'" + (dir / "stdin").string() + "' >'" + (dir / "stdout").string() + "' 2>'" +
+         (dir / "stderr").string() + "'";
+  int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_text(dir / "stdout");
+  r.err = read_text(dir / "stderr");
+  return r;
+}
+
+}  // namespace deg::testing

@@ -1,0 +1,41 @@
+// Helpers shared by the tests: fixture paths, scratch directories, running the `deg` binary.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace deg::testing {
+
+// tests/fixtures/<rel>
+std::filesystem::path fixture_path(const std::string& rel);
+// The source tree root (for ../shared data and scripts).
+std::filesystem::path source_path(const std::string& rel);
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& rel) const { return path_ / rel; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_text(const std::filesystem::path& path, const std::string& text);
+std::string read_text(const std::filesystem::path& path);
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs the built `deg` binary with `args`, feeding `stdin_text` on standard input.
+CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "");
+
+}  // namespace deg::testing
