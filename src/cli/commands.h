@@ -1,6 +1,7 @@
 // The `deg` subcommands. Each lives in its own file and registers itself on the app; the CLI is a
 // thin layer over the library (STYLE.md §11): parse flags, call the API, print, map errors to
 // exit codes. A command's callback throws deg::Error for user errors; main() prints them.
+// Option storage must outlive add_*_command: keep it in shared_ptrs captured by the callback.
 #pragma once
 
 #include <CLI/CLI.hpp>

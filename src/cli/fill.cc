@@ -13,7 +13,7 @@ void add_fill_command(CLI::App& app) {
   cmd->add_option("--schema", *schema, "JSON Schema file")->required();
   cmd->add_option("--model", *model, "HF snapshot or deg checkpoint (default: the embedded model)");
   cmd->add_option("DOC", *docs, "Document files");
-  cmd->callback([model] {
+  cmd->callback([schema, model, docs] {
     if (model->empty()) {
       throw Error(ErrorKind::not_found,
                   "this build has no embedded default model yet (deg trains its own; see README "
