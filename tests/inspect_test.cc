@@ -87,6 +87,22 @@ TEST(Inspect, CliTextJsonAndErrors) {
   EXPECT_NE(r.err.find("model.safetensors"), std::string::npos) << r.err;
 }
 
+// PyTorch's own parameter count (sum of numel over model.parameters(), which shares a tied head)
+// of the tiny snapshots tools/reference/qwen35_fixtures.py saved, in both layouts.
+TEST(Inspect, MatchesPyTorchCountOnReferenceSnapshots) {
+  int checked = 0;
+  for (const auto& entry : fs::directory_iterator(testing::fixture_path("qwen35"))) {
+    if (!fs::exists(entry.path() / "meta.json")) continue;
+    Json meta = Json::parse(testing::read_text(entry.path() / "meta.json"));
+    ModelInfo info = model_info(entry.path());
+    EXPECT_EQ(info.parameters, meta["num_parameters"].get<int64_t>()) << entry.path();
+    EXPECT_EQ(info.tied_embeddings, meta["tied"].get<bool>()) << entry.path();
+    EXPECT_EQ(info.text_prefix, meta["layout"] == "multimodal" ? "model.language_model." : "model.");
+    ++checked;
+  }
+  EXPECT_GE(checked, 2) << "reference snapshots missing from tests/fixtures/qwen35";
+}
+
 TEST(Cli, VersionAndHelp) {
   auto r = testing::run_deg({"--version"});
   EXPECT_EQ(r.exit_code, 0);
