@@ -50,8 +50,7 @@ bool is_trail(char32_t c) {
 
 // Leading punctuation a token may carry before a value.
 bool is_lead(char32_t c) {
-  return c == U'>' || c == U'\'' || c == U'"' || c == U'\u201c' || c == U'\u2018' ||
-         c == U'\u00ab';
+  return c == U'>' || c == U'\'' || c == U'"' || c == U'\u201c' || c == U'\u2018' || c == U'\u00ab';
 }
 
 // Openers stripped together with a matching closer at the other end.
@@ -122,8 +121,8 @@ std::optional<std::pair<int64_t, int64_t>> token_span(const TokenOffsets& offset
   int64_t first = n;
   int64_t last = -1;
   if (offsets.monotone()) {
-    first = std::upper_bound(offsets.ends_.begin(), offsets.ends_.end(), start) -
-            offsets.ends_.begin();
+    first =
+        std::upper_bound(offsets.ends_.begin(), offsets.ends_.end(), start) - offsets.ends_.begin();
     last = (std::lower_bound(offsets.starts_.begin(), offsets.starts_.end(), end) -
             offsets.starts_.begin()) -
            1;
@@ -161,7 +160,8 @@ std::pair<int64_t, int64_t> trim_span(std::u32string_view text, int64_t start, i
       ++start;
     } else if (opener_of(z) != 0 && !contains(text, start, end - 1, opener_of(z))) {
       --end;
-    } else if (is_trail(z) && !(opener_of(z) != 0 && contains(text, start, end - 1, opener_of(z)))) {
+    } else if (is_trail(z) &&
+               !(opener_of(z) != 0 && contains(text, start, end - 1, opener_of(z)))) {
       --end;
     } else {
       return {start, end};
