@@ -13,7 +13,9 @@ namespace {
 using testing::TempDir;
 namespace fs = std::filesystem;
 
-Tensor ones(const Shape& s, DType t = DType::bf16) { return Tensor::empty(s, t); }
+Tensor ones(const Shape& s, DType t = DType::bf16) {
+  return Tensor::empty(s, t);
+}
 
 TEST(Inspect, CountsTiedHeadOnceInBothLayouts) {
   for (bool multimodal : {false, true}) {
@@ -45,9 +47,10 @@ TEST(Inspect, CountsTiedHeadOnceInBothLayouts) {
 
 TEST(Inspect, UntiedHeadCounts) {
   TempDir dir;
-  safetensors_write(dir / "model.safetensors",
-                    {{"model.embed_tokens.weight", ones({10, 4})}, {"lm_head.weight", ones({10, 4})}});
-  testing::write_text(dir / "config.json", R"({"model_type": "lfm2", "tie_word_embeddings": false})");
+  safetensors_write(dir / "model.safetensors", {{"model.embed_tokens.weight", ones({10, 4})},
+                                                {"lm_head.weight", ones({10, 4})}});
+  testing::write_text(dir / "config.json",
+                      R"({"model_type": "lfm2", "tie_word_embeddings": false})");
   EXPECT_EQ(model_info(dir.path()).parameters, 80);
 }
 
@@ -97,7 +100,8 @@ TEST(Inspect, MatchesPyTorchCountOnReferenceSnapshots) {
     ModelInfo info = model_info(entry.path());
     EXPECT_EQ(info.parameters, meta["num_parameters"].get<int64_t>()) << entry.path();
     EXPECT_EQ(info.tied_embeddings, meta["tied"].get<bool>()) << entry.path();
-    EXPECT_EQ(info.text_prefix, meta["layout"] == "multimodal" ? "model.language_model." : "model.");
+    EXPECT_EQ(info.text_prefix,
+              meta["layout"] == "multimodal" ? "model.language_model." : "model.");
     ++checked;
   }
   EXPECT_GE(checked, 2) << "reference snapshots missing from tests/fixtures/qwen35";

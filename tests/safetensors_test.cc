@@ -1,12 +1,13 @@
 // safetensors: round trip through the writer and the mmap reader, sharded directories, both HF
 // layouts, and a corpus of damaged files that must each be refused with a clear deg::Error.
+#include "io/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <fstream>
 
 #include "io/json.h"
-#include "io/safetensors.h"
 #include "io/weights.h"
 #include "test_util.h"
 
@@ -83,38 +84,48 @@ std::vector<Damaged> damaged_corpus() {
   c.push_back({"short length", std::string(5, '\0'), "too short"});
   std::string full = image(ok, 16);
   for (size_t cut : {size_t(9), size_t(20), full.size() - 1}) {
-    c.push_back({"truncated", full.substr(0, cut), cut < 8 + ok.size() ? "past the end" : "run past"});
+    c.push_back(
+        {"truncated", full.substr(0, cut), cut < 8 + ok.size() ? "past the end" : "run past"});
   }
   c.push_back({"huge header length", std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}",
                "implausible"});
   c.push_back({"bad json", image(R"({"a":{"dtype":"F32",)", 16), "not valid JSON"});
   c.push_back({"not an object", image("[1,2]", 0), "not a JSON object"});
   c.push_back({"entry not object", image(R"({"a":3})", 0), "not an object"});
-  c.push_back({"unknown dtype", image(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8),
+  c.push_back({"unknown dtype",
+               image(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", 8),
                "unsupported dtype"});
   c.push_back({"missing dtype", image(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", 4), "dtype"});
-  c.push_back({"negative shape", image(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+  c.push_back({"negative shape",
+               image(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
                "non-negative"});
-  c.push_back({"float shape", image(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4),
+  c.push_back({"float shape",
+               image(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4),
                "non-negative"});
-  c.push_back({"shape mismatch", image(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+  c.push_back({"shape mismatch",
+               image(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
                "needs 12 bytes"});
-  c.push_back({"dtype mismatch", image(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})", 16),
+  c.push_back({"dtype mismatch",
+               image(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})", 16),
                "needs 8 bytes"});
-  c.push_back({"offsets reversed", image(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8),
+  c.push_back({"offsets reversed",
+               image(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", 8),
                "end before"});
   c.push_back({"offsets past file",
-               image(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[100,116]}})", 16), "run past"});
-  c.push_back({"offsets wrong arity", image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4),
+               image(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[100,116]}})", 16),
+               "run past"});
+  c.push_back({"offsets wrong arity",
+               image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4),
                "data_offsets"});
   c.push_back({"overlap",
                image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
                      12),
                "overlap"});
-  c.push_back({"shape overflow",
-               image(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", 4),
-               "overflows"});
+  c.push_back(
+      {"shape overflow",
+       image(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,4]}})", 4),
+       "overflows"});
   c.push_back({"metadata not strings", image(R"({"__metadata__":{"k":1}})", 0), "not a string"});
   return c;
 }
@@ -138,8 +149,9 @@ TEST(Safetensors, DamagedFilesAreRefusedClearly) {
 
 TEST(Safetensors, ErrorsNameTheTensor) {
   TempDir dir;
-  testing::write_text(dir / "x.safetensors",
-                      image(R"({"layers.3.w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
+  testing::write_text(
+      dir / "x.safetensors",
+      image(R"({"layers.3.w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8));
   try {
     SafetensorsFile::open(dir / "x.safetensors");
     FAIL();
@@ -167,13 +179,13 @@ TEST(WeightStore, ShardedIndexAndLayouts) {
   safetensors_write(dir / "model-00002-of-00002.safetensors",
                     {{"model.language_model.norm.weight", iota_f32({2})},
                      {"model.visual.patch.weight", iota_f32({5})}});
-  Json index = {{"metadata", {{"total_size", 80}}},
-                {"weight_map",
-                 {{"model.language_model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
-                  {"model.language_model.layers.0.mlp.up_proj.weight",
-                   "model-00001-of-00002.safetensors"},
-                  {"model.language_model.norm.weight", "model-00002-of-00002.safetensors"},
-                  {"model.visual.patch.weight", "model-00002-of-00002.safetensors"}}}};
+  Json index = {
+      {"metadata", {{"total_size", 80}}},
+      {"weight_map",
+       {{"model.language_model.embed_tokens.weight", "model-00001-of-00002.safetensors"},
+        {"model.language_model.layers.0.mlp.up_proj.weight", "model-00001-of-00002.safetensors"},
+        {"model.language_model.norm.weight", "model-00002-of-00002.safetensors"},
+        {"model.visual.patch.weight", "model-00002-of-00002.safetensors"}}}};
   testing::write_text(dir / "model.safetensors.index.json", index.dump());
   WeightStore w = WeightStore::open_dir(dir.path());
   EXPECT_EQ(w.names().size(), 4u);

@@ -1,4 +1,6 @@
 // Tensor views and copies, aligned buffers, the thread pool's fixed chunking.
+#include "core/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -6,7 +8,6 @@
 #include <mutex>
 #include <set>
 
-#include "core/tensor.h"
 #include "core/thread_pool.h"
 
 namespace deg {
