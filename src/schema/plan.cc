@@ -46,6 +46,7 @@ struct Site {
   std::vector<PathToken> path;
   std::string pointer;  // template pointer of the field
   bool required = true;
+  bool present = true;  // the enclosing object is always there (required up to root or item)
   int64_t depth = 0;
   std::vector<std::string> open_refs;
 };
@@ -306,6 +307,7 @@ std::optional<Field> Compiler::build(const std::vector<Located>& parts, const Si
     } else if (!(types == std::vector<std::string>{"integer"} &&
                  build_integer_range(node, f, nullable))) {
       f.kind = FieldKind::extract;
+      f.null_masked = site.present && required && !nullable;
       build_value(node, f, types.empty() ? std::vector<std::string>{"string"} : types);
     }
   } else {
@@ -518,6 +520,7 @@ void Compiler::build_object(const Node& node, Field& f, const Site& site) {
     Site child = {.path = site.path,
                   .pointer = json_pointer_join(site.pointer, name),
                   .required = std::count(node.required.begin(), node.required.end(), name) > 0,
+                  .present = site.present && f.required,
                   .depth = site.depth + 1,
                   .open_refs = site.open_refs};
     child.path.push_back({.key = name});
@@ -544,6 +547,7 @@ bool Compiler::build_array(const Node& node, Field& f, const Site& site) {
   Site item_site = {.path = site.path,
                     .pointer = site.pointer + "/*",
                     .required = true,
+                    .present = true,
                     .depth = site.depth + 1,
                     .open_refs = site.open_refs};
   item_site.path.push_back({.item = true});
@@ -555,6 +559,7 @@ bool Compiler::build_array(const Node& node, Field& f, const Site& site) {
   std::optional<Field> item = build({items_at}, optional_item);
   if (!item) return !f.required;  // items admit nothing: only [] fits (optional: left out)
   item->required = true;
+  if (item->kind == FieldKind::extract) item->null_masked = !item->nullable;
   if (item->is_leaf() && item->title.empty() && item->description.empty()) {
     item->title = f.title;
     item->description = f.description;

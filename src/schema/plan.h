@@ -61,8 +61,12 @@ struct Field {
 
   std::vector<Option> options;  // choice and score: the lines; multi_select: one per child
 
-  bool required = false;   // listed in the parent's `required` (root and items: true)
-  bool nullable = false;   // the schema admits null
+  bool required = false;  // listed in the parent's `required` (root and items: true)
+  bool nullable = false;  // the schema admits null
+  // Extract: the null outcome is masked: required, not nullable, and every enclosing object up
+  // to the root or the array item is required too (an optional object whose required field
+  // comes out null is left out whole by the assembler instead).
+  bool null_masked = false;
   ValueSpec value;         // extract and generate: what a text must be to count as a value
   int64_t max_tokens = 0;  // generate: decode budget
 
@@ -75,8 +79,6 @@ struct Field {
 
   // The key of an object property (the last path token), "" for the root and items.
   const std::string& key() const;
-  // Extract: the null outcome is masked (required and not nullable: a value must be found).
-  bool null_masked() const { return required && !nullable; }
   // Choice/score/boolean/extract/generate (fields that are one query each).
   bool is_leaf() const;
 };
