@@ -11,5 +11,6 @@ namespace deg::cli {
 void add_inspect_command(CLI::App& app);
 void add_fill_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 
 }  // namespace deg::cli
