@@ -12,6 +12,25 @@ namespace deg::text {
 
 namespace {
 
+struct CodeRange {
+  char32_t first;
+  char32_t last;
+};
+
+#include "text/unicode_age.inc"
+
+template <size_t N>
+bool in_ranges(char32_t c, const CodeRange (&table)[N]) {
+  const CodeRange* it = std::upper_bound(
+      table, table + N, c, [](char32_t v, const CodeRange& r) { return v < r.first; });
+  return it != table && c <= (it - 1)->last;
+}
+
+// Unassigned for the Unicode 9.0 normalization tables HF uses (see unicode_age.inc).
+bool unknown_to_unicode9(char32_t c) {
+  return c >= 0x7FD && in_ranges(c, kPost9Normalization);
+}
+
 const utf8proc_property_t* prop(char32_t c) {
   return utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
 }
@@ -23,11 +42,13 @@ bool is_hangul(char32_t c) {
 // The primary composite of (starter, c), or 0. utf8proc's composition step alone on a
 // two-element buffer is exactly the pairwise table (Hangul included, exclusions honoured).
 char32_t compose_pair(char32_t starter, char32_t c) {
+  if (unknown_to_unicode9(starter) || unknown_to_unicode9(c)) return 0;
   utf8proc_int32_t buf[2] = {static_cast<utf8proc_int32_t>(starter),
                              static_cast<utf8proc_int32_t>(c)};
   utf8proc_ssize_t n = utf8proc_normalize_utf32(
       buf, 2, static_cast<utf8proc_option_t>(UTF8PROC_COMPOSE | UTF8PROC_STABLE));
-  return n == 1 ? static_cast<char32_t>(buf[0]) : 0;
+  if (n != 1 || unknown_to_unicode9(static_cast<char32_t>(buf[0]))) return 0;
+  return static_cast<char32_t>(buf[0]);
 }
 
 struct Decomposed {
@@ -291,10 +312,12 @@ bool is_punctuation(char32_t c) {
            (c >= 0x7B && c <= 0x7E);
   }
   auto cat = prop(c)->category;
-  return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO;
+  return cat >= UTF8PROC_CATEGORY_PC && cat <= UTF8PROC_CATEGORY_PO &&
+         !in_ranges(c, kPost8Punctuation);
 }
 
 bool is_combining_mark(char32_t c) {
+  if (unknown_to_unicode9(c)) return false;
   auto cat = prop(c)->category;
   return cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC || cat == UTF8PROC_CATEGORY_ME;
 }
@@ -310,7 +333,7 @@ bool is_word_char(char32_t c) {
 }
 
 int combining_class(char32_t c) {
-  if (c < 0x300) return 0;
+  if (c < 0x300 || unknown_to_unicode9(c)) return 0;
   return prop(c)->combining_class;
 }
 
@@ -351,6 +374,7 @@ bool normalization_is_identity(std::string_view utf8, NormForm /*form*/) {
     }
     char32_t c = utf8_next(utf8, i);
     if (is_hangul(c)) return false;
+    if (unknown_to_unicode9(c)) continue;
     const utf8proc_property_t* p = prop(c);
     if (p->combining_class != 0 || p->decomp_seqindex != UINT16_MAX) return false;
     if (p->comb_index != UINT16_MAX && p->comb_index >= 0x8000) return false;
