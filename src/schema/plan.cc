@@ -47,6 +47,8 @@ struct Site {
   std::string pointer;  // template pointer of the field
   bool required = true;
   bool present = true;  // the enclosing object is always there (required up to root or item)
+  bool item = false;    // an array item
+  bool item_droppable = false;  // an item that cannot be built leaves the array empty
   int64_t depth = 0;
   std::vector<std::string> open_refs;
 };
@@ -175,15 +177,16 @@ std::optional<Field> Compiler::build(const std::vector<Located>& parts, const Si
   }
   const Node node = folder_.fold(parts, site.open_refs);
   const bool required = site.required || node.required_flag;
+  const bool droppable = site.item ? site.item_droppable : !required;
   if (!node.cut_at.empty()) {
-    if (!required) return std::nullopt;
+    if (droppable) return std::nullopt;
     reject(node.cut_at, fmt::format("recursive $ref deeper than {} levels at a required field: "
                                     "deg unrolls recursion {} levels and leaves out optional parts "
                                     "below; make the recursive property optional",
                                     options_.max_ref_recursion, options_.max_ref_recursion));
   }
   if (node.never) {
-    if (!required) return std::nullopt;
+    if (droppable) return std::nullopt;
     reject(node.pointer, "schema `false` at a required place: no value satisfies it");
   }
   for (const UnsupportedKeyword& u : kUnsupported) {
@@ -548,18 +551,21 @@ bool Compiler::build_array(const Node& node, Field& f, const Site& site) {
                     .pointer = site.pointer + "/*",
                     .required = true,
                     .present = true,
+                    .item = true,
+                    .item_droppable = f.min_items == 0,
                     .depth = site.depth + 1,
                     .open_refs = site.open_refs};
   item_site.path.push_back({.item = true});
   item_site.open_refs.insert(item_site.open_refs.end(), node.refs.begin(), node.refs.end());
   const Located items_at =
       items ? *items : Located{&kTrueSchema, json_pointer_join(node.pointer, "items")};
-  Site optional_item = item_site;
-  optional_item.required = f.min_items > 0;  // an empty array needs no item
-  std::optional<Field> item = build({items_at}, optional_item);
-  if (!item) return !f.required;  // items admit nothing: only [] fits (optional: left out)
-  item->required = true;
-  if (item->kind == FieldKind::extract) item->null_masked = !item->nullable;
+  std::optional<Field> item = build({items_at}, item_site);
+  if (!item) {  // items admit nothing (false, or the recursion limit): only [] would fit
+    if (!f.required) return false;
+    reject(items_at.pointer,
+           "the items of this required array admit no value (items: false, or "
+           "recursion beyond the $ref limit); make the array optional");
+  }
   if (item->is_leaf() && item->title.empty() && item->description.empty()) {
     item->title = f.title;
     item->description = f.description;
