@@ -124,6 +124,25 @@ std::optional<Json> read_string(const ValueSpec& spec, std::string_view text) {
   return Json(std::string(text));
 }
 
+// ECMAScript's `$` (without the m flag) matches only at the very end; Oniguruma's Perl `$` also
+// matches before a final newline. Rewrites `$` outside character classes to `\z`.
+std::string ecma_anchors(std::string_view pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      out += c;
+      out += pattern[++i];
+      continue;
+    }
+    if (c == '[') in_class = true;
+    if (c == ']') in_class = false;
+    out += (c == '$' && !in_class) ? std::string("\\z") : std::string(1, c);
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* value_type_name(ValueType type) {
@@ -139,9 +158,10 @@ std::shared_ptr<const Pattern> Pattern::compile(std::string_view source) {
   onig_setup();
   OnigRegex regex = nullptr;
   OnigErrorInfo info{};
-  const auto* p = reinterpret_cast<const OnigUChar*>(source.data());
+  const std::string onig_source = ecma_anchors(source);
+  const auto* p = reinterpret_cast<const OnigUChar*>(onig_source.data());
   const int rc =
-      onig_new(&regex, p, p + source.size(),
+      onig_new(&regex, p, p + onig_source.size(),
                ONIG_OPTION_DIGIT_IS_ASCII | ONIG_OPTION_WORD_IS_ASCII | ONIG_OPTION_POSIX_IS_ASCII,
                ONIG_ENCODING_UTF8, ONIG_SYNTAX_PERL_NG, &info);
   if (rc != ONIG_NORMAL) {
