@@ -1,0 +1,25 @@
+// Depthwise causal convolution + SiLU of Gated DeltaNet, one row at a time, carrying the row's
+// conv tail (its last K-1 inputs) across calls: ext = tail ++ x, y[t] = silu(Σ_k ext[t+k] w[k]).
+// A row reads only its own n real positions, so padding never reaches the tail.
+#pragma once
+
+#include <cstdint>
+
+namespace deg {
+
+struct CausalConvArgs {
+  int64_t n = 0;             // real positions of this row
+  int64_t channels = 0;      // C
+  int64_t kernel = 0;        // K
+  const float* x = nullptr;  // [n, C] at row stride ldx
+  int64_t ldx = 0;
+  const float* tail_in = nullptr;  // [K-1, C] contiguous: the inputs before x[0]
+  const float* w = nullptr;        // [C, K]
+  float* y = nullptr;              // [n, C] at row stride ldy (must not alias x)
+  int64_t ldy = 0;
+  float* tail_out = nullptr;  // [K-1, C] the last K-1 rows of ext, or null; may alias tail_in
+};
+
+void causal_conv_silu(const CausalConvArgs& a);
+
+}  // namespace deg

@@ -1,0 +1,344 @@
+// Shared backbone machinery: state allocation and growth, chunked prefill, fork rows over
+// prefixes by reference, and the per-row views every family layer reads its state through.
+#include "model/backbone.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace deg {
+
+namespace {
+
+const float* row_ptr(const Tensor& t, int64_t row) {
+  if (!t.defined() || t.numel() == 0) return nullptr;
+  return t.data<float>() + row * (t.numel() / t.dim(0));
+}
+float* row_ptr_mut(const Tensor& t, int64_t row) {
+  if (!t.defined() || t.numel() == 0) return nullptr;
+  return t.mutable_data<float>() + row * (t.numel() / t.dim(0));
+}
+
+Shape row_shape(int64_t rows, const Shape& per_row) {
+  Shape s{rows};
+  s.insert(s.end(), per_row.begin(), per_row.end());
+  return s;
+}
+
+// K/V [B, Hkv, cap, D] grown to `capacity`, keeping positions [0, keep[b]) of every row. The old
+// buffer is released when the last view of it goes (consume: peak = K/V + one layer).
+void grow_kv(Tensor& t, int64_t capacity, const std::vector<int64_t>& keep) {
+  const int64_t B = t.dim(0), H = t.dim(1), old_cap = t.dim(2), D = t.dim(3);
+  Tensor grown = Tensor::empty({B, H, capacity, D}, DType::f32);
+  if (old_cap > 0) {
+    const float* src = t.data<float>();
+    float* dst = grown.mutable_data<float>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(dst + ((b * H + h) * capacity) * D, src + ((b * H + h) * old_cap) * D,
+                    size_t(std::min(keep[size_t(b)], old_cap) * D) * sizeof(float));
+  }
+  t = std::move(grown);
+}
+
+void check_batch(const TokenBatch& batch, int64_t vocab) {
+  if (int64_t(batch.ids.size()) != batch.rows * batch.tokens ||
+      int64_t(batch.lengths.size()) != batch.rows) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("token batch of {} ids and {} lengths is not [{}, {}]",
+                            batch.ids.size(), batch.lengths.size(), batch.rows, batch.tokens));
+  }
+  for (int64_t len : batch.lengths) {
+    if (len < 0 || len > batch.tokens) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("row length {} outside [0, {}]", len, batch.tokens));
+    }
+  }
+  for (int32_t id : batch.ids) {
+    if (id < 0 || id >= vocab) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("token id {} outside the vocabulary [0, {})", id, vocab));
+    }
+  }
+}
+
+}  // namespace
+
+TokenBatch TokenBatch::single(const std::vector<int32_t>& ids) {
+  return TokenBatch{
+      .ids = ids, .rows = 1, .tokens = int64_t(ids.size()), .lengths = {int64_t(ids.size())}};
+}
+
+TokenBatch TokenBatch::padded(const std::vector<std::vector<int32_t>>& rows, int32_t pad_id) {
+  TokenBatch b;
+  b.rows = int64_t(rows.size());
+  for (const auto& r : rows) b.tokens = std::max(b.tokens, int64_t(r.size()));
+  b.ids.assign(size_t(b.rows * b.tokens), pad_id);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::copy(rows[i].begin(), rows[i].end(), b.ids.begin() + int64_t(i) * b.tokens);
+    b.lengths.push_back(int64_t(rows[i].size()));
+  }
+  return b;
+}
+
+State State::clone() const {
+  State s;
+  s.lengths = lengths;
+  s.capacity = capacity;
+  for (const LayerState& l : layers) {
+    LayerState c;
+    if (l.rec.defined()) c.rec = l.rec.clone();
+    if (l.tail.defined()) c.tail = l.tail.clone();
+    if (l.k.defined()) c.k = l.k.clone();
+    if (l.v.defined()) c.v = l.v.clone();
+    s.layers.push_back(std::move(c));
+  }
+  return s;
+}
+
+Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
+    : family_(std::move(family)), options_(options) {
+  DEG_CHECK(family_ != nullptr, "backbone without a family");
+}
+
+State Backbone::empty_state(int64_t rows) const {
+  State s;
+  s.lengths.assign(size_t(rows), 0);
+  for (const LayerSpec& l : spec().layers) {
+    LayerState ls;
+    if (l.kind == LayerKind::recurrent) {
+      ls.rec = Tensor::zeros(row_shape(rows, l.rec_shape), DType::f32);
+      ls.tail = Tensor::zeros({rows, l.conv_kernel - 1, l.conv_channels}, DType::f32);
+    } else {
+      ls.k = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
+      ls.v = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
+    }
+    s.layers.push_back(std::move(ls));
+  }
+  return s;
+}
+
+void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count,
+                          const int64_t* lengths, const int64_t* positions,
+                          const std::vector<std::vector<RowView>>& views, float* hidden_out,
+                          int64_t out_tokens) const {
+  const int64_t B = batch.rows, C = spec().hidden;
+  std::vector<float> h(size_t(B * count * C));
+  std::vector<int32_t> ids(size_t(B * count));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < count; ++t)
+      ids[size_t(b * count + t)] = batch.ids[size_t(b * batch.tokens + offset + t)];
+  family_->embed(ids.data(), B * count, h.data());
+  for (size_t i = 0; i < spec().layers.size(); ++i) {
+    LayerCall call{.h = h.data(),
+                   .rows = B,
+                   .tokens = count,
+                   .lengths = lengths,
+                   .positions = positions,
+                   .views = views[i].data(),
+                   .precision = options_.precision};
+    family_->layer(int(i), call);
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    family_->final_norm(h.data() + b * count * C, hidden_out + (b * out_tokens + offset) * C,
+                        count);
+  }
+}
+
+Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
+  check_batch(batch, spec().vocab);
+  if (state.rows() != batch.rows) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("state has {} rows, the batch {}", state.rows(), batch.rows));
+  }
+  const int64_t B = batch.rows, L = batch.tokens, C = spec().hidden;
+  const auto& layers = spec().layers;
+  // Room for every row's whole input now, so chunks append in place.
+  int64_t needed = 0;
+  for (int64_t b = 0; b < B; ++b)
+    needed = std::max(needed, state.lengths[size_t(b)] + batch.lengths[size_t(b)]);
+  if (needed > state.capacity) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i].kind != LayerKind::attention) continue;
+      grow_kv(state.layers[i].k, needed, state.lengths);
+      grow_kv(state.layers[i].v, needed, state.lengths);
+    }
+    state.capacity = needed;
+  }
+  Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  const int64_t R = std::max<int64_t>(1, options_.read_chunk);
+  std::vector<int64_t> lens(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
+  std::vector<std::vector<RowView>> views(layers.size(), std::vector<RowView>(size_t(B)));
+  for (int64_t s = 0; s < std::max<int64_t>(L, 1); s += R) {
+    const int64_t c = std::min(R, L - s);
+    if (c <= 0) break;
+    for (int64_t b = 0; b < B; ++b) {
+      lens[size_t(b)] = std::clamp<int64_t>(batch.lengths[size_t(b)] - s, 0, c);
+      pos[size_t(b)] = state.lengths[size_t(b)];
+    }
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerState& ls = state.layers[i];
+      for (int64_t b = 0; b < B; ++b) {
+        RowView& v = views[i][size_t(b)];
+        if (layers[i].kind == LayerKind::recurrent) {
+          v.rec_out = row_ptr_mut(ls.rec, b);
+          v.rec_in = v.rec_out;
+          v.tail_out = row_ptr_mut(ls.tail, b);
+          v.tail_in = v.tail_out;
+        } else {
+          v.own_k = row_ptr_mut(ls.k, b);
+          v.own_v = row_ptr_mut(ls.v, b);
+          v.own_before = state.lengths[size_t(b)];
+          v.own_stride = state.capacity * layers[i].head_dim;
+        }
+      }
+    }
+    run_layers(batch, s, c, lens.data(), pos.data(), views, hidden.mutable_data<float>(), L);
+    for (int64_t b = 0; b < B; ++b) state.lengths[size_t(b)] += lens[size_t(b)];
+  }
+  return hidden;
+}
+
+ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vector<int64_t>& prow,
+                         int64_t capacity) const {
+  ForkState fs;
+  for (const PrefixRef& p : prefixes) {
+    DEG_CHECK(p.state && p.row >= 0 && p.row < p.state->rows(), "fork: bad prefix row {}", p.row);
+    fs.prefixes.push_back(
+        {.layers = p.state->layers, .row = p.row, .length = p.state->lengths[size_t(p.row)]});
+  }
+  for (int64_t r : prow) {
+    if (r < 0 || r >= int64_t(prefixes.size())) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("fork row names prefix {} of {}", r, prefixes.size()));
+    }
+  }
+  const int64_t B = int64_t(prow.size());
+  fs.prow = prow;
+  fs.own_len.assign(size_t(B), 0);
+  fs.capacity = std::max<int64_t>(capacity, 1);
+  for (const LayerSpec& l : spec().layers) {
+    LayerState own;
+    if (l.kind == LayerKind::attention) {
+      own.k = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
+      own.v = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
+    }
+    fs.own.push_back(std::move(own));
+  }
+  return fs;
+}
+
+Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
+                              bool /*decode*/) const {
+  check_batch(batch, spec().vocab);
+  if (batch.rows != fs.rows()) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("fork state has {} rows, the batch {}", fs.rows(), batch.rows));
+  }
+  const int64_t B = batch.rows, L = batch.tokens, C = spec().hidden;
+  const auto& layers = spec().layers;
+  int64_t needed = 0;
+  for (int64_t b = 0; b < B; ++b) needed = std::max(needed, fs.own_len[size_t(b)] + L);
+  if (needed > fs.capacity) {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (layers[i].kind != LayerKind::attention) continue;
+      grow_kv(fs.own[i].k, needed, fs.own_len);
+      grow_kv(fs.own[i].v, needed, fs.own_len);
+    }
+    fs.capacity = needed;
+  }
+  // Recurrent state after this pass: the rows' own (kept) buffers, or one scratch shared by
+  // every layer when nothing is kept.
+  Tensor scratch;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].kind != LayerKind::recurrent) continue;
+    if (keep && fs.fresh) {
+      fs.own[i].rec = Tensor::empty(row_shape(B, layers[i].rec_shape), DType::f32);
+      fs.own[i].tail =
+          Tensor::empty({B, layers[i].conv_kernel - 1, layers[i].conv_channels}, DType::f32);
+    } else if (!keep && !scratch.defined()) {
+      int64_t most = 0;
+      for (const LayerSpec& l : layers)
+        if (l.kind == LayerKind::recurrent) most = std::max(most, shape_numel(l.rec_shape));
+      scratch = Tensor::empty({B, std::max<int64_t>(most, 1)}, DType::f32);
+    }
+  }
+  std::vector<int64_t> pos(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    pos[size_t(b)] = fs.prefixes[size_t(fs.prow[size_t(b)])].length + fs.own_len[size_t(b)];
+  }
+  std::vector<std::vector<RowView>> views(layers.size(), std::vector<RowView>(size_t(B)));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (int64_t b = 0; b < B; ++b) {
+      const ForkState::Prefix& p = fs.prefixes[size_t(fs.prow[size_t(b)])];
+      const LayerState& pl = p.layers[i];
+      RowView& v = views[i][size_t(b)];
+      if (layers[i].kind == LayerKind::recurrent) {
+        v.rec_in = fs.fresh ? row_ptr(pl.rec, p.row) : row_ptr(fs.own[i].rec, b);
+        v.tail_in = fs.fresh ? row_ptr(pl.tail, p.row) : row_ptr(fs.own[i].tail, b);
+        v.rec_out = keep ? row_ptr_mut(fs.own[i].rec, b) : row_ptr_mut(scratch, b);
+        v.tail_out = keep ? row_ptr_mut(fs.own[i].tail, b) : nullptr;
+      } else {
+        v.prefix_k = row_ptr(pl.k, p.row);
+        v.prefix_v = row_ptr(pl.v, p.row);
+        v.prefix_len = p.length;
+        v.prefix_stride = pl.k.dim(2) * layers[i].head_dim;
+        v.own_k = row_ptr_mut(fs.own[i].k, b);
+        v.own_v = row_ptr_mut(fs.own[i].v, b);
+        v.own_before = fs.own_len[size_t(b)];
+        v.own_stride = fs.capacity * layers[i].head_dim;
+      }
+    }
+  }
+  Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  if (L > 0) {
+    run_layers(batch, 0, L, batch.lengths.data(), pos.data(), views, hidden.mutable_data<float>(),
+               L);
+  }
+  if (keep) {
+    for (int64_t b = 0; b < B; ++b) fs.own_len[size_t(b)] += batch.lengths[size_t(b)];
+    fs.fresh = false;
+  }
+  return hidden;
+}
+
+Tensor Backbone::lm_logits(const Tensor& hidden) const {
+  const int64_t C = spec().hidden;
+  DEG_CHECK(hidden.dtype() == DType::f32 && hidden.dim(-1) == C && hidden.is_contiguous(),
+            "lm_logits: hidden {} is not f32 [.., {}]", hidden.describe(), C);
+  const int64_t M = hidden.numel() / C;
+  const Tensor& head = family_->lm_head();
+  Tensor logits = Tensor::empty({M, head.dim(0)}, DType::f32);
+  linear(hidden.data<float>(), M, C, head, logits.mutable_data<float>(), false, options_.precision);
+  return logits;
+}
+
+Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
+                        int64_t fork_at) {
+  const int64_t T = int64_t(ids.size()), C = backbone.spec().hidden;
+  if (fork_at < 0 || fork_at >= std::max<int64_t>(T, 1)) {
+    if (fork_at != 0) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("--fork-at {} must leave at least one token on each side of {} ids",
+                              fork_at, T));
+    }
+  }
+  State state = backbone.empty_state(1);
+  Tensor hidden;
+  if (fork_at == 0) {
+    hidden = backbone.prefill(TokenBatch::single(ids), state).view({T, C});
+  } else {
+    std::vector<int32_t> trunk(ids.begin(), ids.begin() + fork_at),
+        rest(ids.begin() + fork_at, ids.end());
+    Tensor head = backbone.prefill(TokenBatch::single(trunk), state);
+    ForkState fs = backbone.fork({{.state = &state, .row = 0}}, {0}, int64_t(rest.size()));
+    Tensor tail = backbone.fork_forward(TokenBatch::single(rest), fs, /*keep=*/false);
+    hidden = Tensor::empty({T, C}, DType::f32);
+    std::memcpy(hidden.mutable_data<float>(), head.data<float>(), head.nbytes());
+    std::memcpy(hidden.mutable_data<float>() + fork_at * C, tail.data<float>(), tail.nbytes());
+  }
+  return logits ? backbone.lm_logits(hidden) : hidden;
+}
+
+}  // namespace deg

@@ -1,0 +1,199 @@
+// The Family contract and the machinery every backbone family shares (DESIGN.md §2, seed
+// `Family` / `Backbone` / `State` / `ForkState`): a hybrid stack of state-carrying layers
+// (recurrent state + causal-conv tail per row) and attention layers (K/V per row), run three ways:
+//
+//   prefill(ids, lengths, state)      trunk: reads long inputs in chunks (O(L) memory, no length
+//                                     cap), extending `state` in place (consume: the incoming
+//                                     prefix is not kept beside its extension)
+//   fork(prefixes, rows, capacity)    fork rows that continue prefixes BY REFERENCE (no per-row
+//                                     copy of a context; several prefixes in one batch)
+//   fork_forward(ids, lengths, fs, keep)   the rows' own tokens; `keep` stores each row's state
+//                                     for continued decoding (a decode step is fork_forward with
+//                                     one token per row and keep; the seed's DecodeGraph is a
+//                                     CUDA-graph replay of exactly that)
+//   lm_logits(hidden)
+//
+// A Family (qwen35.cc, later lfm2/gemma4/gpt) supplies only its math: embedding, one layer given
+// per-row views of its state, the final norm, the LM head. Trunk rows and fork rows go through
+// the SAME layer code: a trunk row's "own" K/V buffer is the state itself, a fork row's prefix is
+// another state's buffer. Every op is per row (GEMMs with a row-count-independent reduction order,
+// per-row norms, conv, delta rule and attention), so a row's outputs are bitwise the same alone,
+// in any batch, in any order. Inputs are right-padded; a padded position reads and writes no
+// state (beta = 0, g = 0, masked in attention: kernels only see a row's real positions).
+//
+// Letters: B rows, L tokens of this call, C hidden, V vocab, P prefix positions, H heads, D head
+// dim, K conv kernel. Activations and state are f32 on CPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/gemm.h"
+
+namespace deg {
+
+enum class LayerKind : uint8_t { recurrent, attention };
+
+// The per-row state one layer keeps, declared by the family.
+struct LayerSpec {
+  LayerKind kind = LayerKind::recurrent;
+  Shape rec_shape;            // recurrent: per-row recurrent state (e.g. [Hv, Dk, Dv]); may be {}
+  int64_t conv_channels = 0;  // recurrent: conv tail [K-1, conv_channels]
+  int64_t conv_kernel = 0;
+  int64_t kv_heads = 0;  // attention: K/V [Hkv, capacity, D]
+  int64_t head_dim = 0;
+};
+
+struct BackboneSpec {
+  std::string family;  // "qwen3_5"
+  int64_t hidden = 0;  // C
+  int64_t vocab = 0;   // V
+  std::vector<LayerSpec> layers;
+};
+
+// One layer's state for B rows. Unused members stay undefined.
+struct LayerState {
+  Tensor rec;   // f32 [B, rec_shape...]
+  Tensor tail;  // f32 [B, K-1, conv_channels]
+  Tensor k;     // f32 [B, Hkv, capacity, D]
+  Tensor v;     // f32 [B, Hkv, capacity, D]
+};
+
+// Trunk state of B rows: row b has read lengths[b] tokens (its next position); its K/V are
+// positions [0, lengths[b]) of its K/V buffers.
+struct State {
+  std::vector<int64_t> lengths;  // [B]
+  int64_t capacity = 0;          // K/V positions allocated per row
+  std::vector<LayerState> layers;
+
+  int64_t rows() const { return int64_t(lengths.size()); }
+  State clone() const;  // a deep copy (prefill extends its state in place)
+};
+
+// One row of one trunk state, read by reference by fork rows.
+struct PrefixRef {
+  const State* state = nullptr;
+  int64_t row = 0;
+};
+
+// B fork rows. Row b continues prefix prow[b]; the prefixes' buffers are shared (Tensor views
+// keep them alive), never copied per row. Own K/V hold the rows' own tokens; own recurrent state
+// and conv tails exist once a pass ran with keep (before that, rows read the prefix's).
+struct ForkState {
+  struct Prefix {
+    std::vector<LayerState> layers;  // views of the prefix state (all its rows)
+    int64_t row = 0;                 // which row of those views
+    int64_t length = 0;              // its positions
+  };
+  std::vector<Prefix> prefixes;
+  std::vector<int64_t> prow;     // [B] prefix of each row
+  std::vector<int64_t> own_len;  // [B] own tokens kept so far
+  int64_t capacity = 0;          // own K/V positions per row
+  std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
+  bool fresh = true;             // rows still start from the prefix's rec/tail
+
+  int64_t rows() const { return int64_t(prow.size()); }
+};
+
+// Token ids [B, L] right-padded, with each row's real length.
+struct TokenBatch {
+  std::vector<int32_t> ids;      // [B * L]
+  int64_t rows = 0;              // B
+  int64_t tokens = 0;            // L
+  std::vector<int64_t> lengths;  // [B], each in [0, L]
+
+  static TokenBatch single(const std::vector<int32_t>& ids);
+  static TokenBatch padded(const std::vector<std::vector<int32_t>>& rows, int32_t pad_id = 0);
+};
+
+// What one layer call sees of row b's state. Recurrent layers: start from rec_in/tail_in, write
+// rec_out (always; it may equal rec_in) and tail_out (when non-null). Attention layers: keys are
+// prefix [0, prefix_len) then own [0, own_before + t]; this call's K/V are written into own at
+// own_before. Strides are per KV head, in floats (capacity * D).
+struct RowView {
+  const float* rec_in = nullptr;
+  float* rec_out = nullptr;
+  const float* tail_in = nullptr;
+  float* tail_out = nullptr;
+  const float* prefix_k = nullptr;
+  const float* prefix_v = nullptr;
+  int64_t prefix_len = 0;
+  int64_t prefix_stride = 0;
+  float* own_k = nullptr;
+  float* own_v = nullptr;
+  int64_t own_before = 0;
+  int64_t own_stride = 0;
+};
+
+struct LayerCall {
+  float* h = nullptr;  // [B, L, C] residual stream, updated in place
+  int64_t rows = 0;
+  int64_t tokens = 0;
+  const int64_t* lengths = nullptr;    // [B] real tokens of this call
+  const int64_t* positions = nullptr;  // [B] position of each row's first token
+  const RowView* views = nullptr;      // [B]
+  GemmPrecision precision = GemmPrecision::exact;
+};
+
+class Family {
+ public:
+  virtual ~Family() = default;
+  virtual const BackboneSpec& spec() const = 0;
+  virtual void embed(const int32_t* ids, int64_t n, float* h) const = 0;  // -> h [n, C]
+  // One layer (mixer + MLP, both residual) over call.h; padded positions' outputs are zeros or
+  // finite garbage, never read back into state.
+  virtual void layer(int index, const LayerCall& call) const = 0;
+  virtual void final_norm(const float* h, float* out, int64_t n) const = 0;  // [n, C]
+  virtual const Tensor& lm_head() const = 0;                                 // [V, C]
+};
+
+struct BackboneOptions {
+  GemmPrecision precision = GemmPrecision::exact;
+  int64_t read_chunk = 512;  // prefill tokens per pass through the stack (a multiple of 64)
+};
+
+class Backbone {
+ public:
+  Backbone(std::unique_ptr<Family> family, BackboneOptions options = {});
+
+  const BackboneSpec& spec() const { return family_->spec(); }
+  const Family& family() const { return *family_; }
+  const BackboneOptions& options() const { return options_; }
+  void set_options(const BackboneOptions& options) { options_ = options; }
+
+  State empty_state(int64_t rows) const;
+  // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
+  // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time.
+  Tensor prefill(const TokenBatch& batch, State& state) const;
+
+  // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens (grown on
+  // demand).
+  ForkState fork(const std::vector<PrefixRef>& prefixes, const std::vector<int64_t>& prow,
+                 int64_t capacity) const;
+  // The rows' next tokens -> final-norm hidden [B, L, C]. keep: store each row's state after its
+  // real tokens (continued decoding). decode (one token per row) is a scheduling hint only: the
+  // numerics are the same.
+  Tensor fork_forward(const TokenBatch& batch, ForkState& fs, bool keep, bool decode = false) const;
+
+  // hidden [M, C] (any leading shape) -> logits f32 [M, V]
+  Tensor lm_logits(const Tensor& hidden) const;
+
+ private:
+  void run_layers(const TokenBatch& batch, int64_t offset, int64_t count, const int64_t* lengths,
+                  const int64_t* positions, const std::vector<std::vector<RowView>>& views,
+                  float* hidden_out, int64_t out_tokens) const;
+
+  std::unique_ptr<Family> family_;
+  BackboneOptions options_;
+};
+
+// One token sequence end to end (the `deg forward` door): final-norm hidden [T, C], or logits
+// [T, V] when `logits`. fork_at K in (0, T): the first K ids are prefilled as a trunk and the rest
+// run as one fork row over it; the result must equal the plain forward (to rounding).
+Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
+                        int64_t fork_at = 0);
+
+}  // namespace deg
