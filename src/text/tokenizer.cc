@@ -210,7 +210,7 @@ Tokenizer Tokenizer::load(const fs::path& path) {
   return from_json(json_load(file), file.string());
 }
 
-Encoding Tokenizer::encode(std::string_view input) const {
+Encoding Tokenizer::encode(std::string_view input, const EncodeOptions& options) const {
   const Impl& impl = *impl_;
   Encoding enc;
   std::string repaired;
@@ -228,7 +228,7 @@ Encoding Tokenizer::encode(std::string_view input) const {
   if (impl.pre_tokenizer) impl.pre_tokenizer->pre_tokenize(pieces);
 
   PieceTokens tokens;
-  if (text.size() >= kParallelBytes && pieces.size() >= kParallelMinPieces) {
+  if (options.parallel && text.size() >= kParallelBytes && pieces.size() >= kParallelMinPieces) {
     const int chunks = std::max(1, std::min<int>(thread_pool().size() * 4, 64));
     std::vector<PieceTokens> parts(static_cast<size_t>(chunks));
     const size_t n = pieces.size();
@@ -259,8 +259,21 @@ Encoding Tokenizer::encode(std::string_view input) const {
     enc.offsets[i] = chars.convert({s.start, s.end});
   }
   if (impl.post->trims()) {
+    // Trimming counts characters; the byte spans follow the trimmed character spans (HF's
+    // byte-offset mode would shift them by the same count and could land inside a char).
     impl.post->trim_offsets(tokens.strings, enc.offsets);
-    impl.post->trim_offsets(tokens.strings, enc.byte_offsets);
+    std::vector<int64_t> char_start;  // byte offset of each code point, plus the end
+    for (size_t b = 0; b < text.size(); ++b) {
+      if ((static_cast<unsigned char>(text[b]) & 0xC0) != 0x80) char_start.push_back(int64_t(b));
+    }
+    char_start.push_back(static_cast<int64_t>(text.size()));
+    auto to_byte = [&](int64_t c) {
+      return char_start[static_cast<size_t>(
+          std::clamp<int64_t>(c, 0, int64_t(char_start.size()) - 1))];
+    };
+    for (size_t i = 0; i < n; ++i) {
+      enc.byte_offsets[i] = {to_byte(enc.offsets[i].first), to_byte(enc.offsets[i].second)};
+    }
   }
   if (!source_offset.empty()) {
     auto to_source = [&](int64_t b) {

@@ -29,7 +29,13 @@ using Offsets = std::pair<int64_t, int64_t>;  // [start, end)
 struct Encoding {
   std::vector<int32_t> ids;
   std::vector<Offsets> offsets;       // code points into the original text
-  std::vector<Offsets> byte_offsets;  // bytes into the original input
+  std::vector<Offsets> byte_offsets;  // the same spans in bytes of the original input
+};
+
+struct EncodeOptions {
+  // Tokenize the pieces of long texts on the thread pool. Off when the caller already runs
+  // one encode per worker; the result is the same either way.
+  bool parallel = true;
 };
 
 class Tokenizer {
@@ -41,7 +47,7 @@ class Tokenizer {
   // From parsed tokenizer.json content; `what` names it in errors.
   static Tokenizer from_json(const Json& json, const std::string& what);
 
-  Encoding encode(std::string_view text) const;
+  Encoding encode(std::string_view text, const EncodeOptions& options = {}) const;
   // Ids to text through the decoder; unknown ids are skipped (as HF does).
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens) const;
 

@@ -1,0 +1,230 @@
+// Tokenizer properties that need no reference output: fuzzed input never crashes and keeps
+// offsets in range, invalid UTF-8 reads as U+FFFD with byte offsets into the given bytes,
+// concurrent and parallel encodes agree, and loading errors say what to do.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "core/error.h"
+#include "text/unicode.h"
+#include "tokenizer_test_util.h"
+
+namespace deg::testing {
+namespace {
+
+text::Tokenizer load_real(const std::string& name) {
+  const Json* j = cached_tokenizer_json(name);
+  if (!j) throw std::runtime_error("missing " + name);
+  return text::Tokenizer::from_json(*j, name);
+}
+
+void expect_well_formed(const text::Encoding& enc, std::string_view input,
+                        const std::string& what) {
+  ASSERT_EQ(enc.ids.size(), enc.offsets.size()) << what;
+  ASSERT_EQ(enc.ids.size(), enc.byte_offsets.size()) << what;
+  std::vector<uint32_t> map;
+  const std::string repaired = text::utf8_repair(input, &map);
+  const auto chars = static_cast<int64_t>(text::utf8_count(repaired));
+  for (size_t k = 0; k < enc.ids.size(); ++k) {
+    EXPECT_GE(enc.ids[k], 0) << what;
+    EXPECT_TRUE(enc.offsets[k].first >= 0 && enc.offsets[k].first <= enc.offsets[k].second &&
+                enc.offsets[k].second <= chars)
+        << what << " token " << k;
+    EXPECT_TRUE(enc.byte_offsets[k].first >= 0 &&
+                enc.byte_offsets[k].first <= enc.byte_offsets[k].second &&
+                enc.byte_offsets[k].second <= int64_t(input.size()))
+        << what << " token " << k;
+  }
+}
+
+std::string random_unicode(std::mt19937& rng, size_t n) {
+  std::string s;
+  std::uniform_int_distribution<int> kind(0, 9);
+  for (size_t i = 0; i < n; ++i) {
+    char32_t c;
+    switch (kind(rng)) {
+      case 0: c = std::uniform_int_distribution<char32_t>(0x300, 0x36F)(rng); break;  // marks
+      case 1: c = std::uniform_int_distribution<char32_t>(0x1F300, 0x1FAFF)(rng); break;
+      case 2: c = U" \t\n\r\u00a0\u3000\u200d\ufe0f"[rng() % 9]; break;
+      case 3: c = std::uniform_int_distribution<char32_t>(0xAC00, 0xD7A3)(rng); break;
+      case 4: c = std::uniform_int_distribution<char32_t>(0x20, 0x7E)(rng); break;
+      default: c = std::uniform_int_distribution<char32_t>(1, 0x10FFFF)(rng); break;
+    }
+    if (c >= 0xD800 && c <= 0xDFFF) c = 0xFFFD;
+    text::utf8_append(s, c);
+  }
+  return s;
+}
+
+TEST(TokenizerFuzz, RandomBytesAndUnicodeNeverCrash) {
+  std::vector<std::pair<std::string, text::Tokenizer>> toks;
+  for (const std::string& name : real_tokenizer_names()) toks.emplace_back(name, load_real(name));
+  for (const char* name : {"qwen3_nfd_strip_digits", "gemma3_metaspace_first",
+                           "deepseek_wsplit_removed", "llama3_nfkc_lower"}) {
+    toks.emplace_back(name, text::Tokenizer::from_json(config_json(name), name));
+  }
+  std::mt19937 rng(20261129);
+  const std::vector<std::string> specials = {"<|im_start|>", "<|endoftext|>", "<bos>",  "\n\n",
+                                             "\t\t",         "[MASK]",        "<mask>", "hello"};
+  for (int round = 0; round < 150; ++round) {
+    std::string input;
+    const size_t n = rng() % 200;
+    if (round % 3 == 0) {  // raw bytes, mostly invalid UTF-8
+      for (size_t i = 0; i < n; ++i) input.push_back(static_cast<char>(rng() & 0xFF));
+    } else {
+      input = random_unicode(rng, n);
+      if (round % 3 == 2) {  // splice in special strings and cut bytes at random
+        input.insert(rng() % (input.size() + 1), specials[rng() % specials.size()]);
+        if (!input.empty()) input.erase(rng() % input.size(), rng() % 3);
+      }
+    }
+    for (const auto& [name, tok] : toks) {
+      const text::Encoding enc = tok.encode(input);
+      expect_well_formed(enc, input, name + " round " + std::to_string(round));
+      tok.decode(enc.ids, round % 2 == 0);
+    }
+  }
+}
+
+TEST(TokenizerUtf8, InvalidBytesReadAsReplacementCharacter) {
+  const text::Tokenizer tok = load_real("qwen3");
+  // Maximal invalid subparts: \xE2\x82 (truncated), \xFF, \xC0, \xED\xA0 (a surrogate start).
+  const std::string input =
+      "ab\xE2\x82 c\xFF\xC0"
+      "d \xED\xA0\x80x";
+  std::vector<uint32_t> map;
+  const std::string repaired = text::utf8_repair(input, &map);
+  EXPECT_EQ(repaired, "ab\uFFFD c\uFFFD\uFFFDd \uFFFD\uFFFD\uFFFDx");
+  const text::Encoding bad = tok.encode(input);
+  const text::Encoding good = tok.encode(repaired);
+  EXPECT_EQ(bad.ids, good.ids);
+  EXPECT_EQ(bad.offsets, good.offsets);
+  ASSERT_EQ(bad.byte_offsets.size(), good.byte_offsets.size());
+  for (size_t k = 0; k < bad.byte_offsets.size(); ++k) {
+    EXPECT_EQ(bad.byte_offsets[k].first, map[size_t(good.byte_offsets[k].first)]);
+    EXPECT_EQ(bad.byte_offsets[k].second, map[size_t(good.byte_offsets[k].second)]);
+  }
+  EXPECT_EQ(bad.byte_offsets.back().second, int64_t(input.size()));
+}
+
+TEST(TokenizerUtf8, RepairMatchesUnicodeMaximalSubparts) {
+  // Each row: input, number of U+FFFD it becomes (Unicode 15 §3.9, Table 3-8 practice).
+  const std::vector<std::pair<std::string, int>> cases = {
+      {"\x80", 1},     {"\xC2", 1},         {"\xE0\x80", 2},
+      {"\xE0\xA0", 1}, {"\xF0\x90\x80", 1}, {"\xF4\x90\x80\x80", 4},
+      {"\xF5", 1},     {"\xC0\xAF", 2},     {"\xED\xBF\xBF", 3}};
+  for (const auto& [in, n] : cases) {
+    std::string want;
+    for (int i = 0; i < n; ++i) want += "\uFFFD";
+    EXPECT_EQ(text::utf8_repair(in, nullptr), want) << Json(in.size()).dump();
+  }
+}
+
+TEST(TokenizerThreads, ConcurrentAndParallelEncodesAgree) {
+  const text::Tokenizer tok = load_real("llama3");
+  std::string long_text;
+  const std::vector<std::string> texts = corpus_texts();
+  while (long_text.size() < (300u << 10)) {
+    for (const std::string& t : texts) long_text += t + "\n";
+  }
+  const text::Encoding serial = tok.encode(long_text, {.parallel = false});
+  const text::Encoding parallel = tok.encode(long_text);
+  EXPECT_EQ(serial.ids, parallel.ids);
+  EXPECT_EQ(serial.offsets, parallel.offsets);
+  EXPECT_EQ(serial.byte_offsets, parallel.byte_offsets);
+
+  std::vector<text::Encoding> want;
+  for (const std::string& t : texts) want.push_back(tok.encode(t));
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (int rep = 0; rep < 3; ++rep) {
+        for (size_t i = w; i < texts.size(); i += 2) {
+          mismatches[size_t(w)] += tok.encode(texts[i]).ids != want[i].ids;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int m : mismatches) EXPECT_EQ(m, 0);
+}
+
+TEST(TokenizerApi, TokenLookupsAgreeWithEncoding) {
+  const text::Tokenizer tok = load_real("qwen3");
+  for (const std::string s : {"<|im_start|>", "<|endoftext|>", "</think>"}) {
+    const text::Encoding enc = tok.encode(s);
+    ASSERT_EQ(enc.ids.size(), 1u) << s;
+    EXPECT_EQ(tok.token_to_id(s), enc.ids[0]);
+    EXPECT_EQ(tok.id_to_token(enc.ids[0]), s);
+  }
+  EXPECT_TRUE(tok.is_special(*tok.token_to_id("<|im_start|>")));
+  EXPECT_FALSE(tok.is_special(*tok.token_to_id("</think>")));  // added, not special
+  EXPECT_FALSE(tok.token_to_id("no such token at all").has_value());
+  EXPECT_FALSE(tok.id_to_token(-1).has_value());
+  EXPECT_FALSE(tok.id_to_token(int32_t(tok.vocab_size()) + 10).has_value());
+  const text::Encoding hello = tok.encode("Hello world");
+  EXPECT_EQ(tok.decode(hello.ids, true), "Hello world");
+}
+
+TEST(TokenizerLoad, FindsTokenizerJsonAndExplainsWhenMissing) {
+  TempDir dir;
+  const auto real = cached_tokenizer_path("llama3");
+  ASSERT_TRUE(std::filesystem::exists(real));
+  // A file, a snapshot directory, and a deg checkpoint naming its base.
+  EXPECT_EQ(text::find_tokenizer_json(real), real);
+  std::filesystem::create_directories(dir / "snap");
+  std::filesystem::copy_file(real, dir / "snap/tokenizer.json");
+  EXPECT_EQ(text::find_tokenizer_json(dir / "snap"), dir / "snap/tokenizer.json");
+  std::filesystem::create_directories(dir / "ckpt");
+  write_text(dir / "ckpt/deg.json", R"({"base": "../snap"})");
+  EXPECT_EQ(std::filesystem::weakly_canonical(text::find_tokenizer_json(dir / "ckpt")),
+            std::filesystem::weakly_canonical(dir / "snap/tokenizer.json"));
+
+  auto expect_error = [](const std::filesystem::path& p, const std::string& needle) {
+    try {
+      text::Tokenizer::load(p);
+      ADD_FAILURE() << "no error for " << p;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::not_found);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  std::filesystem::create_directories(dir / "empty");
+  expect_error(dir / "empty", "tokenizer.json not found");
+  std::filesystem::create_directories(dir / "ckpt2");
+  write_text(dir / "ckpt2/deg.json", R"({"base": "../nowhere"})");
+  expect_error(dir / "ckpt2", "base");
+  expect_error(dir / "does-not-exist", "no such file");
+}
+
+TEST(TokenizerLoad, RejectsUnsupportedAndBrokenConfigs) {
+  auto kind_of = [](const Json& j) {
+    try {
+      text::Tokenizer::from_json(j, "test.json");
+    } catch (const Error& e) {
+      return e.kind();
+    }
+    return ErrorKind::internal;
+  };
+  Json wordpiece = {{"model", {{"type", "WordPiece"}, {"vocab", {{"a", 0}}}}}};
+  EXPECT_EQ(kind_of(wordpiece), ErrorKind::unsupported);
+  Json bad_merge = {
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}}}, {"merges", {"a b"}}}}};
+  EXPECT_EQ(kind_of(bad_merge), ErrorKind::format);  // "ab" is not in the vocab
+  Json bad_regex = {{"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", Json::array()}}},
+                    {"pre_tokenizer",
+                     {{"type", "Split"},
+                      {"pattern", {{"Regex", "(unclosed"}}},
+                      {"behavior", "Isolated"},
+                      {"invert", false}}}};
+  EXPECT_EQ(kind_of(bad_regex), ErrorKind::format);
+  Json unknown_normalizer = {
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}}}, {"merges", Json::array()}}},
+      {"normalizer", {{"type", "Precompiled"}, {"precompiled_charsmap", ""}}}};
+  EXPECT_EQ(kind_of(unknown_normalizer), ErrorKind::unsupported);
+}
+
+}  // namespace
+}  // namespace deg::testing
