@@ -1,0 +1,92 @@
+// GptConfig: presets validate, the MUDD gate lane layout matches the seed's own accounting
+// (init_mudd_gate's comment: pre 23 lanes, post 13), JSON round trip, and bad configs are
+// rejected with the JSON pointer of the field.
+#include "model/gpt_config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "test_util.h"
+
+namespace deg {
+namespace {
+
+TEST(GptConfig, PresetsValidate) {
+  for (const auto& name : gpt_preset_names()) {
+    GptConfig c = gpt_preset(name);
+    EXPECT_NO_THROW(c.validate()) << name;
+    EXPECT_EQ(c.num_layers, 11) << name;
+  }
+  EXPECT_THROW(gpt_preset("huge"), Error);
+}
+
+TEST(GptConfig, SpeedrunGateLanesMatchTheSeed) {
+  const GptConfig c = gpt_preset("speedrun-124m");
+  const auto g = c.gate_lanes();
+  // seed 003 init_mudd_gate: "pre: xsa[1,3] 12 + attn[3] 6 + x0[0,1,2] 3 + bigram[0,1] 2 = 23",
+  // "post: attn[10] 6 + x0[4,5,7] 3 + bigram[4,5,9] 3 + skip 1 = 13".
+  EXPECT_EQ(g.pre_count, 23);
+  EXPECT_EQ(g.post_count, 13);
+  EXPECT_EQ(g.xsa[1], 0);
+  EXPECT_EQ(g.xsa[3], 6);
+  EXPECT_EQ(g.attn_gate[3], 12);
+  EXPECT_EQ(g.x0[0], 18);
+  EXPECT_EQ(g.ngram[1], 22);
+  EXPECT_EQ(g.attn_gate[10], 0);
+  EXPECT_EQ(g.x0[7], 8);
+  EXPECT_EQ(g.ngram[9], 11);
+  EXPECT_EQ(g.skip, 12);
+  EXPECT_EQ(c.qk_dim(3), 128);
+  EXPECT_EQ(c.qk_dim(0), 64);
+  EXPECT_EQ(c.v_dim(1), 64);
+  EXPECT_EQ(c.v_dim(5), 128);
+}
+
+TEST(GptConfig, JsonRoundTrip) {
+  for (const auto& name : gpt_preset_names()) {
+    const GptConfig c = gpt_preset(name);
+    const Json j = gpt_config_to_json(c);
+    EXPECT_EQ(j["family"], "gpt");
+    const GptConfig back = gpt_config_from_json(json_parse(j.dump(), "test"), "test");
+    EXPECT_EQ(gpt_config_to_json(back), j) << name;
+  }
+  testing::TempDir dir;
+  gpt_config_save(gpt_preset("tiny"), dir / "config.json");
+  EXPECT_EQ(gpt_config_to_json(gpt_config_resolve((dir / "config.json").string())),
+            gpt_config_to_json(gpt_preset("tiny")));
+  EXPECT_EQ(gpt_config_resolve(dir.path().string()).model_dim, 48);
+}
+
+TEST(GptConfig, RejectsInconsistentTopology) {
+  Json j = gpt_config_to_json(gpt_preset("tiny"));
+  j["xsa_layers"] = {1, 5};  // 5 is past the post gate layer
+  try {
+    gpt_config_from_json(j, "cfg.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.context().pointer, "/xsa_layers");
+    EXPECT_EQ(e.context().path, "cfg.json");
+  }
+  j = gpt_config_to_json(gpt_preset("tiny"));
+  j["attn_layers"] = {0, 1, 2, 3, 5, 8, 11};
+  EXPECT_THROW(gpt_config_from_json(j, "cfg.json"), Error);
+  j = gpt_config_to_json(gpt_preset("tiny"));
+  j["family"] = "qwen3_5";
+  EXPECT_THROW(gpt_config_from_json(j, "cfg.json"), Error);
+  j = gpt_config_to_json(gpt_preset("tiny"));
+  j.erase("model_dim");
+  EXPECT_THROW(gpt_config_from_json(j, "cfg.json"), Error);
+}
+
+TEST(GptConfig, ParameterCountMatchesTheTensors) {
+  // `small` is our default trunk: ~20-30M parameters outside the vocabulary-sized tables.
+  const GptConfig c = gpt_preset("small");
+  const int64_t tables = (2 + int64_t(c.value_embed_layers.size())) * c.vocab_size * c.model_dim +
+                         c.ngram_vocab * c.ngram_dim;
+  const int64_t trunk = c.parameter_count() - tables;
+  EXPECT_GT(trunk, 20'000'000);
+  EXPECT_LT(trunk, 30'000'000);
+}
+
+}  // namespace
+}  // namespace deg
