@@ -1,0 +1,81 @@
+// Optimizers of the gpt trainer (modded-nanogpt NorMuonAndAdam, train_gpt.py): NorMuon for the
+// attention and MLP matrices (Nesterov momentum, Polar Express orthogonalisation, a per-row (or
+// per-column) second moment, cautious weight decay) and Adam with cautious weight decay for the
+// embeddings, tables, gates and scalars. f32 throughout (the seed keeps bf16 weights with a
+// mantissa side buffer: that is f32 arithmetic too). Deterministic: no randomness, fixed orders.
+//
+// Letters: R rows, K columns of one matrix.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "train/gpt_params.h"
+
+namespace deg::train {
+
+// Polar Express (Amsel et al. 2025; modded-nanogpt's 5 coefficient triples): X [R, K] in place
+// -> an approximately orthogonal matrix with X's singular vectors (singular values near 1).
+void polar_express(float* x, int64_t R, int64_t K);
+
+struct AdamHyper {
+  float beta1 = 0.9f, beta2 = 0.99f;
+  float lr_mul = 1.0f, wd_mul = 1.0f;
+};
+
+// How one parameter is optimised (the seed's param_table).
+struct ParamRule {
+  enum class Kind : uint8_t { normuon, adam };
+  Kind kind = Kind::adam;
+  AdamHyper adam;
+  int64_t group_rows = 0;      // NorMuon: orthogonalise blocks of this many rows (0: whole)
+  float matrix_lr_mul = 1.0f;  // NorMuon: per-matrix multiplier (2 for MLP c_proj)
+};
+ParamRule gpt_param_rule(const GptConfig& c, const std::string& name);
+
+struct OptimizerHyper {
+  float adam_lr = 0.008f, adam_eps = 1e-10f, adam_wd = 0.005f;
+  float muon_lr = 0.023f, muon_beta2 = 0.9f, muon_wd = 1.2f;
+};
+
+class GptOptimizer {
+ public:
+  GptOptimizer(const GptParams& params, OptimizerHyper hyper);
+
+  // One step: lr_scale multiplies both base rates (the schedule), momentum is NorMuon's.
+  // do_adam: Adam parameters step only then (the seed steps them on odd steps, accumulating
+  // their gradients over two steps). tied: embed's gradient is added into lm_head's and embed
+  // is set to lm_head after the step. Gradients of stepped parameters are zeroed.
+  void step(GptParams& params, std::vector<ParamTensor>& grads, float lr_scale, float momentum,
+            bool do_adam, bool tied);
+
+  int64_t adam_steps() const { return adam_t_; }
+  void save(const std::filesystem::path& path) const;
+  void load(const std::filesystem::path& path);
+
+ private:
+  void normuon(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale, float momentum);
+  void adam(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale);
+
+  OptimizerHyper hyper_;
+  std::vector<ParamRule> rules_;
+  std::vector<std::vector<float>> m_, v_;  // Adam moments, or NorMuon momentum / 2nd moment
+  int64_t adam_t_ = 0;
+  std::vector<std::string> names_;
+};
+
+// The speedrun's schedules (schedule.py, train_gpt.py get_muon_momentum), over `total` steps.
+struct TrainSchedule {
+  int64_t total_steps = 0;
+  int64_t warmup_steps = 0;    // linear lr warmup (the seed uses none)
+  float cooldown_frac = 0.8f;  // the lr decays linearly to lr_floor over this last fraction
+  float lr_floor = 0.3f;
+  int64_t momentum_warmup = 300, momentum_cooldown = 50;
+  float momentum_min = 0.85f, momentum_max = 0.95f;
+  float lr_scale(int64_t step) const;
+  float momentum(int64_t step) const;
+};
+
+}  // namespace deg::train
