@@ -13,5 +13,8 @@ void add_forward_command(CLI::App& app);
 void add_fill_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_init_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
+void add_pretrain_command(CLI::App& app);
 
 }  // namespace deg::cli

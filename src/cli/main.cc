@@ -32,6 +32,9 @@ int main(int argc, char** argv) {
   deg::cli::add_fill_command(app);
   deg::cli::add_tokenize_command(app);
   deg::cli::add_plan_command(app);
+  deg::cli::add_init_command(app);
+  deg::cli::add_eval_command(app);
+  deg::cli::add_pretrain_command(app);
 
   try {
     app.parse(argc, argv);

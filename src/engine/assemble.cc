@@ -1,0 +1,150 @@
+#include "engine/assemble.h"
+
+namespace deg::engine {
+
+using schema::Field;
+using schema::FieldKind;
+
+const Answer* Answers::find(const std::string& pointer) const {
+  auto it = by_pointer_.find(pointer);
+  return it == by_pointer_.end() ? nullptr : &it->second;
+}
+
+int64_t Answers::items(const std::string& pointer) const {
+  auto it = items_.find(pointer);
+  return it == items_.end() ? 0 : it->second;
+}
+
+namespace {
+
+bool is_array(const Field& f) {
+  return f.kind == FieldKind::anchor || f.kind == FieldKind::count ||
+         f.kind == FieldKind::multi_select;
+}
+
+// Walks the answered tree: the value of `field` at `indices`, or nullopt when it is left out.
+class Builder {
+ public:
+  Builder(const Answers& answers, bool keep_nulls, std::vector<FieldReport>* report)
+      : answers_(answers), keep_nulls_(keep_nulls), report_(report) {}
+
+  std::optional<OrderedJson> build(const Field& f, std::vector<int64_t>& indices) {
+    const std::string ptr = schema::field_pointer(f, indices);
+    switch (f.kind) {
+      case FieldKind::object: return build_object(f, indices);
+      case FieldKind::anchor:
+      case FieldKind::count: {
+        const Answer* a = answers_.find(ptr);
+        if (a) add_report(ptr, *a);
+        OrderedJson arr = OrderedJson::array();
+        for (int64_t k = 0; k < answers_.items(ptr); ++k) {
+          indices.push_back(k);
+          std::optional<OrderedJson> item = build(f.children.at(0), indices);
+          indices.pop_back();
+          if (item) arr.push_back(std::move(*item));
+        }
+        return finish_array(f, std::move(arr));
+      }
+      case FieldKind::multi_select: {
+        OrderedJson arr = OrderedJson::array();
+        for (const Field& child : f.children) {
+          const std::string cptr = schema::field_pointer(child, indices);
+          const Answer* a = answers_.find(cptr);
+          if (!a) continue;
+          add_report(cptr, *a);
+          if (a->value == true && child.selects)
+            arr.push_back(OrderedJson::parse(child.selects->dump()));
+        }
+        return finish_array(f, std::move(arr));
+      }
+      default: {
+        const Answer* a = answers_.find(ptr);
+        if (!a) return std::nullopt;
+        add_report(ptr, *a);
+        if (a->value.is_null()) {
+          if (keep_nulls_ || (f.required && f.nullable)) return OrderedJson(nullptr);
+          return std::nullopt;
+        }
+        return OrderedJson(a->value);
+      }
+    }
+  }
+
+ private:
+  std::optional<OrderedJson> build_object(const Field& f, std::vector<int64_t>& indices) {
+    OrderedJson obj = OrderedJson::object();
+    bool missing_required = false;
+    for (const Field& child : f.children) {
+      std::optional<OrderedJson> v = build(child, indices);
+      if (v) {
+        obj[child.key()] = std::move(*v);
+      } else {
+        if (child.required && !child.nullable) missing_required = true;
+        if (keep_nulls_ && !is_array(child)) obj[child.key()] = nullptr;
+      }
+    }
+    const bool root = f.path.empty();
+    if (!root && !f.required && missing_required) return std::nullopt;
+    return obj;
+  }
+
+  std::optional<OrderedJson> finish_array(const Field& f, OrderedJson arr) {
+    if (f.unique_items) {
+      OrderedJson unique = OrderedJson::array();
+      for (auto& v : arr) {
+        if (std::find(unique.begin(), unique.end(), v) == unique.end()) unique.push_back(v);
+      }
+      arr = std::move(unique);
+    }
+    if (arr.empty() && !f.required && !keep_nulls_) return std::nullopt;
+    return arr;
+  }
+
+  void add_report(const std::string& ptr, const Answer& a) {
+    report_->push_back({ptr, a.kind, OrderedJson(a.value), a.confidence, a.span});
+  }
+
+  const Answers& answers_;
+  bool keep_nulls_;
+  std::vector<FieldReport>* report_;
+};
+
+void collect_known(const Field& f, std::vector<int64_t>& indices, const Answers& answers,
+                   std::vector<std::pair<std::string, Json>>& out) {
+  const std::string ptr = schema::field_pointer(f, indices);
+  if (f.kind == FieldKind::anchor || f.kind == FieldKind::count) {
+    for (int64_t k = 0; k < answers.items(ptr); ++k) {
+      indices.push_back(k);
+      collect_known(f.children.at(0), indices, answers, out);
+      indices.pop_back();
+    }
+    return;
+  }
+  if (f.kind == FieldKind::object || f.kind == FieldKind::multi_select) {
+    for (const Field& child : f.children) collect_known(child, indices, answers, out);
+    return;
+  }
+  if (f.kind == FieldKind::generate) return;
+  const Answer* a = answers.find(ptr);
+  if (a && !a->value.is_null()) out.emplace_back(ptr, a->value);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Json>> Answers::known(const schema::Plan& plan) const {
+  std::vector<std::pair<std::string, Json>> out;
+  std::vector<int64_t> indices;
+  collect_known(plan.root, indices, *this, out);
+  return out;
+}
+
+FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls) {
+  FillResult r;
+  std::vector<int64_t> indices;
+  Builder b(answers, keep_nulls, &r.fields);
+  std::optional<OrderedJson> v = b.build(plan.root, indices);
+  r.value = v ? std::move(*v) : OrderedJson::object();
+  return r;
+}
+
+}  // namespace deg::engine

@@ -1,0 +1,466 @@
+// The fill engine (DESIGN.md §3, the seed's DegModel.answer_many): each document's trunk is
+// prefilled once; every query of every document is a fork row over its trunk, run in batches
+// under a padded-token budget; heads answer; anchored and counted arrays spawn their items'
+// queries round after round; x-generate fields are decoded last from a KNOWN VALUES block;
+// answers are assembled in schema order.
+//
+// Field independence: a query's tokens are rendered from its field and place alone and its fork
+// reads only its own trunk, through row-invariant kernels, so its answer is bitwise the same
+// whatever else is asked or batched with it.
+#include "deg/engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/assemble.h"
+#include "engine/decode.h"
+#include "engine/model.h"
+#include "schema/render.h"
+
+namespace deg {
+
+using engine::Answers;
+using engine::DegModel;
+using schema::Field;
+using schema::FieldKind;
+
+struct Engine::Impl {
+  std::unique_ptr<DegModel> model;
+  EngineOptions options;
+};
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+Engine Engine::open(const EngineOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->model = DegModel::open(options.model, options.base);
+  impl->options = options;
+  return Engine(std::move(impl));
+}
+
+const std::string& Engine::backbone_name() const {
+  return impl_->model->name();
+}
+
+namespace {
+
+// One document being filled.
+struct Document {
+  std::string text;
+  engine::ContextText context;  // code points + context token ranges
+  int64_t ctx_start = 0;        // first context token in the trunk ids
+  State state;                  // trunk state after reading it
+  Tensor ctx_hidden;            // f32 [T, C] final-norm hidden of the context tokens
+  Answers answers;
+  std::string error;
+};
+
+enum class Head : uint8_t { choice, score, noul, extract, count, anchor };
+
+// One fork query.
+struct Job {
+  size_t doc = 0;
+  const Field* field = nullptr;
+  schema::QueryPlace place;
+  Head head = Head::extract;
+  int64_t anchor = -1;  // inside an anchored item: its anchor token and region
+  int64_t region_lo = 0, region_hi = -1;
+  std::vector<int32_t> ids;
+  std::vector<int64_t> option_positions;
+  std::vector<float> answer_hidden;  // [C]
+  std::vector<float> option_hidden;  // [O, C]
+};
+
+struct ItemScope {  // where a query sits: enclosing arrays' indices and the innermost item
+  schema::QueryPlace place;
+  int64_t anchor = -1, region_lo = 0, region_hi = -1;
+};
+
+class Filler {
+ public:
+  Filler(const DegModel& model, const EngineOptions& options, std::vector<Document>& docs)
+      : model_(model), options_(options), docs_(docs) {}
+
+  void run(const schema::Plan& plan) {
+    std::vector<Job> jobs;
+    for (size_t d = 0; d < docs_.size(); ++d) {
+      if (docs_[d].error.empty()) enqueue(d, plan.root, ItemScope{}, jobs);
+    }
+    while (!jobs.empty()) {
+      run_forks(jobs);
+      std::vector<Job> next;
+      answer(jobs, next);
+      jobs = std::move(next);
+    }
+    for (size_t d = 0; d < docs_.size(); ++d) {
+      if (docs_[d].error.empty()) generate(plan, d);
+    }
+  }
+
+ private:
+  // Queries for `field` (and, for objects, its descendants) at `scope`.
+  void enqueue(size_t d, const Field& field, const ItemScope& scope, std::vector<Job>& out) {
+    switch (field.kind) {
+      case FieldKind::object:
+        for (const Field& child : field.children) enqueue(d, child, scope, out);
+        return;
+      case FieldKind::multi_select:
+        for (const Field& child : field.children) add_job(d, child, scope, Head::noul, out);
+        return;
+      case FieldKind::generate: generate_fields_[d].push_back({&field, scope}); return;
+      case FieldKind::choice: return add_job(d, field, scope, Head::choice, out);
+      case FieldKind::score: return add_job(d, field, scope, Head::score, out);
+      case FieldKind::boolean: return add_job(d, field, scope, Head::noul, out);
+      case FieldKind::extract: return add_job(d, field, scope, Head::extract, out);
+      case FieldKind::count: return add_job(d, field, scope, Head::count, out);
+      case FieldKind::anchor: return add_job(d, field, scope, Head::anchor, out);
+    }
+  }
+
+  void add_job(size_t d, const Field& field, const ItemScope& scope, Head head,
+               std::vector<Job>& out) {
+    Job job{.doc = d,
+            .field = &field,
+            .place = scope.place,
+            .head = head,
+            .anchor = scope.anchor,
+            .region_lo = scope.region_lo,
+            .region_hi = scope.region_hi};
+    schema::RenderedQuery q = schema::render_query(field, scope.place);
+    for (const schema::TextPiece& piece : schema::query_pieces(q)) {
+      std::vector<int32_t> ids = model_.encode(piece.text);
+      job.ids.insert(job.ids.end(), ids.begin(), ids.end());
+      if (piece.option_end) job.option_positions.push_back(int64_t(job.ids.size()) - 1);
+    }
+    DEG_CHECK(!job.ids.empty(), "empty query for {}", field.pointer);
+    out.push_back(std::move(job));
+  }
+
+  // Every job as a fork row over its document's trunk, in batches under the token budget;
+  // keeps only the hidden rows the heads read.
+  void run_forks(std::vector<Job>& jobs) {
+    std::vector<size_t> order(jobs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return jobs[a].ids.size() < jobs[b].ids.size(); });
+    const int64_t C = model_.backbone().spec().hidden;
+    size_t begin = 0;
+    while (begin < order.size()) {
+      size_t end = begin + 1;
+      while (end < order.size() &&
+             int64_t(jobs[order[end]].ids.size()) * int64_t(end - begin + 1) <=
+                 options_.fork_tokens) {
+        ++end;
+      }
+      std::vector<PrefixRef> prefixes;
+      std::map<size_t, int64_t> prefix_of;
+      std::vector<int64_t> prow;
+      std::vector<std::vector<int32_t>> rows;
+      for (size_t i = begin; i < end; ++i) {
+        const Job& job = jobs[order[i]];
+        auto [it, added] = prefix_of.emplace(job.doc, int64_t(prefixes.size()));
+        if (added) prefixes.push_back({.state = &docs_[job.doc].state, .row = 0});
+        prow.push_back(it->second);
+        rows.push_back(job.ids);
+      }
+      TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
+      ForkState fs = model_.backbone().fork(prefixes, prow, batch.tokens);
+      Tensor hidden = model_.backbone().fork_forward(batch, fs, /*keep=*/false);  // [B, L, C]
+      const float* h = hidden.data<float>();
+      for (size_t i = begin; i < end; ++i) {
+        Job& job = jobs[order[i]];
+        const float* row = h + int64_t(i - begin) * batch.tokens * C;
+        const int64_t last = int64_t(job.ids.size()) - 1;
+        job.answer_hidden.assign(row + last * C, row + (last + 1) * C);
+        for (int64_t p : job.option_positions) {
+          job.option_hidden.insert(job.option_hidden.end(), row + p * C, row + (p + 1) * C);
+        }
+      }
+      begin = end;
+    }
+  }
+
+  // Heads over the finished forks, per document; arrays schedule their items' queries.
+  void answer(std::vector<Job>& jobs, std::vector<Job>& next) {
+    const Heads& heads = model_.heads();
+    std::map<size_t, std::vector<size_t>> extract_of, anchor_of;  // doc -> jobs
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      Job& job = jobs[i];
+      Document& doc = docs_[job.doc];
+      const std::string ptr = schema::field_pointer(*job.field, job.place.indices);
+      switch (job.head) {
+        case Head::choice:
+        case Head::score: {
+          const bool choice = job.head == Head::choice;
+          std::vector<float> logits =
+              pointer_logits(choice ? heads.choice : heads.score, job.answer_hidden.data(),
+                             job.option_hidden.data(), int64_t(job.option_positions.size()));
+          engine::Pick p =
+              engine::pick_best(logits.data(), int64_t(logits.size()),
+                                heads.temp(choice ? HeadKind::choice : HeadKind::score));
+          doc.answers.set(ptr, {.kind = choice ? "choice" : "score",
+                                .value = job.field->options[size_t(p.index)].value,
+                                .confidence = p.probability});
+          break;
+        }
+        case Head::noul: {
+          float l = noul_logits(heads, job.answer_hidden.data(), 1)[0];
+          float two[2] = {l, 0.0f};
+          std::vector<double> p = engine::softmax(two, 2, heads.temp(HeadKind::noul));
+          const bool yes = p[0] > p[1];
+          doc.answers.set(ptr, {.kind = "bool", .value = yes, .confidence = yes ? p[0] : p[1]});
+          break;
+        }
+        case Head::count: {
+          std::vector<float> logits = count_logits(heads, job.answer_hidden.data(), 1);
+          std::vector<bool> allowed(logits.size(), false);
+          for (int64_t n = job.field->min_items; n <= kMaxCount; ++n) {
+            if (!job.field->max_items || n <= *job.field->max_items) allowed[size_t(n)] = true;
+          }
+          engine::Pick p = engine::pick_best(logits.data(), int64_t(logits.size()),
+                                             heads.temp(HeadKind::count), allowed);
+          const int64_t n = std::max<int64_t>(0, p.index);
+          doc.answers.set(ptr, {.kind = "count", .value = n, .confidence = p.probability});
+          doc.answers.set_items(ptr, n);
+          for (int64_t k = 0; k < n; ++k) {
+            ItemScope scope{job.place, job.anchor, job.region_lo, job.region_hi};
+            scope.place.indices.push_back(k);
+            scope.place.item =
+                schema::ItemLine{.mode = schema::ItemLine::Mode::index, .index = k, .count = n};
+            enqueue(job.doc, job.field->children.at(0), scope, next);
+          }
+          break;
+        }
+        case Head::extract: extract_of[job.doc].push_back(i); break;
+        case Head::anchor: anchor_of[job.doc].push_back(i); break;
+      }
+    }
+    for (auto& [d, idx] : extract_of) answer_extracts(jobs, idx, docs_[d]);
+    for (auto& [d, idx] : anchor_of) answer_anchors(jobs, idx, d, next);
+  }
+
+  std::vector<float> stack_answers(const std::vector<Job>& jobs, const std::vector<size_t>& idx) {
+    std::vector<float> a;
+    for (size_t i : idx)
+      a.insert(a.end(), jobs[i].answer_hidden.begin(), jobs[i].answer_hidden.end());
+    return a;
+  }
+
+  void answer_extracts(std::vector<Job>& jobs, const std::vector<size_t>& idx, Document& doc) {
+    const Heads& heads = model_.heads();
+    const int64_t T = doc.ctx_hidden.dim(0);
+    std::vector<float> a = stack_answers(jobs, idx);
+    std::vector<SpanQuery> sq;
+    for (size_t i : idx) sq.push_back({.anchor = jobs[i].anchor, .region_end = jobs[i].region_hi});
+    SpanLogits lg =
+        span_logits(heads, a.data(), int64_t(idx.size()), sq, doc.ctx_hidden.data<float>(), T);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const Job& job = jobs[idx[j]];
+      engine::SpanAnswer s = engine::decode_span(
+          lg.start.data() + int64_t(j) * (T + 1), lg.end.data() + int64_t(j) * (T + 1), doc.context,
+          job.field->value, job.field->null_masked, heads.temp(HeadKind::extract));
+      engine::Answer ans{.kind = "extract",
+                         .value = s.value ? *s.value : Json(nullptr),
+                         .confidence = s.confidence};
+      if (s.value) ans.span = {{s.char_start, s.char_end}};
+      doc.answers.set(schema::field_pointer(*job.field, job.place.indices), std::move(ans));
+    }
+  }
+
+  void answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& idx, size_t d,
+                      std::vector<Job>& next) {
+    Document& doc = docs_[d];
+    const int64_t T = doc.ctx_hidden.dim(0);
+    std::vector<float> a = stack_answers(jobs, idx);
+    std::vector<Region> regions;
+    for (size_t i : idx) regions.push_back({.lo = jobs[i].region_lo, .hi = jobs[i].region_hi});
+    std::vector<float> lg = anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions,
+                                          doc.ctx_hidden.data<float>(), T);
+    const auto& off = doc.context.offsets.offsets();
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const Job& job = jobs[idx[j]];
+      const std::string ptr = schema::field_pointer(*job.field, job.place.indices);
+      std::vector<engine::AnchorItem> items =
+          engine::decode_anchors(lg.data() + int64_t(j) * T, T, job.region_lo, job.region_hi,
+                                 job.field->min_items, job.field->max_items);
+      doc.answers.set_items(ptr, int64_t(items.size()));
+      double confidence = 1;
+      for (size_t k = 0; k < items.size(); ++k) {
+        const engine::AnchorItem& it = items[k];
+        confidence *= it.probability;
+        ItemScope scope{job.place, it.anchor, it.anchor, it.region_end};
+        scope.place.indices.push_back(int64_t(k));
+        const int64_t c0 = off[size_t(it.anchor)].start;
+        const int64_t c1 = it.region_end > it.anchor ? off[size_t(it.region_end - 1)].end : c0;
+        std::u32string_view quote =
+            std::u32string_view(doc.context.text)
+                .substr(size_t(c0),
+                        size_t(std::min<int64_t>(c1 - c0, 4 * schema::kItemQuoteChars)));
+        scope.place.item = schema::ItemLine{.mode = schema::ItemLine::Mode::anchor,
+                                            .text = engine::utf8_of(quote)};
+        enqueue(d, job.field->children.at(0), scope, next);
+      }
+      doc.answers.set(ptr, {.kind = "anchor",
+                            .value = int64_t(items.size()),
+                            .confidence = items.empty() ? 1.0 : confidence});
+    }
+  }
+
+  // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
+  // field of the document as a fork row of one batched greedy decode.
+  void generate(const schema::Plan& plan, size_t d) {
+    Document& doc = docs_[d];
+    auto found = generate_fields_.find(d);
+    if (found == generate_fields_.end()) return;
+    const auto& fields = found->second;
+    const Backbone& bb = model_.backbone();
+    State known = doc.state.clone();
+    std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(plan)));
+    bb.prefill(TokenBatch::single(known_ids), known);
+    std::vector<std::vector<int32_t>> rows;
+    int64_t budget = 0;
+    for (const auto& g : fields) {
+      rows.push_back(model_.encode(schema::generate_header(*g.field, g.scope.place)));
+      budget = std::max(budget, g.field->max_tokens);
+    }
+    TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
+    ForkState fs = bb.fork({{.state = &known, .row = 0}}, std::vector<int64_t>(rows.size(), 0),
+                           batch.tokens + budget + 1);
+    Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/true);
+    const int64_t C = bb.spec().hidden, B = int64_t(rows.size());
+    std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+    std::vector<bool> done(static_cast<size_t>(B), false);
+    std::vector<double> logprob(static_cast<size_t>(B), 0.0);
+    Tensor last = Tensor::empty({B, C}, DType::f32);
+    for (int64_t b = 0; b < B; ++b) {
+      const float* src =
+          hidden.data<float>() + (b * batch.tokens + batch.lengths[size_t(b)] - 1) * C;
+      std::copy(src, src + C, last.mutable_data<float>() + b * C);
+    }
+    for (int64_t step = 0;; ++step) {
+      Tensor logits = bb.lm_logits(last);  // [B, V]
+      const int64_t V = logits.dim(1);
+      std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
+      bool any = false;
+      for (int64_t b = 0; b < B; ++b) {
+        if (done[size_t(b)]) continue;
+        const float* l = logits.data<float>() + b * V;
+        const int64_t best = std::max_element(l, l + V) - l;
+        logprob[size_t(b)] += std::log(engine::softmax(l, V, 1.0)[size_t(best)]);
+        if (best == model_.eos_id() ||
+            int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
+          done[size_t(b)] = true;
+          continue;
+        }
+        out[size_t(b)].push_back(int32_t(best));
+        step_ids[size_t(b)] = int32_t(best);
+        any = true;
+      }
+      if (!any || step >= budget) break;
+      TokenBatch one{
+          .ids = step_ids, .rows = B, .tokens = 1, .lengths = std::vector<int64_t>(size_t(B), 1)};
+      Tensor h = bb.fork_forward(one, fs, /*keep=*/true, /*decode=*/true);
+      std::copy(h.data<float>(), h.data<float>() + B * C, last.mutable_data<float>());
+    }
+    for (size_t b = 0; b < fields.size(); ++b) {
+      std::string text = model_.tokenizer().decode(out[b], /*skip_special_tokens=*/true);
+      const Field& f = *fields[b].field;
+      if (f.value.max_length) text = engine::utf8_prefix(text, *f.value.max_length);
+      std::optional<Json> v = schema::value_read(f.value, text);
+      doc.answers.set(
+          schema::field_pointer(f, fields[b].scope.place.indices),
+          {.kind = "generate", .value = v ? *v : Json(text), .confidence = std::exp(logprob[b])});
+    }
+  }
+
+  struct GenerateField {
+    const Field* field;
+    ItemScope scope;
+  };
+
+  const DegModel& model_;
+  const EngineOptions& options_;
+  std::vector<Document>& docs_;
+  std::map<size_t, std::vector<GenerateField>> generate_fields_;
+};
+
+// Tokens a document may have before its state would not fit in half of the machine's memory.
+int64_t max_document_tokens(const Backbone& bb) {
+  int64_t per_token = bb.spec().hidden * 4 * 4;  // hidden states kept for the heads + scratch
+  for (const LayerSpec& l : bb.spec().layers) {
+    if (l.kind == LayerKind::attention) per_token += 2 * l.kv_heads * l.head_dim * 4;
+  }
+  const int64_t memory = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));
+}
+
+void prepare(const DegModel& model, Document& doc) {
+  std::optional<std::u32string> cps = schema::utf8_to_code_points(doc.text);
+  if (!cps) {
+    doc.error = "the document is not valid UTF-8; convert it (e.g. iconv -t UTF-8) and retry";
+    return;
+  }
+  if (doc.text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    doc.error = "the document is empty";
+    return;
+  }
+  const Backbone& bb = model.backbone();
+  text::Encoding enc = model.tokenizer().encode(doc.text);
+  if (int64_t(enc.ids.size()) > max_document_tokens(bb)) {
+    doc.error = fmt::format(
+        "the document has {} tokens, more than this machine's memory holds "
+        "for {} ({}); split it",
+        enc.ids.size(), model.name(), max_document_tokens(bb));
+    return;
+  }
+  std::vector<int32_t> ids = model.encode(model.layout().bos + model.layout().prefix);
+  doc.ctx_start = int64_t(ids.size());
+  ids.insert(ids.end(), enc.ids.begin(), enc.ids.end());
+  std::vector<int32_t> suffix = model.encode("\n");
+  ids.insert(ids.end(), suffix.begin(), suffix.end());
+  std::vector<schema::CharRange> ranges;
+  for (const auto& [s, e] : enc.offsets) ranges.push_back({s, e});
+  doc.context = {std::move(*cps), schema::TokenOffsets(std::move(ranges))};
+  doc.state = bb.empty_state(1);
+  Tensor hidden = bb.prefill(TokenBatch::single(ids), doc.state);  // [1, L, C]
+  const int64_t T = int64_t(enc.ids.size());
+  doc.ctx_hidden = hidden.select(0, 0).slice(0, doc.ctx_start, doc.ctx_start + T).contiguous();
+}
+
+}  // namespace
+
+std::vector<FillResult> Engine::fill(const OrderedJson& schema,
+                                     const std::vector<std::string>& documents,
+                                     const FillOptions& options) const {
+  schema::PlanOptions plan_options;
+  plan_options.array_mode = impl_->model->array_mode();
+  const schema::Plan plan = schema::plan_compile(schema, plan_options);
+  std::vector<Document> docs(documents.size());
+  for (size_t i = 0; i < documents.size(); ++i) {
+    docs[i].text = documents[i];
+    try {
+      prepare(*impl_->model, docs[i]);
+    } catch (const Error& e) {
+      docs[i].error = e.what();
+    }
+  }
+  Filler(*impl_->model, impl_->options, docs).run(plan);
+  std::vector<FillResult> results(docs.size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (!docs[i].error.empty()) {
+      results[i].error = docs[i].error;
+      continue;
+    }
+    results[i] = engine::assemble(plan, docs[i].answers, options.keep_nulls);
+  }
+  return results;
+}
+
+}  // namespace deg

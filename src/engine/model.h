@@ -1,0 +1,59 @@
+// A loaded deg model: backbone (mapped weights), heads, tokenizer and the backbone's chat layout
+// (the trunk prefix, eos, pad), from a deg checkpoint directory.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/backbone.h"
+#include "model/heads.h"
+#include "schema/plan.h"
+#include "text/tokenizer.h"
+
+namespace deg::engine {
+
+// The plain-text delimiters of a backbone family (the seed's BackboneSpec).
+struct ChatLayout {
+  std::string bos;     // prepended to every trunk
+  std::string prefix;  // system turn + opened user turn before the context
+  std::string pad;     // padding token
+  std::string eos;     // ends every generated value
+};
+ChatLayout chat_layout(const std::string& family);
+
+class DegModel {
+ public:
+  // `dir`: a deg checkpoint (deg.json + backbone.safetensors + heads.safetensors); `base`
+  // overrides where its config/tokenizer come from. Throws deg::Error with what to do.
+  static std::unique_ptr<DegModel> open(const std::filesystem::path& dir,
+                                        const std::filesystem::path& base = {});
+
+  const Backbone& backbone() const { return *backbone_; }
+  const Heads& heads() const { return heads_; }
+  const text::Tokenizer& tokenizer() const { return tokenizer_; }
+  const ChatLayout& layout() const { return layout_; }
+  const std::string& name() const { return name_; }
+  schema::ArrayMode array_mode() const { return array_mode_; }
+  int32_t pad_id() const { return pad_id_; }
+  int32_t eos_id() const { return eos_id_; }
+  std::vector<int32_t> encode(std::string_view text) const;
+
+ private:
+  DegModel(std::unique_ptr<Backbone> backbone, Heads heads, text::Tokenizer tokenizer)
+      : backbone_(std::move(backbone)),
+        heads_(std::move(heads)),
+        tokenizer_(std::move(tokenizer)) {}
+
+  std::unique_ptr<Backbone> backbone_;
+  Heads heads_;
+  text::Tokenizer tokenizer_;
+  ChatLayout layout_;
+  std::string name_;
+  schema::ArrayMode array_mode_ = schema::ArrayMode::anchor;
+  int32_t pad_id_ = 0;
+  int32_t eos_id_ = 0;
+};
+
+}  // namespace deg::engine

@@ -1,0 +1,124 @@
+#include "model/checkpoint.h"
+
+#include <fmt/ranges.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "io/weights.h"
+#include "model/heads.h"
+
+namespace deg {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Tensors of a base snapshot that belong to the text model, under their `model.` names.
+std::vector<NamedTensor> backbone_tensors(const WeightStore& store) {
+  const std::string& prefix = store.text_prefix();
+  std::vector<NamedTensor> out;
+  for (const std::string& name : store.names()) {
+    if (!name.starts_with(prefix)) continue;  // lm_head, vision / audio towers, MTP heads
+    const std::string rest = name.substr(prefix.size());
+    if (rest.find(".lora_") != std::string::npos ||
+        rest.ends_with("embed_tokens_per_layer.weight")) {
+      continue;
+    }
+    Tensor t = store.get(name);
+    out.push_back({"model." + rest, t.dtype() == DType::bf16 ? t : t.to(DType::bf16)});
+  }
+  return out;
+}
+
+const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config.json",
+                              "special_tokens_map.json", "generation_config.json"};
+
+}  // namespace
+
+CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
+  JsonConfig j = JsonConfig::load(dir / "deg.json");
+  CheckpointMeta m;
+  m.base = j.get_or<std::string>("base", "custom");
+  m.backbone = j.get_or<std::string>("backbone", "");
+  m.array_mode = j.get_or<std::string>("array_mode", "anchor");
+  m.raw = j.json();
+  for (const char* key : {"lora", "moe"}) {
+    if (j.has(key)) {
+      throw Error(ErrorKind::unsupported,
+                  fmt::format("this checkpoint carries {} weights, which this deg build cannot "
+                              "run yet; use a checkpoint without them",
+                              key),
+                  {.path = (dir / "deg.json").string(), .pointer = std::string("/") + key});
+    }
+  }
+  for (const char* file : {"adapters.safetensors", "moe.safetensors"}) {
+    if (fs::exists(dir / file)) {
+      throw Error(ErrorKind::unsupported,
+                  std::string(file) + " is not supported by this deg build yet",
+                  {.path = dir.string()});
+    }
+  }
+  return m;
+}
+
+void checkpoint_init(const CheckpointInitOptions& options) {
+  const fs::path& base = options.base;
+  if (!fs::exists(base / "config.json")) {
+    throw Error(ErrorKind::not_found,
+                "config.json not found; --base must be an HF snapshot directory",
+                {.path = base.string()});
+  }
+  if (fs::exists(options.out) && !fs::is_empty(options.out)) {
+    throw Error(ErrorKind::invalid_argument,
+                "output directory exists and is not empty; choose a new --out",
+                {.path = options.out.string()});
+  }
+  JsonConfig config = JsonConfig::load(base / "config.json");
+  JsonConfig text = config.text();
+  const int64_t hidden = text.get<int64_t>("hidden_size");
+  WeightStore store = WeightStore::open_dir(base);
+  std::vector<NamedTensor> backbone = backbone_tensors(store);
+  if (backbone.empty()) {
+    throw Error(ErrorKind::format, "no text-model tensors (model.* or model.language_model.*)",
+                {.path = base.string()});
+  }
+
+  fs::create_directories(options.out);
+  safetensors_write(options.out / "backbone.safetensors", backbone);
+  Heads::init(hidden, options.seed).save(options.out / "heads.safetensors");
+  for (const char* f : kCopiedFiles) {
+    if (fs::exists(base / f))
+      fs::copy_file(base / f, options.out / f, fs::copy_options::overwrite_existing);
+  }
+  std::string backbone_name = text.model_type();
+  if (backbone_name.ends_with("_text")) backbone_name.resize(backbone_name.size() - 5);
+  OrderedJson meta = {{"base", fs::absolute(base).lexically_normal().string()},
+                      {"backbone", backbone_name},
+                      {"seed", options.seed},
+                      {"lora", nullptr},
+                      {"moe", nullptr},
+                      {"kinds", kHeadKindNames},
+                      {"max_count", kMaxCount},
+                      {"array_mode", "anchor"}};
+  std::ofstream out(options.out / "deg.json");
+  out << meta.dump(2) << "\n";
+  if (!out.flush()) {
+    throw Error(ErrorKind::io, "cannot write deg.json", {.path = options.out.string()});
+  }
+}
+
+fs::path model_config_dir(const fs::path& dir, const fs::path& base_override) {
+  if (!fs::exists(dir / "deg.json") || fs::exists(dir / "config.json")) return dir;
+  if (!base_override.empty()) return base_override;
+  CheckpointMeta m = checkpoint_meta_load(dir);
+  if (m.base != "custom" && fs::exists(fs::path(m.base) / "config.json")) return m.base;
+  throw Error(ErrorKind::not_found,
+              "this deg checkpoint has no config.json and its base snapshot '" + m.base +
+                  "' is not here; pass --base DIR pointing at the base HF snapshot",
+              {.path = dir.string()});
+}
+
+}  // namespace deg

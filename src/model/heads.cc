@@ -1,0 +1,273 @@
+// Head weights (init, load, save) and head math. See heads.h for the formulas.
+#include "model/heads.h"
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "io/safetensors.h"
+#include "kernels/gemm.h"
+
+namespace deg {
+
+namespace {
+
+// Uniform floats in [-bound, bound) from a 64-bit engine: the same bits on every platform.
+class Uniform {
+ public:
+  explicit Uniform(uint64_t seed) : rng_(seed) {}
+  float operator()(float bound) {
+    float u = float(rng_() >> 40) * 0x1.0p-24f;  // [0, 1)
+    return (2.0f * u - 1.0f) * bound;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+Linear linear_init(int64_t in, int64_t out, Uniform& u) {
+  Linear l{Tensor::empty({out, in}, DType::f32), Tensor::empty({out}, DType::f32)};
+  const float bound = 1.0f / std::sqrt(float(in));  // kaiming_uniform(a=sqrt(5)) == this
+  float* w = l.weight.mutable_data<float>();
+  for (int64_t i = 0; i < out * in; ++i) w[i] = u(bound);
+  float* b = l.bias.mutable_data<float>();
+  for (int64_t i = 0; i < out; ++i) b[i] = u(bound);
+  return l;
+}
+
+PointerHeadWeights pointer_init(int64_t hidden, Uniform& u) {
+  PointerHeadWeights h;
+  h.query = linear_init(hidden, kHeadDim, u);
+  h.key = linear_init(hidden, kHeadDim, u);
+  h.prior = linear_init(hidden, 1, u);
+  return h;
+}
+
+// Every Linear of the heads with its key prefix, for load and save.
+template <class H, class F>
+void for_each_linear(H& heads, F&& f) {
+  for (auto [name, p] : {std::pair{"choice", &heads.choice}, std::pair{"score", &heads.score},
+                         std::pair{"anchor", &heads.anchor}}) {
+    f(std::string(name) + ".query", p->query);
+    f(std::string(name) + ".key", p->key);
+    f(std::string(name) + ".prior", p->prior);
+  }
+  f("noul", heads.noul);
+  f("count", heads.count);
+  f("span.q_start", heads.span.q_start);
+  f("span.k_start", heads.span.k_start);
+  f("span.q_end", heads.span.q_end);
+  f("span.k_end", heads.span.k_end);
+  f("span.null_start", heads.span.null_start);
+  f("span.null_end", heads.span.null_end);
+}
+
+// The f32 view of `t`, copied only when it is not f32 already (a checkpoint may store bf16).
+Tensor as_f32(const Tensor& t) {
+  return t.dtype() == DType::f32 ? t.contiguous() : t.to(DType::f32);
+}
+
+// y[i, j] (row stride ldy) = x[i, :] · w[j, :] for x [n, K] and w [m, K] (both f32).
+void dots(const float* x, int64_t n, const Tensor& w, float* y, int64_t ldy) {
+  GemmOutput out{.w = &w, .y = y, .ldy = ldy};
+  gemm({.x = x, .m = n, .k = w.dim(1), .ldx = w.dim(1), .outputs = {&out, 1}});
+}
+
+}  // namespace
+
+void Linear::apply(const float* x, int64_t n, float* y) const {
+  dots(x, n, weight, y, out());
+  const float* b = bias.data<float>();
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < out(); ++j) y[i * out() + j] += b[j];
+}
+
+Heads Heads::init(int64_t hidden, uint64_t seed) {
+  Uniform u(seed);
+  Heads h;
+  h.hidden = hidden;
+  h.choice = pointer_init(hidden, u);
+  h.score = pointer_init(hidden, u);
+  h.noul = linear_init(hidden, 1, u);
+  h.span.q_start = linear_init(hidden, kHeadDim, u);
+  h.span.k_start = linear_init(hidden, kHeadDim, u);
+  h.span.q_end = linear_init(hidden, kHeadDim, u);
+  h.span.k_end = linear_init(hidden, kHeadDim, u);
+  h.span.null_start = linear_init(hidden, 1, u);
+  h.span.null_end = linear_init(hidden, 1, u);
+  h.count = linear_init(hidden, kMaxCount + 1, u);
+  h.anchor = pointer_init(hidden, u);
+  float* pw = h.anchor.prior.weight.mutable_data<float>();
+  for (int64_t i = 0; i < hidden; ++i) pw[i] *= 0.1f;
+  h.anchor.prior.bias.mutable_data<float>()[0] = kAnchorInitBias;
+  h.span_bias = Tensor::zeros({2, 2, int64_t(kRelEdges.size()) + 1}, DType::f32);
+  h.temperature = Tensor::empty({int64_t(kHeadKindNames.size())}, DType::f32);
+  for (int64_t i = 0; i < h.temperature.numel(); ++i) h.temperature.mutable_data<float>()[i] = 1;
+  return h;
+}
+
+Heads Heads::load(const std::filesystem::path& path) {
+  SafetensorsFile file = SafetensorsFile::open(path);
+  Heads h;
+  auto get = [&](const std::string& name, const Shape& shape) {
+    Tensor t = as_f32(file.tensor(name));
+    if (t.shape() != shape) {
+      throw Error(
+          ErrorKind::format,
+          fmt::format("shape {} where {} was expected", shape_str(t.shape()), shape_str(shape)),
+          {.path = path.string(), .tensor = name});
+    }
+    return t;
+  };
+  const TensorInfo* noul = file.find("noul.weight");
+  if (!noul || noul->shape.size() != 2) {
+    throw Error(ErrorKind::format, "missing or malformed tensor; not a deg heads file?",
+                {.path = path.string(), .tensor = "noul.weight"});
+  }
+  h.hidden = noul->shape[1];
+  for_each_linear(h, [&](const std::string& name, Linear& l) {
+    int64_t out = 1;
+    if (name.ends_with("query") || name.ends_with("key") || name.starts_with("span.q") ||
+        name.starts_with("span.k")) {
+      out = kHeadDim;
+    } else if (name == "count") {
+      out = kMaxCount + 1;
+    }
+    l.weight = get(name + ".weight", {out, h.hidden});
+    l.bias = get(name + ".bias", {out});
+  });
+  h.span_bias = get("span_bias", {2, 2, int64_t(kRelEdges.size()) + 1});
+  h.temperature = get("temperature", {int64_t(kHeadKindNames.size())});
+  return h;
+}
+
+void Heads::save(const std::filesystem::path& path) const {
+  std::vector<NamedTensor> tensors;
+  for_each_linear(*this, [&](const std::string& name, const Linear& l) {
+    tensors.push_back({name + ".weight", l.weight});
+    tensors.push_back({name + ".bias", l.bias});
+  });
+  tensors.push_back({"span_bias", span_bias});
+  tensors.push_back({"temperature", temperature});
+  safetensors_write(path, tensors);
+}
+
+std::vector<float> pointer_logits(const PointerHeadWeights& head, const float* answer,
+                                  const float* options, int64_t num_options) {
+  std::vector<float> q(static_cast<size_t>(kHeadDim)),
+      k(static_cast<size_t>(num_options * kHeadDim));
+  std::vector<float> prior(static_cast<size_t>(num_options)), out(static_cast<size_t>(num_options));
+  head.query.apply(answer, 1, q.data());
+  head.key.apply(options, num_options, k.data());
+  head.prior.apply(options, num_options, prior.data());
+  Tensor qw = Tensor::from_vector(q, {1, kHeadDim});
+  dots(k.data(), num_options, qw, out.data(), 1);
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  for (int64_t i = 0; i < num_options; ++i)
+    out[size_t(i)] = out[size_t(i)] * scale + prior[size_t(i)];
+  return out;
+}
+
+std::vector<float> noul_logits(const Heads& heads, const float* answers, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n));
+  heads.noul.apply(answers, n, out.data());
+  return out;
+}
+
+std::vector<float> count_logits(const Heads& heads, const float* answers, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n * (kMaxCount + 1)));
+  heads.count.apply(answers, n, out.data());
+  return out;
+}
+
+int rel_bucket(int64_t d) {
+  int b = 0;
+  for (int64_t e : kRelEdges) b += e <= d;
+  return b;
+}
+
+namespace {
+
+// Runs `fn(r0, r1, keys)` over context blocks of at most kHeadRows tokens, with keys [r1-r0, d]
+// = key_proj(context[r0:r1]) as a tensor (the block's only copy).
+template <class F>
+void for_each_block(const Linear& key_proj, const float* context, int64_t T, int64_t C, F&& fn) {
+  for (int64_t r0 = 0; r0 < T; r0 += kHeadRows) {
+    int64_t r1 = std::min(T, r0 + kHeadRows);
+    Tensor keys = Tensor::empty({r1 - r0, kHeadDim}, DType::f32);
+    key_proj.apply(context + r0 * C, r1 - r0, keys.mutable_data<float>());
+    fn(r0, r1, keys);
+  }
+}
+
+}  // namespace
+
+SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
+                       const std::vector<SpanQuery>& queries, const float* context, int64_t T) {
+  DEG_CHECK(int64_t(queries.size()) == n, "{} span queries for {} answers", queries.size(), n);
+  const int64_t C = heads.hidden, W = T + 1;
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  const SpanHeadWeights& sp = heads.span;
+  SpanLogits out{std::vector<float>(size_t(n * W)), std::vector<float>(size_t(n * W))};
+  std::vector<float> qs(static_cast<size_t>(n * kHeadDim)), qe(static_cast<size_t>(n * kHeadDim));
+  std::vector<float> ns(static_cast<size_t>(n)), ne(static_cast<size_t>(n));
+  sp.q_start.apply(answers, n, qs.data());
+  sp.q_end.apply(answers, n, qe.data());
+  sp.null_start.apply(answers, n, ns.data());
+  sp.null_end.apply(answers, n, ne.data());
+  for (auto [q, key, logits] :
+       {std::tuple{&qs, &sp.k_start, &out.start}, std::tuple{&qe, &sp.k_end, &out.end}}) {
+    for_each_block(*key, context, T, C, [&](int64_t r0, int64_t, const Tensor& keys) {
+      dots(q->data(), n, keys, logits->data() + r0, W);
+    });
+  }
+  const float* bias = heads.span_bias.data<float>();
+  const int64_t nb = int64_t(kRelEdges.size()) + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    float* st = out.start.data() + i * W;
+    float* en = out.end.data() + i * W;
+    const SpanQuery& sq = queries[size_t(i)];
+    const int64_t hi = sq.region_end < 0 ? T : std::min(sq.region_end, T);
+    for (int64_t t = 0; t < T; ++t) {
+      st[t] *= scale;
+      en[t] *= scale;
+      if (sq.anchor >= 0) {
+        const int64_t inside = t >= sq.anchor && t < hi;
+        const int b = rel_bucket(t - sq.anchor);
+        st[t] += bias[(0 * 2 + inside) * nb + b];
+        en[t] += bias[(1 * 2 + inside) * nb + b];
+      }
+    }
+    st[T] = ns[size_t(i)];
+    en[T] = ne[size_t(i)];
+  }
+  return out;
+}
+
+std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64_t n,
+                                 const std::vector<Region>& regions, const float* context,
+                                 int64_t T) {
+  DEG_CHECK(int64_t(regions.size()) == n, "{} regions for {} answers", regions.size(), n);
+  const int64_t C = heads.hidden;
+  const float scale = 1.0f / std::sqrt(float(kHeadDim));
+  const PointerHeadWeights& an = heads.anchor;
+  std::vector<float> out(static_cast<size_t>(n * T)), q(static_cast<size_t>(n * kHeadDim)),
+      prior(static_cast<size_t>(T));
+  an.query.apply(answers, n, q.data());
+  for_each_block(an.key, context, T, C, [&](int64_t r0, int64_t r1, const Tensor& keys) {
+    dots(q.data(), n, keys, out.data() + r0, T);
+    an.prior.apply(context + r0 * C, r1 - r0, prior.data() + r0);
+  });
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t lo = std::max<int64_t>(0, regions[size_t(i)].lo);
+    const int64_t hi = regions[size_t(i)].hi < 0 ? T : std::min(regions[size_t(i)].hi, T);
+    float* row = out.data() + i * T;
+    for (int64_t t = 0; t < T; ++t) {
+      row[t] = (t >= lo && t < hi) ? row[t] * scale + prior[size_t(t)] : neg_inf;
+    }
+  }
+  return out;
+}
+
+}  // namespace deg

@@ -1,0 +1,243 @@
+// The fill engine end to end on a tiny random Qwen3.5 with fresh heads (`deg init`): outputs
+// validate against their schemas (valijson), fields are bitwise independent of each other, a
+// document's report is the same alone and in a batch, spans hold their values, bad documents fail
+// alone. The answers of random heads are meaningless; these are properties of the machinery.
+#include <gtest/gtest.h>
+
+// valijson's headers trip GCC 12's -Wrestrict false positive inside std::string::replace.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wrestrict"
+#include <valijson/adapters/nlohmann_json_adapter.hpp>
+#include <valijson/schema.hpp>
+#include <valijson/schema_parser.hpp>
+#include <valijson/validator.hpp>
+#pragma GCC diagnostic pop
+
+#include "core/error.h"
+#include "deg/engine.h"
+#include "engine/decode.h"
+#include "io/json.h"
+#include "model/checkpoint.h"
+#include "schema/plan.h"
+#include "schema/spans.h"
+#include "test_util.h"
+#include "tiny_model.h"
+
+namespace deg {
+namespace {
+
+namespace fs = std::filesystem;
+
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new testing::TempDir();
+    testing::write_tiny_qwen35(*dir_ / "base", 11);
+    checkpoint_init({.base = *dir_ / "base", .out = *dir_ / "ckpt", .seed = 3});
+    engine_ = new Engine(Engine::open({.model = *dir_ / "ckpt"}));
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    delete dir_;
+  }
+  static OrderedJson load_schema(const std::string& rel) {
+    return schema::schema_load(testing::source_path(rel).string());
+  }
+
+  static testing::TempDir* dir_;
+  static Engine* engine_;
+};
+
+testing::TempDir* EngineTest::dir_ = nullptr;
+Engine* EngineTest::engine_ = nullptr;
+
+const std::vector<std::string>& documents() {
+  static const std::vector<std::string> docs = {
+      testing::read_text(testing::source_path("examples/invoice.txt")),
+      testing::read_text(testing::source_path("examples/support.txt")),
+      "Meeting on 2026-03-04 with Ana Lima (ana@example.com). Budget: 1,250.50 EUR. "
+      "Items: 3 chairs, 2 desks.",
+  };
+  return docs;
+}
+
+void expect_valid(const OrderedJson& schema, const OrderedJson& value) {
+  nlohmann::json s = nlohmann::json::parse(schema.dump());
+  s.erase("$schema");
+  valijson::Schema vs;
+  valijson::SchemaParser parser;
+  valijson::adapters::NlohmannJsonAdapter sa(s);
+  parser.populateSchema(sa, vs);
+  valijson::Validator validator;
+  valijson::ValidationResults results;
+  nlohmann::json v = nlohmann::json::parse(value.dump());
+  valijson::adapters::NlohmannJsonAdapter va(v);
+  std::string why;
+  bool ok = validator.validate(vs, va, &results);
+  valijson::ValidationResults::Error e;
+  while (results.popError(e)) why += e.description + "; ";
+  EXPECT_TRUE(ok) << value.dump() << "\n" << why;
+}
+
+TEST_F(EngineTest, OutputsValidateAgainstTheirSchemas) {
+  for (const char* rel :
+       {"examples/invoice.schema.json", "examples/support.schema.json",
+        "../shared/data/emails/schema.json", "../shared/data/snips/schema.json"}) {
+    OrderedJson schema = load_schema(rel);
+    std::vector<FillResult> results = engine_->fill(schema, documents());
+    ASSERT_EQ(results.size(), documents().size());
+    for (const FillResult& r : results) {
+      ASSERT_TRUE(r.ok()) << rel << ": " << r.error;
+      expect_valid(schema, r.value);
+      for (const FieldReport& f : r.fields) {
+        EXPECT_GE(f.confidence, 0.0) << f.path;
+        EXPECT_LE(f.confidence, 1.0 + 1e-9) << f.path;
+      }
+    }
+  }
+}
+
+TEST_F(EngineTest, SpansHoldTheirValues) {
+  OrderedJson schema = load_schema("examples/invoice.schema.json");
+  std::vector<FillResult> results = engine_->fill(schema, documents(), {.keep_nulls = true});
+  int spans = 0;
+  for (size_t d = 0; d < results.size(); ++d) {
+    std::u32string text = *schema::utf8_to_code_points(documents()[d]);
+    for (const FieldReport& f : results[d].fields) {
+      if (!f.span) continue;
+      ++spans;
+      ASSERT_EQ(f.kind, "extract");
+      ASSERT_LE(0, f.span->first);
+      ASSERT_LT(f.span->first, f.span->second);
+      ASSERT_LE(f.span->second, int64_t(text.size()));
+      std::u32string piece =
+          text.substr(size_t(f.span->first), size_t(f.span->second - f.span->first));
+      std::string utf8 = engine::utf8_of(piece);
+      if (f.value.is_string()) {
+        EXPECT_EQ(utf8, f.value.get<std::string>()) << f.path;
+      } else {
+        ASSERT_TRUE(f.value.is_number()) << f.path;
+        std::string digits;
+        for (char c : utf8)
+          if (std::isdigit(static_cast<unsigned char>(c))) digits += c;
+        EXPECT_FALSE(digits.empty()) << f.path << " " << utf8;
+      }
+    }
+  }
+  EXPECT_GT(spans, 0);
+}
+
+// Adding or removing other fields changes no field's value, confidence or span, bitwise.
+TEST_F(EngineTest, FieldsAreIndependent) {
+  OrderedJson full = load_schema("examples/invoice.schema.json");
+  OrderedJson part = full;
+  part["properties"].erase("vendor");
+  part["properties"].erase("line_items");
+  part["properties"]["extra_flag"] = {{"type", "boolean"}};
+  part["required"] = {"invoice_number", "total"};
+  std::vector<FillResult> a = engine_->fill(full, documents(), {.keep_nulls = true});
+  std::vector<FillResult> b = engine_->fill(part, documents(), {.keep_nulls = true});
+  int compared = 0;
+  for (size_t d = 0; d < a.size(); ++d) {
+    for (const FieldReport& fb : b[d].fields) {
+      for (const FieldReport& fa : a[d].fields) {
+        if (fa.path != fb.path || fa.path == "/summary") continue;
+        EXPECT_EQ(fa.value, fb.value) << fa.path;
+        EXPECT_EQ(fa.confidence, fb.confidence) << fa.path;
+        EXPECT_EQ(fa.span, fb.span) << fa.path;
+        ++compared;
+      }
+    }
+  }
+  EXPECT_GE(compared, 3 * 4);
+}
+
+TEST_F(EngineTest, ReportIsTheSameAloneAndInABatch) {
+  OrderedJson schema = load_schema("examples/invoice.schema.json");
+  std::vector<FillResult> batch = engine_->fill(schema, documents());
+  for (size_t d = 0; d < documents().size(); ++d) {
+    std::vector<FillResult> alone = engine_->fill(schema, {documents()[d]});
+    ASSERT_EQ(alone[0].fields.size(), batch[d].fields.size());
+    EXPECT_EQ(alone[0].value, batch[d].value);
+    for (size_t i = 0; i < alone[0].fields.size(); ++i) {
+      EXPECT_EQ(alone[0].fields[i].path, batch[d].fields[i].path);
+      EXPECT_EQ(alone[0].fields[i].confidence, batch[d].fields[i].confidence)
+          << alone[0].fields[i].path;
+    }
+  }
+  // A different fork budget changes batching, not results.
+  Engine small = Engine::open({.model = *dir_ / "ckpt", .fork_tokens = 64});
+  std::vector<FillResult> rebatched = small.fill(schema, documents());
+  for (size_t d = 0; d < documents().size(); ++d) {
+    for (size_t i = 0; i < batch[d].fields.size(); ++i) {
+      EXPECT_EQ(rebatched[d].fields[i].confidence, batch[d].fields[i].confidence);
+    }
+  }
+}
+
+TEST_F(EngineTest, BadDocumentsFailAlone) {
+  OrderedJson schema = load_schema("examples/support.schema.json");
+  std::vector<std::string> docs = {"", std::string("caf\xc3\x28 bad utf8"), documents()[1]};
+  std::vector<FillResult> r = engine_->fill(schema, docs);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_NE(r[0].error.find("empty"), std::string::npos) << r[0].error;
+  EXPECT_NE(r[1].error.find("UTF-8"), std::string::npos) << r[1].error;
+  EXPECT_TRUE(r[2].ok()) << r[2].error;
+  EXPECT_EQ(r[2].value, engine_->fill(schema, {documents()[1]})[0].value);
+}
+
+TEST_F(EngineTest, UnsupportedSchemaIsRejectedBeforeModelWork) {
+  OrderedJson schema = {{"type", "object"},
+                        {"properties", {{"a", {{"not", {{"type", "string"}}}}}}}};
+  try {
+    engine_->fill(schema, documents());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.context().pointer, "/properties/a/not") << e.what();
+  }
+}
+
+TEST_F(EngineTest, CliInitFillReportAndEval) {
+  testing::TempDir t;
+  auto r = testing::run_deg(
+      {"init", "--base", (*dir_ / "base").string(), "--out", (t / "ck").string(), "--seed", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string schema = testing::source_path("examples/support.schema.json").string();
+  const std::string doc = testing::source_path("examples/support.txt").string();
+  r = testing::run_deg({"fill", "--model", (t / "ck").string(), "--schema", schema, doc});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json one = Json::parse(r.out);
+  EXPECT_TRUE(one.is_object());
+  EXPECT_TRUE(one.contains("category"));  // required choice: always answered
+  r = testing::run_deg(
+      {"fill", "--model", (t / "ck").string(), "--schema", schema, "--report", doc, doc});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string l1, l2;
+  std::getline(lines, l1);
+  std::getline(lines, l2);
+  EXPECT_EQ(l1, l2);
+  Json rep = Json::parse(l1);
+  EXPECT_TRUE(rep["fields"].is_array());
+  EXPECT_EQ(rep["fields"][0]["path"], "/customer_name");
+  r = testing::run_deg({"fill", "--model", (t / "ck").string(), "--schema", schema, "--jsonl"},
+                       "\"first doc about billing\"\n{\"document\": \"\"}\n");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("empty"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("\"error\""), std::string::npos);  // the bad line keeps its place
+  // Same checkpoint seed, same heads: the CLI agrees with the library.
+  EXPECT_EQ(testing::read_text(t / "ck" / "heads.safetensors"),
+            testing::read_text(*dir_ / "ckpt" / "heads.safetensors"));
+
+  testing::write_text(t / "data.jsonl",
+                      "{\"document\": \"refund for order AB-123456 please\", \"expected\": "
+                      "{\"category\": \"billing\", \"order_id\": \"AB-123456\"}}\n");
+  r = testing::run_deg({"eval", "--model", (t / "ck").string(), "--schema", schema, "--data",
+                        (t / "data.jsonl").string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Json m = Json::parse(r.out);
+  EXPECT_EQ(m["records"], 1);
+}
+
+}  // namespace
+}  // namespace deg

@@ -1,0 +1,111 @@
+#include "tiny_model.h"
+
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "model/qwen35.h"
+#include "test_util.h"
+
+namespace deg::testing {
+
+namespace {
+
+Json tiny_config() {
+  return {{"architectures", {"Qwen3_5ForCausalLM"}},
+          {"model_type", "qwen3_5_text"},
+          {"vocab_size", 259},
+          {"hidden_size", 32},
+          {"intermediate_size", 48},
+          {"num_hidden_layers", 2},
+          {"layer_types", {"linear_attention", "full_attention"}},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 1},
+          {"head_dim", 16},
+          {"linear_num_key_heads", 2},
+          {"linear_num_value_heads", 2},
+          {"linear_key_head_dim", 8},
+          {"linear_value_head_dim", 8},
+          {"linear_conv_kernel_dim", 4},
+          {"rms_norm_eps", 1e-6},
+          {"rope_parameters",
+           {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.25}}},
+          {"tie_word_embeddings", true}};
+}
+
+// GPT-2's byte -> printable code point table.
+std::string byte_char(int b) {
+  int cp = b;
+  bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+  if (!printable) {
+    int n = 0;
+    for (int x = 0; x < b; ++x) {
+      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) ++n;
+    }
+    cp = 256 + n;
+  }
+  std::string s;
+  if (cp < 0x80) {
+    s += char(cp);
+  } else {
+    s += char(0xc0 | (cp >> 6));
+    s += char(0x80 | (cp & 0x3f));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string tiny_tokenizer_json() {
+  Json vocab = Json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  Json added = Json::array();
+  int id = 256;
+  for (const char* t : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  Json byte_level = {{"type", "ByteLevel"},
+                     {"add_prefix_space", false},
+                     {"trim_offsets", false},
+                     {"use_regex", true}};
+  Json tok = {{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", added},
+              {"normalizer", nullptr},
+              {"pre_tokenizer", byte_level},
+              {"post_processor", nullptr},
+              {"decoder", byte_level},
+              {"model",
+               {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", Json::array()}}}};
+  return tok.dump();
+}
+
+void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed) {
+  std::filesystem::create_directories(dir);
+  Json config = tiny_config();
+  write_text(dir / "config.json", config.dump(2));
+  Qwen35Config cfg = Qwen35Config::from_json(JsonConfig(config, (dir / "config.json").string()));
+  TensorMap weights = qwen35_random_weights(cfg, DType::bf16, seed);
+  std::vector<NamedTensor> named;
+  for (auto& [name, t] : weights) {
+    named.push_back({name == "lm_head.weight" ? name : "model." + name, t});
+  }
+  safetensors_write(dir / "model.safetensors", named);
+  write_text(dir / "tokenizer.json", tiny_tokenizer_json());
+}
+
+}  // namespace deg::testing
