@@ -18,8 +18,9 @@ namespace deg {
 
 enum class GemmPrecision : uint8_t {
   exact,  // x stays f32; bf16 weights are widened exactly (shift) and multiplied in f32
-  bf16,   // with bf16 weights: x rounded to bf16 once, bf16 dot products with f32 accumulation
-          // (AVX512_BF16 vdpbf16ps where the CPU has it). f32 weights ignore this and run exact.
+  bf16,   // with bf16 weights: x rounded to bf16 once, then bf16 dot products with f32
+          // accumulation (AVX512_BF16 vdpbf16ps where the CPU has it, f32 FMAs over the rounded
+          // values elsewhere). f32 weights ignore this and run exact.
 };
 
 enum class GemmIsa : uint8_t { scalar, avx2, avx512, avx512bf16 };

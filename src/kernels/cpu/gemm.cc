@@ -105,11 +105,22 @@ void gemm(const GemmArgs& a) {
     gemm_reference(a);
     return;
   }
-  bool any_bf16_dot = false;
-  for (const GemmOutput& o : a.outputs) {
-    any_bf16_dot |= a.precision == GemmPrecision::bf16 && o.w->dtype() == DType::bf16;
+  bool any_bf16_weight = false;
+  for (const GemmOutput& o : a.outputs) any_bf16_weight |= o.w->dtype() == DType::bf16;
+  const bool round_x = a.precision == GemmPrecision::bf16 && any_bf16_weight;
+  const bool any_bf16_dot = round_x && isa == GemmIsa::avx512bf16;
+
+  // Without bf16 dot products, bf16 precision still means "x rounded to bf16": an f32 copy of
+  // the rounded x feeds the f32 kernels for the bf16 weights.
+  std::unique_ptr<float[]> xr;
+  if (round_x && !any_bf16_dot) {
+    xr = std::make_unique_for_overwrite<float[]>(size_t(a.m * a.k));
+    parallel_for(a.m, [&](int64_t m0, int64_t m1) {
+      for (int64_t m = m0; m < m1; ++m)
+        for (int64_t k = 0; k < a.k; ++k)
+          xr[size_t(m * a.k + k)] = bf16_to_f32(f32_to_bf16(a.x[m * a.ldx + k]));
+    });
   }
-  any_bf16_dot &= isa == GemmIsa::avx512bf16;
 
   // x rounded to bf16 once, rows zero-padded to a multiple of 32 (one vdpbf16ps step).
   std::unique_ptr<uint16_t[]> xb;
@@ -142,9 +153,10 @@ void gemm(const GemmArgs& a) {
       const int64_t local = u - first_unit[o];
       const int64_t cb = local / row_blocks, rb = local % row_blocks;
       const int64_t n_total = out.w->dim(0);
+      const bool rounded = xr && out.w->dtype() == DType::bf16;
       gemm_detail::TileJob job{
-          .x = a.x,
-          .ldx = a.ldx,
+          .x = rounded ? xr.get() : a.x,
+          .ldx = rounded ? a.k : a.ldx,
           .xb = xb.get(),
           .ldxb = ldxb,
           .w = out.w->raw(),
@@ -158,7 +170,7 @@ void gemm(const GemmArgs& a) {
           .ldy = out.ldy,
           .accumulate = out.accumulate,
       };
-      const bool dot = any_bf16_dot && job.w_bf16 && a.precision == GemmPrecision::bf16;
+      const bool dot = any_bf16_dot && job.w_bf16;
       if (dot) {
         gemm_detail::tile_avx512_bf16dot(job);
       } else if (isa == GemmIsa::avx2) {

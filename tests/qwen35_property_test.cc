@@ -1,0 +1,297 @@
+// Properties of the Family machinery on a real (tiny, HF-made) Qwen3.5 model: fork == full
+// forward, chunked prefill == dense, bitwise batch invariance of fork rows (alone, in a batch of 7
+// rows over 3 prefixes, reordered), padding exactness (a padded position changes no state), and
+// decoding with keep == the full forward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "kernels/delta_rule.h"
+#include "model/load.h"
+#include "test_util.h"
+
+namespace deg {
+namespace {
+
+std::unique_ptr<Backbone> open_fixture(const std::string& name, BackboneOptions opts = {}) {
+  return backbone_open(testing::fixture_path("qwen35/" + name), opts);
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = int32_t(rng() % uint32_t(vocab));
+  return ids;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Row b, positions [0, n) of a [B, L, C] hidden tensor.
+std::vector<float> row_of(const Tensor& h, int64_t b, int64_t n) {
+  const int64_t L = h.dim(1), C = h.dim(2);
+  const float* p = h.data<float>() + b * L * C;
+  return std::vector<float>(p, p + n * C);
+}
+
+// Positions [from, from + n) of a [1, T, C] (or [T, C]) hidden tensor.
+std::vector<float> span_of(const Tensor& h, int64_t from, int64_t n) {
+  const int64_t C = h.dim(-1);
+  const float* p = h.data<float>() + from * C;
+  return std::vector<float>(p, p + n * C);
+}
+
+double rel_max_error(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::fabs(double(b[i])));
+  }
+  return err / scale;
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {
+  State s = bb.empty_state(1);
+  return bb.prefill(TokenBatch::single(ids), s);
+}
+
+struct Doc {
+  std::vector<int32_t> prefix;
+  State state;
+};
+
+class Qwen35Property : public ::testing::TestWithParam<GemmPrecision> {
+ protected:
+  void SetUp() override {
+    // bf16 weights so the bf16 dot-product GEMM path is exercised too.
+    bb_ = open_fixture("lllf_bf16", {.precision = GetParam()});
+    const int64_t V = bb_->spec().vocab;
+    for (int i = 0; i < 3; ++i) {
+      Doc d{.prefix = random_ids(std::vector<int64_t>{70, 41, 130}[size_t(i)], V, 10 + i),
+            .state = bb_->empty_state(1)};
+      bb_->prefill(TokenBatch::single(d.prefix), d.state);
+      docs_.push_back(std::move(d));
+    }
+    // 7 rows over the 3 prefixes, lengths 1..24.
+    const int64_t lens[] = {24, 5, 17, 1, 24, 9, 13};
+    for (int r = 0; r < 7; ++r) {
+      rows_.push_back(random_ids(lens[r], V, 100 + r));
+      prow_.push_back(int64_t(r % 3));
+    }
+  }
+
+  std::vector<PrefixRef> prefixes() const {
+    std::vector<PrefixRef> p;
+    for (const Doc& d : docs_) p.push_back({.state = &d.state, .row = 0});
+    return p;
+  }
+
+  std::unique_ptr<Backbone> bb_;
+  std::vector<Doc> docs_;
+  std::vector<std::vector<int32_t>> rows_;
+  std::vector<int64_t> prow_;
+};
+
+TEST_P(Qwen35Property, ForkRowsEqualFullForward) {
+  ForkState fs = bb_->fork(prefixes(), prow_, 24);
+  Tensor h = bb_->fork_forward(TokenBatch::padded(rows_), fs, /*keep=*/false);
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const Doc& d = docs_[size_t(prow_[r])];
+    Tensor full = full_hidden(*bb_, concat(d.prefix, rows_[r]));
+    const int64_t n = int64_t(rows_[r].size());
+    EXPECT_LT(rel_max_error(row_of(h, int64_t(r), n), span_of(full, int64_t(d.prefix.size()), n)),
+              GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2)
+        << "row " << r;
+  }
+}
+
+TEST_P(Qwen35Property, ForkRowsAreBitwiseBatchInvariant) {
+  ForkState all = bb_->fork(prefixes(), prow_, 24);
+  Tensor batched = bb_->fork_forward(TokenBatch::padded(rows_), all, false);
+  // Reordered batch: rows reversed.
+  std::vector<std::vector<int32_t>> rev(rows_.rbegin(), rows_.rend());
+  std::vector<int64_t> rev_prow(prow_.rbegin(), prow_.rend());
+  ForkState back = bb_->fork(prefixes(), rev_prow, 24);
+  Tensor reordered = bb_->fork_forward(TokenBatch::padded(rev), back, false);
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const int64_t n = int64_t(rows_[r].size());
+    // Alone: one row over its own prefix only.
+    const Doc& d = docs_[size_t(prow_[r])];
+    ForkState one = bb_->fork({{.state = &d.state, .row = 0}}, {0}, n);
+    Tensor alone = bb_->fork_forward(TokenBatch::single(rows_[r]), one, false);
+    std::vector<float> ref = row_of(alone, 0, n);
+    EXPECT_TRUE(bitwise_equal(row_of(batched, int64_t(r), n), ref)) << "row " << r << " batched";
+    EXPECT_TRUE(bitwise_equal(row_of(reordered, int64_t(rows_.size() - 1 - r), n), ref))
+        << "row " << r << " reordered";
+  }
+}
+
+TEST_P(Qwen35Property, PaddingWritesNoState) {
+  // Keep state for a padded batch; each row's kept state equals the state of the row run alone
+  // (bitwise), so padded positions wrote nothing.
+  ForkState all = bb_->fork(prefixes(), prow_, 24);
+  bb_->fork_forward(TokenBatch::padded(rows_), all, /*keep=*/true);
+  const auto& specs = bb_->spec().layers;
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const Doc& d = docs_[size_t(prow_[r])];
+    ForkState one = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 24);
+    bb_->fork_forward(TokenBatch::single(rows_[r]), one, true);
+    EXPECT_EQ(all.own_len[r], one.own_len[0]);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      auto slice = [](const Tensor& t, int64_t row, int64_t count) {
+        const int64_t per = t.numel() / t.dim(0);
+        const float* p = t.data<float>() + row * per;
+        return std::vector<float>(p, p + std::min(per, count));
+      };
+      if (specs[i].kind == LayerKind::recurrent) {
+        EXPECT_TRUE(bitwise_equal(slice(all.own[i].rec, int64_t(r), INT64_MAX),
+                                  slice(one.own[i].rec, 0, INT64_MAX)))
+            << "rec layer " << i << " row " << r;
+        EXPECT_TRUE(bitwise_equal(slice(all.own[i].tail, int64_t(r), INT64_MAX),
+                                  slice(one.own[i].tail, 0, INT64_MAX)))
+            << "tail layer " << i << " row " << r;
+      } else {
+        // Own K of head 0: the row's real positions.
+        const int64_t n = int64_t(rows_[r].size()) * specs[i].head_dim;
+        std::vector<float> a = slice(all.own[i].k, int64_t(r), n);
+        std::vector<float> b = slice(one.own[i].k, 0, n);
+        EXPECT_TRUE(bitwise_equal(a, b)) << "k layer " << i << " row " << r;
+      }
+    }
+  }
+}
+
+TEST_P(Qwen35Property, TrunkBatchWithPaddingEqualsRowsAlone) {
+  // Prefill two documents of different lengths as one padded batch.
+  std::vector<std::vector<int32_t>> docs{docs_[0].prefix, docs_[2].prefix};
+  State both = bb_->empty_state(2);
+  Tensor h = bb_->prefill(TokenBatch::padded(docs), both);
+  for (int r = 0; r < 2; ++r) {
+    const Doc& d = docs_[size_t(r == 0 ? 0 : 2)];
+    const int64_t n = int64_t(d.prefix.size());
+    EXPECT_EQ(both.lengths[size_t(r)], n);
+    Tensor alone = full_hidden(*bb_, d.prefix);
+    EXPECT_TRUE(bitwise_equal(row_of(h, r, n), span_of(alone, 0, n))) << "doc " << r;
+    for (size_t i = 0; i < both.layers.size(); ++i) {
+      const LayerState& l = both.layers[i];
+      const Tensor& t = l.rec.defined() ? l.rec : l.k;
+      const Tensor& u = l.rec.defined() ? d.state.layers[i].rec : d.state.layers[i].k;
+      const int64_t per = t.numel() / t.dim(0);
+      // Recurrent state whole; K of head 0 up to the row's length.
+      const int64_t count = l.rec.defined() ? per : n * t.dim(3);
+      std::vector<float> a(t.data<float>() + r * per, t.data<float>() + r * per + count);
+      std::vector<float> b(u.data<float>(), u.data<float>() + count);
+      EXPECT_TRUE(bitwise_equal(a, b)) << "layer " << i << " doc " << r;
+    }
+  }
+}
+
+TEST_P(Qwen35Property, PrefillInPiecesEqualsOnePiece) {
+  const std::vector<int32_t>& ids = docs_[2].prefix;  // 130 tokens
+  Tensor whole = full_hidden(*bb_, ids);
+  for (int64_t split : {int64_t(64), int64_t(50)}) {
+    State s = bb_->empty_state(1);
+    std::vector<int32_t> a(ids.begin(), ids.begin() + split), b(ids.begin() + split, ids.end());
+    bb_->prefill(TokenBatch::single(a), s);
+    Tensor second = bb_->prefill(TokenBatch::single(b), s);  // extends s in place
+    EXPECT_EQ(s.lengths[0], int64_t(ids.size()));
+    std::vector<float> got = row_of(second, 0, int64_t(b.size()));
+    std::vector<float> want = span_of(whole, split, int64_t(b.size()));
+    if (split % kDeltaRuleChunk == 0) {
+      // Same delta-rule chunk boundaries and key order: bitwise.
+      EXPECT_TRUE(bitwise_equal(got, want)) << "split " << split;
+    } else {
+      EXPECT_LT(rel_max_error(got, want), GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2);
+    }
+  }
+  // Read chunk not a multiple of 64: same math, different delta-rule chunking.
+  BackboneOptions o = bb_->options();
+  bb_->set_options({.precision = o.precision, .read_chunk = 48});
+  Tensor odd = full_hidden(*bb_, ids);
+  bb_->set_options(o);
+  EXPECT_LT(rel_max_error(odd.to_f32_vector(), whole.to_f32_vector()),
+            GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2);
+}
+
+TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
+  const Doc& d = docs_[1];
+  const std::vector<int32_t>& tail = rows_[0];  // 24 tokens: a header of 8, then 16 decode steps
+  Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
+  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 4);  // grows on demand
+  std::vector<int32_t> header(tail.begin(), tail.begin() + 8);
+  Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
+  const double tol = GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2;
+  EXPECT_LT(rel_max_error(row_of(h, 0, 8), span_of(full, int64_t(d.prefix.size()), 8)), tol);
+  for (size_t t = 8; t < tail.size(); ++t) {
+    Tensor step = bb_->fork_forward(TokenBatch::single({tail[t]}), fs, true, /*decode=*/true);
+    EXPECT_LT(rel_max_error(row_of(step, 0, 1), span_of(full, int64_t(d.prefix.size() + t), 1)),
+              tol)
+        << "step " << t;
+  }
+  EXPECT_EQ(fs.own_len[0], int64_t(tail.size()));
+}
+
+TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
+  // Two rows decode; row 1 is idle (length 0) for one step and must not move.
+  ForkState fs = bb_->fork(prefixes(), {0, 1}, 8);
+  bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
+  const int64_t before = fs.own_len[1];
+  TokenBatch step{.ids = {3, 0}, .rows = 2, .tokens = 1, .lengths = {1, 0}};
+  std::vector<float> rec_before(fs.own[0].rec.data<float>() + fs.own[0].rec.numel() / 2,
+                                fs.own[0].rec.data<float>() + fs.own[0].rec.numel());
+  bb_->fork_forward(step, fs, true, true);
+  EXPECT_EQ(fs.own_len[1], before);
+  std::vector<float> rec_after(fs.own[0].rec.data<float>() + fs.own[0].rec.numel() / 2,
+                               fs.own[0].rec.data<float>() + fs.own[0].rec.numel());
+  EXPECT_TRUE(bitwise_equal(rec_before, rec_after));
+}
+
+INSTANTIATE_TEST_SUITE_P(Precision, Qwen35Property,
+                         ::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
+                         [](const auto& info) {
+                           return info.param == GemmPrecision::exact ? "exact" : "bf16";
+                         });
+
+TEST(Qwen35Errors, BadBatchesAreUserErrors) {
+  auto bb = open_fixture("fl_tied");
+  State s = bb->empty_state(1);
+  EXPECT_THROW(bb->prefill(TokenBatch::single({1, 2, 99999}), s), Error);
+  State two = bb->empty_state(2);
+  EXPECT_THROW(bb->prefill(TokenBatch::single({1, 2}), two), Error);
+  bb->prefill(TokenBatch::single({1, 2, 3}), s);
+  EXPECT_THROW(bb->fork({{.state = &s, .row = 0}}, {1}, 4), Error);
+}
+
+TEST(Qwen35Errors, MissingTensorIsNamed) {
+  // A snapshot whose config asks for one more layer than the weights hold.
+  testing::TempDir tmp;
+  const auto src = testing::fixture_path("qwen35/ll_conv3");
+  std::string cfg = testing::read_text(src / "config.json");
+  auto at = cfg.find("\"num_hidden_layers\": 2");
+  ASSERT_NE(at, std::string::npos);
+  cfg.replace(at, 22, "\"num_hidden_layers\": 3");
+  at = cfg.find("\"layer_types\": [");
+  ASSERT_NE(at, std::string::npos);
+  cfg.insert(at + 16, "\"linear_attention\", ");
+  testing::write_text(tmp / "config.json", cfg);
+  std::filesystem::copy_file(src / "model.safetensors", tmp / "model.safetensors");
+  try {
+    backbone_open(tmp.path());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::not_found);
+    EXPECT_EQ(e.context().tensor, "model.layers.2.input_layernorm.weight") << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deg
