@@ -1,0 +1,79 @@
+// deg pretrain --config PRESET|FILE --data DIR --steps N --out DIR [--seed S]: train a gpt trunk
+// on the CPU from token shards (see src/train/pretrain.h); a progress bar with the loss,
+// tokens/s and the ETA goes to stderr.
+#include "train/pretrain.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/gpt_config.h"
+
+namespace deg::cli {
+namespace {
+
+std::string clock(double s) {
+  const int64_t t = int64_t(s + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+}  // namespace
+
+void add_pretrain_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "pretrain",
+      "Train a `gpt` trunk (seed 003's speedrun GPT) on the CPU from token shards made by "
+      "`deg shard`. Writes DIR/metrics.jsonl and a checkpoint (config.json, model.safetensors, "
+      "tokenizer.json) that --resume continues.");
+  auto o = std::make_shared<train::PretrainOptions>();
+  auto config = std::make_shared<std::string>();
+  auto device = std::make_shared<std::string>("cpu");
+  auto quiet = std::make_shared<bool>(false);
+  cmd->add_option("--config", *config, "Preset (speedrun-124m, small, tiny) or a config JSON")
+      ->required();
+  cmd->add_option("--data", o->data_dir, "Directory of train_*.bin / val_*.bin and data.json")
+      ->required();
+  cmd->add_option("--steps", o->steps, "Optimizer steps")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--out", o->out_dir, "Checkpoint directory")->required();
+  cmd->add_option("--seed", o->seed, "Initialisation seed")->capture_default_str();
+  cmd->add_option("--device", *device, "cpu (GPU training comes later)")->capture_default_str();
+  cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
+  cmd->add_option("--max-seq-len", o->max_seq_len, "Documents are cut to this many tokens")
+      ->capture_default_str();
+  cmd->add_option("--val-every", o->val_every, "Validate every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--val-tokens", o->val_tokens, "Validation tokens")->capture_default_str();
+  cmd->add_option("--save-every", o->save_every, "Checkpoint every N steps (0: at the end)")
+      ->capture_default_str();
+  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear lr warmup")->capture_default_str();
+  cmd->add_option("--stop-at", o->stop_at, "Stop and checkpoint after N steps (even)")
+      ->capture_default_str();
+  cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in --out");
+  cmd->add_flag("--quiet", *quiet, "No progress bar");
+  cmd->callback([o, config, device, quiet] {
+    if (*device != "cpu") throw Error(ErrorKind::unsupported, "only --device cpu trains for now");
+    o->config = gpt_config_resolve(*config);
+    const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
+      if (*quiet) return;
+      const int width = 30;
+      const int done = int(width * p.step / std::max<int64_t>(1, p.steps));
+      std::string bar(size_t(done), '#');
+      bar.resize(size_t(width), '.');
+      std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";
+      std::fprintf(stderr, "\r[%s] %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ", bar.c_str(),
+                   (long long)p.step, (long long)p.steps, p.train_loss, val.c_str(), p.tokens_per_s,
+                   clock(p.eta_s).c_str());
+      if (p.val_loss) std::fprintf(stderr, "\n");
+    });
+    fmt::print(
+        "{{\"steps\": {}, \"first_val_loss\": {:.6f}, \"val_loss\": {:.6f}, "
+        "\"unigram_entropy\": {:.6f}}}\n",
+        result.steps_run, result.first_val_loss, result.last_val_loss, result.unigram_entropy);
+  });
+}
+
+}  // namespace deg::cli

@@ -1,0 +1,175 @@
+// The pretraining loop (see pretrain.h). Multi-token-prediction weights follow the seed's stage
+// table over thirds of the run ([1, .5, .25 -> 0], [1, .5 -> 0], [1]); Adam steps on odd steps;
+// embed is tied to lm_head for the first two thirds (split at the extension stage in the seed).
+#include "train/pretrain.h"
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+
+#include "core/error.h"
+#include "io/json.h"
+#include "train/data.h"
+#include "train/gpt_params.h"
+#include "train/gpt_step.h"
+#include "train/optim.h"
+
+namespace deg::train {
+namespace fs = std::filesystem;
+namespace {
+
+std::vector<float> mtp_weights(int64_t step, int64_t steps) {
+  const double f = steps > 0 ? double(step) / double(steps) : 1.0;
+  if (f < 1.0 / 3) {
+    const float t = float(f * 3);
+    return {1.0f, 0.5f, 0.25f * (1 - t)};
+  }
+  if (f < 2.0 / 3) {
+    const float t = float((f - 1.0 / 3) * 3);
+    return {1.0f, 0.5f * (1 - t)};
+  }
+  return {1.0f};
+}
+
+double validate(const GptParams& p, const PretrainOptions& o, const DataInfo& info,
+                const std::vector<fs::path>& val_files) {
+  ShardLoader val(val_files, info.bos_id);
+  const GptStepOptions so{.mtp_weights = {1.0f},
+                          .window_short = p.config().window_short,
+                          .window_long = p.config().window_long};
+  const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t done = 0; done < o.val_tokens; done += chunk) {
+    GptBatch b = val.next(chunk, o.max_seq_len);
+    sum += gpt_loss(p, b, so) * double(b.size());
+    n += b.size();
+    if (val.position().epoch > 0) break;  // the validation set is smaller than val_tokens
+  }
+  return n ? sum / double(n) : 0.0;
+}
+
+double unigram_entropy(const std::vector<fs::path>& files, int32_t bos) {
+  std::map<int, int64_t> counts;
+  int64_t total = 0;
+  for (const auto& f : files)
+    for (uint16_t t : shard_read(f))
+      if (t != bos) ++counts[t], ++total;
+  double h = 0;
+  for (auto [t, c] : counts) {
+    const double q = double(c) / double(total);
+    h -= q * std::log(q);
+  }
+  return h;
+}
+
+void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const PretrainOptions& o,
+                     int64_t step, const ShardLoader& loader) {
+  fs::create_directories(o.out_dir);
+  gpt_config_save(p.config(), o.out_dir / "config.json");
+  p.save(o.out_dir / "model.safetensors");
+  opt.save(o.out_dir / "optimizer.safetensors");
+  const auto pos = loader.position();
+  std::ofstream(o.out_dir / "trainer.json")
+      << Json{{"step", step},
+              {"seed", o.seed},
+              {"steps", o.steps},
+              {"loader", {{"shard", pos.shard}, {"doc", pos.doc}, {"epoch", pos.epoch}}}}
+             .dump(2)
+      << "\n";
+  if (fs::exists(o.data_dir / "tokenizer.json"))
+    fs::copy_file(o.data_dir / "tokenizer.json", o.out_dir / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
+
+PretrainResult pretrain(const PretrainOptions& o,
+                        const std::function<void(const PretrainProgress&)>& on_progress) {
+  if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
+  // Checkpoints sit right after an Adam step (odd step index), so no Adam gradient is pending
+  // and a resume continues exactly.
+  if (o.stop_at % 2 || o.save_every % 2)
+    throw Error(ErrorKind::invalid_argument, "--stop-at and --save-every must be even");
+  const int64_t stop = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
+  if (o.batch_tokens < 2 || o.max_seq_len < 2)
+    throw Error(ErrorKind::invalid_argument, "batch tokens and max_seq_len must be >= 2");
+  const DataInfo info = data_info_read(o.data_dir);
+  if (info.vocab_size > o.config.vocab_size)
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("the data's vocabulary ({}) exceeds the model's vocab_size ({}); "
+                            "use a config with a larger vocab_size",
+                            info.vocab_size, o.config.vocab_size),
+                {o.data_dir.string()});
+  const auto train_files = shard_files(o.data_dir, "train");
+  auto val_files = shard_files(o.data_dir, "val");
+  if (train_files.empty())
+    throw Error(ErrorKind::not_found, "no train_*.bin shards", {o.data_dir.string()});
+  if (val_files.empty()) val_files = train_files;
+
+  GptParams params = GptParams::create(o.config);
+  params.init(o.seed);
+  GptOptimizer opt(params, {});
+  ShardLoader loader(train_files, info.bos_id);
+  int64_t start = 0;
+  if (o.resume) {
+    const Json st = json_load(o.out_dir / "trainer.json");
+    params = GptParams::load(gpt_config_resolve((o.out_dir / "config.json").string()),
+                             o.out_dir / "model.safetensors");
+    opt.load(o.out_dir / "optimizer.safetensors");
+    start = st.at("step").get<int64_t>();
+    const Json& lp = st.at("loader");
+    loader.seek({lp.at("shard").get<int64_t>(), lp.at("doc").get<int64_t>(),
+                 lp.at("epoch").get<int64_t>()});
+  }
+  const TrainSchedule sched{
+      .total_steps = o.steps,
+      .warmup_steps = o.warmup_steps,
+      .momentum_warmup = std::min<int64_t>(300, std::max<int64_t>(1, o.steps / 3)),
+      .momentum_cooldown = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 10))};
+  const int64_t split_step = (2 * o.steps / 3) | 1;
+  PretrainResult result;
+  result.unigram_entropy = unigram_entropy(val_files, info.bos_id);
+  bool have_first = false;
+  fs::create_directories(o.out_dir);
+  std::ofstream metrics(o.out_dir / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
+  if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {o.out_dir.string()});
+  auto grads = params.zeros_like();
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  for (int64_t step = start; step < stop; ++step) {
+    GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
+    const GptStepOptions so{.mtp_weights = mtp_weights(step, o.steps),
+                            .window_short = params.config().window_short,
+                            .window_long = params.config().window_long};
+    const double loss = gpt_loss_and_grad(params, b, so, grads);
+    if (!std::isfinite(loss))
+      throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
+    opt.step(params, grads, sched.lr_scale(step), sched.momentum(step), step % 2 == 1,
+             step < split_step);
+    tokens += b.size();
+    const bool last = step + 1 == stop;
+    PretrainProgress pr{.step = step + 1, .steps = o.steps, .train_loss = loss};
+    if (last || (o.val_every > 0 && (step + 1) % o.val_every == 0)) {
+      pr.val_loss = validate(params, o, info, val_files);
+      if (!have_first) result.first_val_loss = *pr.val_loss;
+      have_first = true;
+      result.last_val_loss = *pr.val_loss;
+    }
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    pr.tokens_per_s = secs > 0 ? double(tokens) / secs : 0;
+    pr.eta_s = secs / double(step + 1 - start) * double(stop - step - 1);
+    Json line = {{"step", pr.step}, {"train_loss", loss}, {"tokens_per_s", pr.tokens_per_s}};
+    line["val_loss"] = pr.val_loss ? Json(*pr.val_loss) : Json(nullptr);
+    metrics << line.dump() << "\n" << std::flush;
+    if (on_progress) on_progress(pr);
+    ++result.steps_run;
+    if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0))
+      save_checkpoint(params, opt, o, step + 1, loader);
+  }
+  return result;
+}
+
+}  // namespace deg::train
