@@ -240,6 +240,27 @@ TEST(SchemaPlan, FieldBudgetRejectsExplodingSchemas) {
   }
 }
 
+TEST(SchemaPlan, UnionDagsHitTheFoldBudget) {
+  // d_i = anyOf[$ref d_i+1, $ref d_i+1], d_30 a string: no recursion, but folding d_0 visits
+  // 2^30 parts. The fold budget rejects it instead of hanging.
+  std::string defs;
+  for (int i = 0; i < 30; ++i) {
+    const std::string next = R"({"$ref":"#/$defs/d)" + std::to_string(i + 1) + "\"}";
+    defs += "\"d" + std::to_string(i) + R"(":{"anyOf":[)" + next + "," + next + "]},";
+  }
+  defs += R"("d30":{"type":"string","minLength":1})";
+  const std::string schema =
+      R"({"$defs":{)" + defs + R"(},"properties":{"x":{"$ref":"#/$defs/d0"}}})";
+  try {
+    plan_compile(schema_parse(schema, "test"));
+    FAIL() << "planned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::unsupported) << e.what();
+    EXPECT_NE(e.message().find("budget"), std::string::npos) << e.what();
+    EXPECT_FALSE(e.context().pointer.empty());
+  }
+}
+
 TEST(SchemaPlan, IndexModeMakesEveryArrayCount) {
   const auto fields = summary(R"({"properties":{"a":{"type":"array","items":{"type":"string"}}}})",
                               {.array_mode = ArrayMode::index});

@@ -14,6 +14,9 @@ namespace {
 // Folding steps (parts merged) one node may take: a cycle of allOf/$ref without properties in
 // between would otherwise never end.
 constexpr int kMaxFoldSteps = 256;
+// Parts merged over a whole compile: unions whose branches refer to each other multiply the
+// folding work without creating fields, so the field budget alone would not stop them.
+constexpr int64_t kMaxTotalSteps = 200'000;
 
 bool is_annotation(std::string_view key) {
   static constexpr std::string_view kAnnotations[] = {
@@ -182,6 +185,11 @@ void Folder::merge_part(Node& node, const Located& part, const std::vector<std::
     reject(part.pointer, fmt::format("schema folds more than {} allOf/$ref parts into one field; "
                                      "simplify the allOf/$ref chain",
                                      kMaxFoldSteps));
+  }
+  if (++total_steps_ > kMaxTotalSteps) {
+    reject(part.pointer, fmt::format("schema takes more than {} $ref/allOf/anyOf expansions to "
+                                     "fold (the plan budget); simplify its references",
+                                     kMaxTotalSteps));
   }
   const OrderedJson& v = *part.value;
   if (v.is_boolean()) {

@@ -60,6 +60,7 @@ class Folder {
   const OrderedJson& root_;
   const PlanOptions& options_;
   std::deque<OrderedJson> owned_;
+  int64_t total_steps_ = 0;  // parts merged over the whole compile (unions can multiply them)
 };
 
 // Errors the compiler throws, with the pointer set.
