@@ -1,4 +1,6 @@
 // deg: fill JSON Schemas from documents with small language models.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -7,6 +9,7 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "deg/version.h"
+#include "kernels/cuda_runtime.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -29,12 +32,14 @@ int main(int argc, char** argv) {
 
   deg::cli::add_inspect_command(app);
   deg::cli::add_forward_command(app);
+  deg::cli::add_bench_command(app);
   deg::cli::add_fill_command(app);
   deg::cli::add_tokenize_command(app);
   deg::cli::add_plan_command(app);
   deg::cli::add_init_command(app);
   deg::cli::add_eval_command(app);
   deg::cli::add_pretrain_command(app);
+  deg::cli::add_shard_command(app);
 
   try {
     app.parse(argc, argv);
