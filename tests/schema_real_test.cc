@@ -71,7 +71,8 @@ TEST(SchemaReal, IntentChoicesFollowTheEnum) {
     EXPECT_EQ(intent->kind, FieldKind::choice);
     ASSERT_EQ(intent->options.size(), schema["properties"]["intent"]["enum"].size());
     for (size_t i = 0; i < intent->options.size(); ++i) {
-      EXPECT_EQ(intent->options[i].text, schema["properties"]["intent"]["enum"][i]);
+      EXPECT_EQ(intent->options[i].text,
+                schema["properties"]["intent"]["enum"][i].get<std::string>());
     }
   }
 }
