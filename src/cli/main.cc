@@ -32,14 +32,12 @@ int main(int argc, char** argv) {
 
   deg::cli::add_inspect_command(app);
   deg::cli::add_forward_command(app);
-  deg::cli::add_bench_command(app);
   deg::cli::add_fill_command(app);
   deg::cli::add_tokenize_command(app);
   deg::cli::add_plan_command(app);
   deg::cli::add_init_command(app);
   deg::cli::add_eval_command(app);
   deg::cli::add_pretrain_command(app);
-  deg::cli::add_shard_command(app);
 
   try {
     app.parse(argc, argv);
