@@ -17,8 +17,17 @@ int main(int argc, char** argv) {
       "Every value comes with a confidence and, when copied from the document, its character "
       "span.\n"};
   app.require_subcommand(1);
-  app.set_version_flag("--version",
-                       std::string("deg ") + deg::kVersion + " (" + deg::kGitDescribe + ")");
+  app.set_version_flag("--version", [] {
+    std::string v = std::string("deg ") + deg::kVersion + " (" + deg::kGitDescribe + ")\nCUDA: ";
+    if (!deg::cuda_built()) return v + "not built";
+    std::vector<deg::CudaDeviceInfo> devices = deg::cuda_devices();
+    if (devices.empty()) return v + "built; no device visible";
+    for (const auto& d : devices) {
+      v += fmt::format("\n  [{}] {} (sm_{}, {} SMs, {:.0f} GiB)", d.index, d.name,
+                       d.compute_capability, d.sm_count, double(d.memory_bytes) / (1 << 30));
+    }
+    return v;
+  });
   int threads = 0;
   app.add_option("--threads", threads, "Worker threads (default: one per available core)")
       ->check(CLI::NonNegativeNumber);
