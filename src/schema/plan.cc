@@ -78,19 +78,6 @@ std::optional<int64_t> count_keyword(const Node& node, const char* key) {
   return int64_t(*v);
 }
 
-const char* json_kind(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "integer";
-    case Json::value_t::number_float: return "number";
-    case Json::value_t::string: return "string";
-    case Json::value_t::array: return "array";
-    default: return "object";
-  }
-}
-
 std::string join_or(const std::vector<std::string>& names) {
   std::string out;
   for (const std::string& n : names) {
@@ -103,7 +90,7 @@ std::string join_or(const std::vector<std::string>& names) {
 std::string type_text_of_options(const std::vector<Option>& options) {
   std::vector<std::string> names;
   for (const Option& o : options) {
-    const std::string n = json_kind(o.value);
+    const std::string n = json_type_name(o.value);
     if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
   }
   return join_or(names);
@@ -346,7 +333,7 @@ void Compiler::build_choice(const Node& node, Field& f, const std::vector<std::s
   }
   std::vector<Json> kept;
   for (const Json& v : values) {
-    const std::string kind = json_kind(v);
+    const std::string kind = json_type_name(v);
     const bool fits = !typed || std::any_of(types.begin(), types.end(), [&](const std::string& t) {
       return t == kind || (t == "number" && kind == "integer") ||
              (t == "integer" && kind == "number" && v.get<double>() == std::floor(v.get<double>()));
