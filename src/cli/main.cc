@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   deg::cli::add_init_command(app);
   deg::cli::add_eval_command(app);
   deg::cli::add_pretrain_command(app);
+  deg::cli::add_shard_command(app);
 
   try {
     app.parse(argc, argv);
