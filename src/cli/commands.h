@@ -9,6 +9,7 @@
 namespace deg::cli {
 
 void add_inspect_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_forward_command(CLI::App& app);
 void add_fill_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);

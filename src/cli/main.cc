@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   });
 
   deg::cli::add_inspect_command(app);
+  deg::cli::add_bench_command(app);
   deg::cli::add_forward_command(app);
   deg::cli::add_fill_command(app);
   deg::cli::add_tokenize_command(app);

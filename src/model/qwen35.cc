@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <random>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -551,23 +550,27 @@ TensorMap qwen35_random_weights(const Qwen35Config& cfg, DType dtype, uint64_t s
     Tensor t = Tensor::empty(shape, vec ? DType::f32 : dtype);
     const int64_t n = t.numel();
     const uint64_t tensor_seed = seed * 1000003u + index++;
-    // Uniform with std 0.02 (fast, parallel, reproducible per chunk).
-    parallel_for((n + 65535) / 65536, [&](int64_t c0, int64_t c1) {
-      for (int64_t chunk = c0; chunk < c1; ++chunk) {
-        std::mt19937_64 rng(tensor_seed * 7919u + uint64_t(chunk));
-        std::uniform_real_distribution<float> u(-0.0346f, 0.0346f);  // std 0.02
-        for (int64_t i = chunk * 65536; i < std::min(n, (chunk + 1) * 65536); ++i) {
-          float x = u(rng);
-          if (name.ends_with("A_log")) x = std::log(1.0f + 15.0f * (x / 0.0692f + 0.5f));
-          if (name.ends_with("dt_bias") || name.ends_with("linear_attn.norm.weight")) x += 1.0f;
-          if (t.dtype() == DType::bf16) {
-            t.mutable_data<bf16>()[i] = f32_to_bf16(x);
-          } else {
-            t.mutable_data<float>()[i] = x;
+    // Uniform with std 0.02 from a counter-based hash (fast, parallel, reproducible).
+    parallel_for(
+        n,
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            uint64_t z = tensor_seed * 0x9e3779b97f4a7c15ull + uint64_t(i) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            z ^= z >> 31;
+            const float unit = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+            float x = (unit - 0.5f) * 0.0693f;                         // std 0.02
+            if (name.ends_with("A_log")) x = std::log(1.0f + 15.0f * unit);
+            if (name.ends_with("dt_bias") || name.ends_with("linear_attn.norm.weight")) x += 1.0f;
+            if (t.dtype() == DType::bf16) {
+              t.mutable_data<bf16>()[i] = f32_to_bf16(x);
+            } else {
+              t.mutable_data<float>()[i] = x;
+            }
           }
-        }
-      }
-    });
+        },
+        65536);
     out.emplace(name, std::move(t));
   }
   return out;

@@ -19,7 +19,7 @@ const float* key_at(const AttentionArgs& a, const float* prefix, const float* ow
 
 }  // namespace
 
-void attention(const AttentionArgs& a) {
+DEG_CPU_CLONES void attention(const AttentionArgs& a) {
   const int64_t G = a.group, D = a.d;
   const int64_t max_keys = a.prefix_len + a.own_before + a.t1;
   std::vector<float> scores(size_t(G * max_keys));

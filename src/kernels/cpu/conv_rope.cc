@@ -10,7 +10,7 @@
 
 namespace deg {
 
-void causal_conv_silu(const CausalConvArgs& a) {
+DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
   const int64_t K = a.kernel, C = a.channels, K1 = K - 1;
   DEG_CHECK(K >= 1 && C > 0 && a.n >= 0, "conv: K {} C {} n {}", K, C, a.n);
   // ext row r (0 <= r < K-1+n): the tail for r < K-1, else x[r - (K-1)].
@@ -45,7 +45,8 @@ RopeTable rope_table(int64_t head_dim, double partial_factor, double theta) {
   return t;
 }
 
-void rope_apply(const RopeTable& table, int64_t pos, float* x, int64_t heads, int64_t stride) {
+DEG_CPU_CLONES void rope_apply(const RopeTable& table, int64_t pos, float* x, int64_t heads,
+                               int64_t stride) {
   const int64_t half = table.rot / 2;
   float cs[256], sn[256];
   DEG_CHECK(half <= 256, "rope: {} rotary dims", table.rot);

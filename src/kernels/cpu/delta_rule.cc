@@ -14,7 +14,7 @@
 
 namespace deg {
 
-void delta_rule_recurrent(const DeltaRuleArgs& a) {
+DEG_CPU_CLONES void delta_rule_recurrent(const DeltaRuleArgs& a) {
   const int64_t dk = a.dk, dv = a.dv;
   std::vector<float> mem(static_cast<size_t>(dv)), delta(static_cast<size_t>(dv));
   float* S = a.state;
@@ -35,7 +35,7 @@ void delta_rule_recurrent(const DeltaRuleArgs& a) {
   }
 }
 
-void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
+DEG_CPU_CLONES void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
   const int64_t dk = a.dk, dv = a.dv, C = chunk;
   DEG_CHECK(C > 0, "delta rule chunk {}", C);
   std::vector<float> cum(static_cast<size_t>(C)), U(size_t(C * dv)), W(size_t(C * dk));

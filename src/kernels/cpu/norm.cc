@@ -9,7 +9,7 @@
 
 namespace deg {
 
-void rms_norm(const RmsNormArgs& a) {
+DEG_CPU_CLONES void rms_norm(const RmsNormArgs& a) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const float* x = a.x + r * a.ldx;
     float* y = a.y + r * a.ldy;
@@ -22,7 +22,7 @@ void rms_norm(const RmsNormArgs& a) {
   }
 }
 
-void gated_rms_norm(const RmsNormArgs& a, const float* gate, int64_t ldg) {
+DEG_CPU_CLONES void gated_rms_norm(const RmsNormArgs& a, const float* gate, int64_t ldg) {
   for (int64_t r = 0; r < a.rows; ++r) {
     const float* x = a.x + r * a.ldx;
     const float* g = gate + r * ldg;
@@ -32,7 +32,8 @@ void gated_rms_norm(const RmsNormArgs& a, const float* gate, int64_t ldg) {
   }
 }
 
-void l2_norm(float* x, int64_t ldx, int64_t rows, int64_t dim, float eps, float post_scale) {
+DEG_CPU_CLONES void l2_norm(float* x, int64_t ldx, int64_t rows, int64_t dim, float eps,
+                            float post_scale) {
   for (int64_t r = 0; r < rows; ++r) {
     float* v = x + r * ldx;
     const float inv = 1.0f / std::sqrt(vec::sum_squares(v, dim) + eps);
@@ -40,11 +41,12 @@ void l2_norm(float* x, int64_t ldx, int64_t rows, int64_t dim, float eps, float 
   }
 }
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n) {
+DEG_CPU_CLONES void swiglu(const float* gate, const float* up, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = vec::silu(gate[i]) * up[i];
 }
 
-void sigmoid_gate(float* x, int64_t ldx, const float* gate, int64_t ldg, int64_t rows, int64_t n) {
+DEG_CPU_CLONES void sigmoid_gate(float* x, int64_t ldx, const float* gate, int64_t ldg,
+                                 int64_t rows, int64_t n) {
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * ldx;
     const float* g = gate + r * ldg;

@@ -7,6 +7,11 @@
 #include <cmath>
 #include <cstdint>
 
+// Hot loop kernels are compiled three times (AVX-512, AVX2+FMA, baseline x86-64) and the loader
+// picks one per process (GCC function multi-versioning), so the plain loops below vectorise to
+// the CPU at hand. One process always runs the same version: results stay bitwise reproducible.
+#define DEG_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
 namespace deg::vec {
 
 inline constexpr int kLanes = 16;

@@ -1,0 +1,254 @@
+// deg bench: CPU throughput of the Qwen3.5 backbone with Qwen3.5-0.8B dimensions and random bf16
+// weights built in memory — trunk prefill at several lengths, a fork pass (many short rows over
+// one long prefix), decode steps — next to this machine's peak dot-product FLOP/s measured in the
+// same run, so figures read as ratios. Not a test: nothing here asserts on time.
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "io/json.h"
+#include "kernels/gemm.h"
+#include "model/qwen35.h"
+
+namespace deg::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double peak_rss_gib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / (1024.0 * 1024.0);  // ru_maxrss is KiB on Linux
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown CPU";
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = int32_t(rng() % uint32_t(vocab));
+  return ids;
+}
+
+// Multiply-accumulates per token in the projections (embedding lookup and LM head excluded).
+double matmul_params(const Qwen35Config& c) {
+  double n = 0;
+  for (const auto& [name, shape] : qwen35_tensor_table(c)) {
+    if (shape.size() == 2 && name.find("embed") == std::string::npos && name != "lm_head.weight")
+      n += double(shape[0]) * double(shape[1]);
+  }
+  return n;
+}
+
+struct BenchOpts {
+  std::vector<int64_t> prefill{512, 2048, 8192};
+  int64_t fork_prefix = 2048, forks = 64, fork_tokens = 24, decode_steps = 32;
+  int64_t layers = 24;
+  std::string gemm = "bf16", json;
+  double peak_seconds = 1.0;
+};
+
+void run(const BenchOpts& o) {
+  Qwen35Config cfg = Qwen35Config::preset("0.8b");
+  if (o.layers <= 0 || o.layers > 240) {
+    throw Error(ErrorKind::invalid_argument, "--layers must be in 1..240");
+  }
+  cfg.layers.clear();
+  for (int64_t i = 0; i < o.layers; ++i)
+    cfg.layers.push_back((i + 1) % 4 ? LayerKind::recurrent : LayerKind::attention);
+  const GemmPrecision prec = o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact;
+  OrderedJson out;
+  out["cpu"] = cpu_name();
+  out["threads"] = thread_pool().size();
+  out["isa"] = gemm_isa_name(gemm_isa());
+  out["gemm"] = o.gemm;
+  out["layers"] = o.layers;
+  fmt::print("deg bench — Qwen3.5-0.8B dims ({} layers), random bf16 weights, gemm {}\n", o.layers,
+             o.gemm);
+  fmt::print("cpu {} | {} threads | isa {}\n", cpu_name(), thread_pool().size(),
+             gemm_isa_name(gemm_isa()));
+
+  PeakFlops peak = measure_peak_flops(o.peak_seconds);
+  const double peak_ref = prec == GemmPrecision::bf16 && peak.bf16 > 0 ? peak.bf16 : peak.f32;
+  fmt::print("peak (measured now): bf16 dot {:.1f} GFLOP/s, f32 FMA {:.1f} GFLOP/s\n",
+             peak.bf16 / 1e9, peak.f32 / 1e9);
+  out["peak_gflops_bf16"] = peak.bf16 / 1e9;
+  out["peak_gflops_f32"] = peak.f32 / 1e9;
+
+  auto t0 = Clock::now();
+  Backbone bb(qwen35_family(cfg, qwen35_random_weights(cfg, DType::bf16, 1)), {.precision = prec});
+  fmt::print("weights built in {:.1f} s, peak RSS {:.2f} GiB\n", seconds_since(t0), peak_rss_gib());
+  out["rss_after_weights_gib"] = peak_rss_gib();
+  const double flops_per_token = 2 * matmul_params(cfg);
+
+  // Prefill GEMMs alone: one DeltaNet + MLP layer's projections at 512 rows.
+  {
+    const int64_t M = 512, C = cfg.hidden;
+    TensorMap w = qwen35_random_weights({.vocab = 16,
+                                         .hidden = C,
+                                         .intermediate = cfg.intermediate,
+                                         .layers = {LayerKind::recurrent},
+                                         .heads = cfg.heads,
+                                         .kv_heads = cfg.kv_heads,
+                                         .head_dim = cfg.head_dim,
+                                         .lin_k_heads = cfg.lin_k_heads,
+                                         .lin_v_heads = cfg.lin_v_heads,
+                                         .lin_k_dim = cfg.lin_k_dim,
+                                         .lin_v_dim = cfg.lin_v_dim,
+                                         .tied = true},
+                                        DType::bf16, 2);
+    std::vector<float> x(size_t(M * cfg.intermediate), 0.01f), y(size_t(M * 6144));
+    const char* names[] = {"layers.0.linear_attn.in_proj_qkv.weight",
+                           "layers.0.linear_attn.in_proj_z.weight",
+                           "layers.0.linear_attn.out_proj.weight",
+                           "layers.0.mlp.gate_proj.weight",
+                           "layers.0.mlp.up_proj.weight",
+                           "layers.0.mlp.down_proj.weight"};
+    double flops = 0;
+    auto once = [&] {
+      for (const char* n : names) {
+        const Tensor& t = w.at(n);
+        linear(x.data(), M, t.dim(1), t, y.data(), false, prec);
+      }
+    };
+    for (const char* n : names) flops += 2.0 * M * double(w.at(n).numel());
+    once();
+    int reps = 0;
+    auto g0 = Clock::now();
+    while (reps < 3 || seconds_since(g0) < 1.0) {
+      once();
+      ++reps;
+    }
+    const double rate = flops * reps / seconds_since(g0);
+    fmt::print("prefill GEMMs (M=512, one layer's projections): {:.1f} GFLOP/s = {:.0f}% of peak\n",
+               rate / 1e9, 100 * rate / peak_ref);
+    out["gemm_m512_gflops"] = rate / 1e9;
+    out["gemm_m512_of_peak"] = rate / peak_ref;
+  }
+
+  for (int64_t L : o.prefill) {
+    State s = bb.empty_state(1);
+    auto p0 = Clock::now();
+    bb.prefill(TokenBatch::single(random_ids(L, cfg.vocab, uint32_t(L))), s);
+    const double dt = seconds_since(p0);
+    const double rate = flops_per_token * double(L) / dt;
+    fmt::print(
+        "prefill {:>6} tokens: {:8.1f} tok/s  ({:.1f} s; projections {:.1f} GFLOP/s = "
+        "{:.0f}% of peak) peak RSS {:.2f} GiB\n",
+        L, double(L) / dt, dt, rate / 1e9, 100 * rate / peak_ref, peak_rss_gib());
+    out["prefill"].push_back({{"tokens", L},
+                              {"tok_per_s", double(L) / dt},
+                              {"seconds", dt},
+                              {"projection_gflops", rate / 1e9},
+                              {"of_peak", rate / peak_ref},
+                              {"peak_rss_gib", peak_rss_gib()}});
+  }
+
+  State trunk = bb.empty_state(1);
+  {
+    auto p0 = Clock::now();
+    bb.prefill(TokenBatch::single(random_ids(o.fork_prefix, cfg.vocab, 7)), trunk);
+    fmt::print("fork prefix {} tokens prefilled in {:.1f} s\n", o.fork_prefix, seconds_since(p0));
+  }
+  {
+    std::vector<std::vector<int32_t>> rows;
+    for (int64_t r = 0; r < o.forks; ++r)
+      rows.push_back(random_ids(o.fork_tokens, cfg.vocab, uint32_t(100 + r)));
+    ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(o.forks), 0),
+                           o.fork_tokens);
+    auto f0 = Clock::now();
+    bb.fork_forward(TokenBatch::padded(rows), fs, false);
+    const double dt = seconds_since(f0);
+    const double toks = double(o.forks * o.fork_tokens);
+    fmt::print(
+        "fork pass {} x {} tokens over {}: {:.2f} s, {:.1f} tok/s ({:.0f}% of peak in "
+        "projections) peak RSS {:.2f} GiB\n",
+        o.forks, o.fork_tokens, o.fork_prefix, dt, toks / dt,
+        100 * flops_per_token * toks / dt / peak_ref, peak_rss_gib());
+    out["fork"] = {{"rows", o.forks},         {"tokens", o.fork_tokens},
+                   {"prefix", o.fork_prefix}, {"seconds", dt},
+                   {"tok_per_s", toks / dt},  {"of_peak", flops_per_token * toks / dt / peak_ref}};
+  }
+  {
+    ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, {0}, o.decode_steps + 8);
+    bb.fork_forward(TokenBatch::single(random_ids(8, cfg.vocab, 5)), fs, true);
+    int32_t next = 1;
+    double backbone_s = 0, head_s = 0;
+    for (int64_t i = 0; i < o.decode_steps; ++i) {
+      auto d0 = Clock::now();
+      Tensor h = bb.fork_forward(TokenBatch::single({next}), fs, true, true);
+      auto d1 = Clock::now();
+      Tensor logits = bb.lm_logits(h);
+      const float* l = logits.data<float>();
+      next = int32_t(std::max_element(l, l + logits.numel()) - l);
+      backbone_s += std::chrono::duration<double>(d1 - d0).count();
+      head_s += seconds_since(d1);
+    }
+    const double n = double(o.decode_steps);
+    fmt::print(
+        "decode 1 row after {} + 8 tokens: {:.2f} tok/s with LM head ({:.1f} ms backbone + "
+        "{:.1f} ms head per token)\n",
+        o.fork_prefix, n / (backbone_s + head_s), 1e3 * backbone_s / n, 1e3 * head_s / n);
+    out["decode"] = {{"steps", o.decode_steps},
+                     {"tok_per_s", n / (backbone_s + head_s)},
+                     {"backbone_ms", 1e3 * backbone_s / n},
+                     {"head_ms", 1e3 * head_s / n}};
+  }
+  fmt::print("peak RSS {:.2f} GiB\n", peak_rss_gib());
+  out["peak_rss_gib"] = peak_rss_gib();
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << out.dump(2) << "\n";
+    if (!f) throw Error(ErrorKind::io, "cannot write", {.path = o.json});
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "CPU throughput of the Qwen3.5-0.8B-sized backbone (random weights) against this "
+      "machine's measured peak FLOP/s.");
+  auto o = std::make_shared<BenchOpts>();
+  cmd->add_option("--prefill", o->prefill, "Prefill lengths")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--fork-prefix", o->fork_prefix, "Prefix length of the fork pass")
+      ->capture_default_str();
+  cmd->add_option("--forks", o->forks, "Fork rows")->capture_default_str();
+  cmd->add_option("--fork-tokens", o->fork_tokens, "Tokens per fork row")->capture_default_str();
+  cmd->add_option("--decode-steps", o->decode_steps, "Decode steps")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Layers (24 = the real model; 3 linear : 1 full)")
+      ->capture_default_str();
+  cmd->add_option("--gemm", o->gemm, "bf16 (bf16 dot products) or exact")->capture_default_str();
+  cmd->add_option("--peak-seconds", o->peak_seconds, "Time spent measuring the peak")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json, "Also write the figures as JSON here");
+  cmd->callback([o] {
+    if (o->gemm != "bf16" && o->gemm != "exact") {
+      throw Error(ErrorKind::invalid_argument, "--gemm must be bf16 or exact");
+    }
+    run(*o);
+  });
+}
+
+}  // namespace deg::cli
