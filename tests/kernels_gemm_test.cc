@@ -138,6 +138,50 @@ TEST(KernelsGemm, SeveralOutputsAndAccumulate) {
   for (size_t i = 0; i < yb.size(); ++i) EXPECT_EQ(yb[i], 1.0f + rb[i]);
 }
 
+TEST(KernelsGemm, SmallMatmulsMatchReference) {
+  // Raw row-major products used inside the delta rule and attention, with leading dimensions.
+  const Case cases[] = {{1, 1, 1}, {3, 70, 5}, {17, 33, 64}, {64, 128, 64}, {5, 16, 0}};
+  for (GemmIsa isa : isas()) {
+    ForceIsa force(isa);
+    for (const Case& c : cases) {
+      for (bool acc : {false, true}) {
+        const int64_t lda = c.k + 3, ldb_nt = c.k + 1, ldb_nn = c.n + 2, ldc = c.n + 5;
+        std::vector<float> a = random_x(c.m, lda, 1), bt = random_x(c.n, ldb_nt, 2),
+                           bn = random_x(std::max<int64_t>(c.k, 1), ldb_nn, 3);
+        std::vector<float> y0 = random_x(c.m, ldc, 4);
+        for (int which = 0; which < 2; ++which) {
+          std::vector<float> y = y0, ref = y0;
+          MatmulArgs args{.a = a.data(),
+                          .lda = lda,
+                          .b = which ? bn.data() : bt.data(),
+                          .ldb = which ? ldb_nn : ldb_nt,
+                          .m = c.m,
+                          .n = c.n,
+                          .k = c.k,
+                          .c = y.data(),
+                          .ldc = ldc,
+                          .accumulate = acc};
+          which ? matmul_nn(args) : matmul_nt(args);
+          args.c = ref.data();
+          which ? matmul_nn_reference(args) : matmul_nt_reference(args);
+          double err = 0;
+          for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t j = 0; j < ldc; ++j) {
+              const size_t at = size_t(i * ldc + j);
+              if (j >= c.n) {
+                EXPECT_EQ(y[at], y0[at]) << "wrote outside C";
+              } else {
+                err = std::max(err, std::fabs(double(y[at]) - double(ref[at])));
+              }
+            }
+          EXPECT_LT(err, 1e-5 * std::sqrt(double(c.k) + 1))
+              << gemm_isa_name(isa) << (which ? " nn" : " nt") << " m" << c.m << " n" << c.n;
+        }
+      }
+    }
+  }
+}
+
 TEST(KernelsGemm, PeakIsMeasured) {
   PeakFlops p = measure_peak_flops(0.02);
   if (gemm_best_isa() != GemmIsa::scalar) {

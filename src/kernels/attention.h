@@ -1,10 +1,11 @@
 // Causal softmax attention of one row and one KV head (its `group` query heads, GQA), the same
 // kernel for trunk prefill and for fork rows: query t (at own position own_before + t) attends
 // the row's prefix keys [0, prefix_len) — read by reference from a shared trunk state — then its
-// own keys [0, own_before + t]. Scores are built one query at a time (no L×L tensor), keys are
-// visited in index order, and the softmax is two-pass (max, then exp-sum), so a query's output
-// depends on its keys only: batch invariant, and the same whether the input was read in one
-// piece or in chunks.
+// own keys [0, own_before + t]. Scores exist for one block of queries at a time ([block x keys],
+// never L×L); every score is one dot product in a fixed order, the softmax is two-pass (max, then
+// exp-sum in key order) and each output element sums over keys in index order, so a query's
+// output depends on its keys only: batch invariant, and the same whether the input was read in
+// one piece or in chunks (keys past a query's own position add exact zeros).
 #pragma once
 
 #include <cstdint>

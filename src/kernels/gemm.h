@@ -63,6 +63,27 @@ inline void linear(const float* x, int64_t m, int64_t k, const Tensor& w, float*
   gemm({.x = x, .m = m, .k = k, .ldx = k, .outputs = {&out, 1}, .precision = precision});
 }
 
+// Small single-threaded f32 products for kernels that already run one task per thread (the
+// delta rule, attention), on raw row-major matrices with leading dimensions:
+//   matmul_nt: C[m, n] (+)= A[m, k] · B[n, k]ᵀ   (each element one dot product, as gemm())
+//   matmul_nn: C[m, n] (+)= A[m, k] · B[k, n]    (each element sequential in k)
+// Every element's order depends on k only, never on m, n or the tiling. Accumulating adds the
+// finished sum to C.
+struct MatmulArgs {
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  int64_t m = 0, n = 0, k = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+void matmul_nt(const MatmulArgs& a);
+void matmul_nn(const MatmulArgs& a);
+void matmul_nt_reference(const MatmulArgs& a);
+void matmul_nn_reference(const MatmulArgs& a);
+
 // Peak of this CPU's dot-product units, measured now with a tight in-register loop on every pool
 // thread for about `seconds`: FLOP/s of bf16 dot products (vdpbf16ps) when available, and of f32
 // FMAs. The yardstick `deg bench` divides its GEMM rates by.

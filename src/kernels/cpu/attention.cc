@@ -1,13 +1,16 @@
-// CPU attention (kernels/attention.h). Per query: the scores of its `group` heads against every
-// key (a key is loaded once for all heads of the group), the max, exp and sum in key order, then
-// the weighted sum of values divided by the sum.
+// CPU attention (kernels/attention.h). Per block of queries (all heads of the group): scores
+// against the keys as one small matmul (each score one dot product in a fixed order), softmax
+// per query in key order, then the weighted sum of values as another small matmul (each output
+// element sequential over keys; masked keys contribute exact zeros), divided by the sum.
 #include "kernels/attention.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/gemm.h"
 
 namespace deg {
 
@@ -20,38 +23,73 @@ const float* key_at(const AttentionArgs& a, const float* prefix, const float* ow
 }  // namespace
 
 DEG_CPU_CLONES void attention(const AttentionArgs& a) {
-  const int64_t G = a.group, D = a.d;
-  const int64_t max_keys = a.prefix_len + a.own_before + a.t1;
-  std::vector<float> scores(size_t(G * max_keys));
-  std::vector<float> m(static_cast<size_t>(G)), sum(static_cast<size_t>(G));
-  for (int64_t t = a.t0; t < a.t1; ++t) {
-    const int64_t nk = a.prefix_len + a.own_before + t + 1;
-    const float* q = a.q + t * a.ldq;
-    for (int64_t j = 0; j < nk; ++j) {
-      const float* kj = key_at(a, a.prefix_k, a.own_k, j);
-      for (int64_t g = 0; g < G; ++g)
-        scores[size_t(g * nk + j)] = vec::dot(q + g * D, kj, D) * a.scale;
+  const int64_t G = a.group, D = a.d, R = (a.t1 - a.t0) * G;
+  if (R <= 0) return;
+  const int64_t P = a.prefix_len, own = a.own_before + a.t1, nk = P + own;
+  std::vector<float> qb(size_t(R * D)), s(size_t(R * nk)), ob(size_t(R * D));
+  for (int64_t t = a.t0; t < a.t1; ++t)
+    for (int64_t g = 0; g < G; ++g)
+      std::memcpy(&qb[size_t(((t - a.t0) * G + g) * D)], a.q + t * a.ldq + g * D,
+                  size_t(D) * sizeof(float));
+  // Scores against every key up to the block's last query; later keys of earlier queries are
+  // masked below (their probabilities are exact zeros).
+  matmul_nt({.a = qb.data(),
+             .lda = D,
+             .b = a.prefix_k,
+             .ldb = D,
+             .m = R,
+             .n = P,
+             .k = D,
+             .c = s.data(),
+             .ldc = nk});
+  matmul_nt({.a = qb.data(),
+             .lda = D,
+             .b = a.own_k,
+             .ldb = D,
+             .m = R,
+             .n = own,
+             .k = D,
+             .c = s.data() + P,
+             .ldc = nk});
+  std::vector<float> inv(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t valid = P + a.own_before + a.t0 + r / G + 1;
+    float* row = &s[size_t(r * nk)];
+    float mx = row[0] * a.scale;
+    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j] * a.scale);
+    float total = 0;
+    for (int64_t j = 0; j < valid; ++j) {
+      row[j] = std::exp(row[j] * a.scale - mx);
+      total += row[j];
     }
-    for (int64_t g = 0; g < G; ++g) {
-      float* s = &scores[size_t(g * nk)];
-      float mx = s[0];
-      for (int64_t j = 1; j < nk; ++j) mx = std::max(mx, s[j]);
-      float total = 0;
-      for (int64_t j = 0; j < nk; ++j) {
-        s[j] = std::exp(s[j] - mx);
-        total += s[j];
-      }
-      sum[size_t(g)] = total;
-      float* o = a.out + t * a.ldo + g * D;
-      for (int64_t x = 0; x < D; ++x) o[x] = 0;
-    }
-    for (int64_t j = 0; j < nk; ++j) {
-      const float* vj = key_at(a, a.prefix_v, a.own_v, j);
-      for (int64_t g = 0; g < G; ++g)
-        vec::axpy(a.out + t * a.ldo + g * D, scores[size_t(g * nk + j)], vj, D);
-    }
-    for (int64_t g = 0; g < G; ++g) vec::scale(a.out + t * a.ldo + g * D, 1.0f / sum[size_t(g)], D);
+    for (int64_t j = valid; j < nk; ++j) row[j] = 0.0f;
+    inv[size_t(r)] = 1.0f / total;
   }
+  matmul_nn({.a = s.data(),
+             .lda = nk,
+             .b = a.prefix_v,
+             .ldb = D,
+             .m = R,
+             .n = D,
+             .k = P,
+             .c = ob.data(),
+             .ldc = D});
+  matmul_nn({.a = s.data() + P,
+             .lda = nk,
+             .b = a.own_v,
+             .ldb = D,
+             .m = R,
+             .n = D,
+             .k = own,
+             .c = ob.data(),
+             .ldc = D,
+             .accumulate = true});
+  for (int64_t t = a.t0; t < a.t1; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = (t - a.t0) * G + g;
+      float* o = a.out + t * a.ldo + g * D;
+      for (int64_t x = 0; x < D; ++x) o[x] = ob[size_t(r * D + x)] * inv[size_t(r)];
+    }
 }
 
 void attention_reference(const AttentionArgs& a) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/gemm.h"
 
 namespace deg {
 
@@ -36,67 +37,126 @@ DEG_CPU_CLONES void delta_rule_recurrent(const DeltaRuleArgs& a) {
 }
 
 DEG_CPU_CLONES void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
-  const int64_t dk = a.dk, dv = a.dv, C = chunk;
+  const int64_t dk = a.dk, dv = a.dv, C = chunk, W = dv + dk;
   DEG_CHECK(C > 0, "delta rule chunk {}", C);
-  std::vector<float> cum(static_cast<size_t>(C)), U(size_t(C * dv)), W(size_t(C * dk));
-  std::vector<float> kk(size_t(C * C)), vnew(size_t(C * dv)), kdec(static_cast<size_t>(dk));
+  // Scratch of one chunk: cumulative decay, C x C products, [U | W] rows, q e^c, k e^(c_last-c)
+  // transposed, v', and a product buffer.
+  std::vector<float> cum(static_cast<size_t>(C)), cc(size_t(C * C)), uw(size_t(C * W));
+  std::vector<float> qe(size_t(C * dk)), kdt(size_t(dk * C)), vnew(size_t(C * dv));
+  std::vector<float> tmp(size_t(C * std::max(W, dv)));
   float* S = a.state;
   for (int64_t s = 0; s < a.n; s += C) {
     const int64_t c = std::min(C, a.n - s);
-    auto q = [&](int64_t i) { return a.q + (s + i) * a.ldqk; };
-    auto k = [&](int64_t i) { return a.k + (s + i) * a.ldqk; };
-    auto v = [&](int64_t i) { return a.v + (s + i) * a.ldv; };
+    const float* q = a.q + s * a.ldqk;
+    const float* k = a.k + s * a.ldqk;
+    const float* v = a.v + s * a.ldv;
     auto beta = [&](int64_t i) { return a.beta[(s + i) * a.ldgb]; };
-    // Cumulative log decay (torch's CPU cumsum accumulates in double).
-    double run = 0;
+    double run = 0;  // torch's CPU cumsum accumulates in double
     for (int64_t i = 0; i < c; ++i) {
       run += double(a.g[(s + i) * a.ldgb]);
       cum[size_t(i)] = float(run);
     }
-    // kk[i][j] = k_i·k_j for j <= i.
+    // A[i][j] = beta_i (k_i·k_j) e^(c_i - c_j), j < i, in cc.
+    matmul_nt({.a = k,
+               .lda = a.ldqk,
+               .b = k,
+               .ldb = a.ldqk,
+               .m = c,
+               .n = c,
+               .k = dk,
+               .c = cc.data(),
+               .ldc = C});
     for (int64_t i = 0; i < c; ++i)
-      for (int64_t j = 0; j <= i; ++j) kk[size_t(i * C + j)] = vec::dot(k(i), k(j), dk);
-    // Forward substitution, row by row: U_i = beta_i v_i - Σ_{j<i} A_ij U_j, same for W.
+      for (int64_t j = 0; j < i; ++j)
+        cc[size_t(i * C + j)] =
+            (beta(i) * cc[size_t(i * C + j)]) * std::exp(cum[size_t(i)] - cum[size_t(j)]);
+    // Forward substitution on [U | W]: row i = [beta_i v_i | beta_i e^(c_i) k_i] - A[i, :i] [U |
+    // W].
     for (int64_t i = 0; i < c; ++i) {
-      const float b = beta(i);
-      float* Ui = &U[size_t(i * dv)];
-      float* Wi = &W[size_t(i * dk)];
-      for (int64_t x = 0; x < dv; ++x) Ui[x] = v(i)[x] * b;
+      float* row = &uw[size_t(i * W)];
+      const float b = beta(i), e = std::exp(cum[size_t(i)]);
+      for (int64_t x = 0; x < dv; ++x) row[x] = v[i * a.ldv + x] * b;
+      for (int64_t x = 0; x < dk; ++x) row[dv + x] = (k[i * a.ldqk + x] * b) * e;
+      if (i == 0) continue;
+      matmul_nn({.a = &cc[size_t(i * C)],
+                 .lda = C,
+                 .b = uw.data(),
+                 .ldb = W,
+                 .m = 1,
+                 .n = W,
+                 .k = i,
+                 .c = tmp.data(),
+                 .ldc = W});
+      for (int64_t x = 0; x < W; ++x) row[x] -= tmp[size_t(x)];
+    }
+    // v' = U - W S
+    matmul_nn({.a = uw.data() + dv,
+               .lda = W,
+               .b = S,
+               .ldb = dv,
+               .m = c,
+               .n = dv,
+               .k = dk,
+               .c = tmp.data(),
+               .ldc = dv});
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t x = 0; x < dv; ++x)
+        vnew[size_t(i * dv + x)] = uw[size_t(i * W + x)] - tmp[size_t(i * dv + x)];
+    // o = (q e^c) S + (Q Kᵀ ⊙ e^(c_i - c_j), j <= i) v'
+    for (int64_t i = 0; i < c; ++i) {
       const float e = std::exp(cum[size_t(i)]);
-      for (int64_t x = 0; x < dk; ++x) Wi[x] = (k(i)[x] * b) * e;
-      for (int64_t j = 0; j < i; ++j) {
-        const float aij = (b * kk[size_t(i * C + j)]) * std::exp(cum[size_t(i)] - cum[size_t(j)]);
-        vec::axpy(Ui, -aij, &U[size_t(j * dv)], dv);
-        vec::axpy(Wi, -aij, &W[size_t(j * dk)], dk);
-      }
+      for (int64_t x = 0; x < dk; ++x) qe[size_t(i * dk + x)] = q[i * a.ldqk + x] * e;
     }
-    // v'_i = U_i - W_i S
-    for (int64_t i = 0; i < c; ++i) {
-      float* vn = &vnew[size_t(i * dv)];
-      for (int64_t x = 0; x < dv; ++x) vn[x] = U[size_t(i * dv + x)];
-      const float* Wi = &W[size_t(i * dk)];
-      for (int64_t r = 0; r < dk; ++r) vec::axpy(vn, -Wi[r], S + r * dv, dv);
-    }
-    // o_i = e^(c_i) (q_i S) + Σ_{j<=i} (q_i·k_j) e^(c_i - c_j) v'_j
-    for (int64_t i = 0; i < c; ++i) {
-      float* o = a.out + (s + i) * a.ldo;
-      for (int64_t x = 0; x < dv; ++x) o[x] = 0;
-      const float e = std::exp(cum[size_t(i)]);
-      for (int64_t r = 0; r < dk; ++r) vec::axpy(o, q(i)[r] * e, S + r * dv, dv);
-      for (int64_t j = 0; j <= i; ++j) {
-        const float w = vec::dot(q(i), k(j), dk) * std::exp(cum[size_t(i)] - cum[size_t(j)]);
-        vec::axpy(o, w, &vnew[size_t(j * dv)], dv);
-      }
-    }
-    // S <- e^(c_last) S + Σ_j (e^(c_last - c_j) k_j) ⊗ v'_j
+    float* out = a.out + s * a.ldo;
+    matmul_nn({.a = qe.data(),
+               .lda = dk,
+               .b = S,
+               .ldb = dv,
+               .m = c,
+               .n = dv,
+               .k = dk,
+               .c = out,
+               .ldc = a.ldo});
+    matmul_nt({.a = q,
+               .lda = a.ldqk,
+               .b = k,
+               .ldb = a.ldqk,
+               .m = c,
+               .n = c,
+               .k = dk,
+               .c = cc.data(),
+               .ldc = C});
+    for (int64_t i = 0; i < c; ++i)
+      for (int64_t j = 0; j < c; ++j)
+        cc[size_t(i * C + j)] =
+            j <= i ? cc[size_t(i * C + j)] * std::exp(cum[size_t(i)] - cum[size_t(j)]) : 0.0f;
+    matmul_nn({.a = cc.data(),
+               .lda = C,
+               .b = vnew.data(),
+               .ldb = dv,
+               .m = c,
+               .n = dv,
+               .k = c,
+               .c = out,
+               .ldc = a.ldo,
+               .accumulate = true});
+    // S <- e^(c_last) S + (k e^(c_last - c))ᵀ v'
     const float last = cum[size_t(c - 1)];
-    vec::scale(S, std::exp(last), dk * dv);
     for (int64_t j = 0; j < c; ++j) {
       const float e = std::exp(last - cum[size_t(j)]);
-      for (int64_t r = 0; r < dk; ++r) kdec[size_t(r)] = k(j)[r] * e;
-      for (int64_t r = 0; r < dk; ++r)
-        vec::axpy(S + r * dv, kdec[size_t(r)], &vnew[size_t(j * dv)], dv);
+      for (int64_t r = 0; r < dk; ++r) kdt[size_t(r * C + j)] = k[j * a.ldqk + r] * e;
     }
+    vec::scale(S, std::exp(last), dk * dv);
+    matmul_nn({.a = kdt.data(),
+               .lda = C,
+               .b = vnew.data(),
+               .ldb = dv,
+               .m = dk,
+               .n = dv,
+               .k = c,
+               .c = S,
+               .ldc = dv,
+               .accumulate = true});
   }
 }
 

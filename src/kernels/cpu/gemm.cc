@@ -160,6 +160,7 @@ void gemm(const GemmArgs& a) {
           .xb = xb.get(),
           .ldxb = ldxb,
           .w = out.w->raw(),
+          .ldw = a.k,
           .w_bf16 = out.w->dtype() == DType::bf16,
           .k = a.k,
           .m0 = rb * kRowBlock,
@@ -180,6 +181,77 @@ void gemm(const GemmArgs& a) {
       }
     }
   });
+}
+
+void matmul_nt_reference(const MatmulArgs& a) {
+  for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t j = 0; j < a.n; ++j) {
+      float acc = 0;
+      for (int64_t k = 0; k < a.k; ++k) acc += a.a[i * a.lda + k] * a.b[j * a.ldb + k];
+      float* y = a.c + i * a.ldc + j;
+      *y = a.accumulate ? *y + acc : acc;
+    }
+}
+
+void matmul_nn_reference(const MatmulArgs& a) {
+  for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t j = 0; j < a.n; ++j) {
+      float acc = 0;
+      for (int64_t k = 0; k < a.k; ++k) acc += a.a[i * a.lda + k] * a.b[k * a.ldb + j];
+      float* y = a.c + i * a.ldc + j;
+      *y = a.accumulate ? *y + acc : acc;
+    }
+}
+
+void matmul_nt(const MatmulArgs& a) {
+  if (a.m <= 0 || a.n <= 0) return;
+  const GemmIsa isa = gemm_isa();
+  if (isa == GemmIsa::scalar || a.k <= 0) {
+    matmul_nt_reference(a);
+    return;
+  }
+  gemm_detail::TileJob job{.x = a.a,
+                           .ldx = a.lda,
+                           .w = a.b,
+                           .ldw = a.ldb,
+                           .w_bf16 = false,
+                           .k = a.k,
+                           .m0 = 0,
+                           .m1 = a.m,
+                           .n0 = 0,
+                           .n1 = a.n,
+                           .y = a.c,
+                           .ldy = a.ldc,
+                           .accumulate = a.accumulate};
+  if (isa == GemmIsa::avx2) {
+    gemm_detail::tile_avx2(job);
+  } else {
+    gemm_detail::tile_avx512(job);
+  }
+}
+
+void matmul_nn(const MatmulArgs& a) {
+  if (a.m <= 0 || a.n <= 0) return;
+  const GemmIsa isa = gemm_isa();
+  if (isa == GemmIsa::scalar) {
+    matmul_nn_reference(a);
+    return;
+  }
+  gemm_detail::NnJob job{.a = a.a,
+                         .lda = a.lda,
+                         .b = a.b,
+                         .ldb = a.ldb,
+                         .m = a.m,
+                         .n = a.n,
+                         .k = a.k,
+                         .c = a.c,
+                         .ldc = a.ldc,
+                         .accumulate = a.accumulate};
+  if (isa == GemmIsa::avx2) {
+    gemm_detail::nn_avx2(job);
+  } else {
+    gemm_detail::nn_avx512(job);
+  }
 }
 
 PeakFlops measure_peak_flops(double seconds) {

@@ -3,6 +3,8 @@
 // tail, then one fixed horizontal sum, so the per-element order is the same for every tile shape.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/cpu/gemm_isa.h"
 
 #pragma GCC push_options
@@ -56,7 +58,7 @@ void kernel_f32(const TileJob& j, int64_t m, int64_t n) {
   int64_t kk = 0;
   for (; kk + 8 <= k; kk += 8) {
     __m256 wv[NR];
-    for (int q = 0; q < NR; ++q) wv[q] = load_w8(j.w, (n + q) * k + kk, WBF16);
+    for (int q = 0; q < NR; ++q) wv[q] = load_w8(j.w, (n + q) * j.ldw + kk, WBF16);
     for (int i = 0; i < MR; ++i) {
       __m256 xv = _mm256_loadu_ps(x + i * j.ldx + kk);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm256_fmadd_ps(xv, wv[q], c[i][q]);
@@ -65,7 +67,7 @@ void kernel_f32(const TileJob& j, int64_t m, int64_t n) {
   if (kk < k) {
     int rest = int(k - kk);
     __m256 wv[NR];
-    for (int q = 0; q < NR; ++q) wv[q] = load_tail8(j.w, (n + q) * k + kk, rest, WBF16);
+    for (int q = 0; q < NR; ++q) wv[q] = load_tail8(j.w, (n + q) * j.ldw + kk, rest, WBF16);
     for (int i = 0; i < MR; ++i) {
       __m256 xv = load_tail8(x + i * j.ldx, kk, rest, false);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm256_fmadd_ps(xv, wv[q], c[i][q]);
@@ -99,7 +101,54 @@ void run_tiles(const TileJob& j) {
   }
 }
 
+// NN tiles: MR rows of A broadcast against NV 8-column vectors of one B row per k step.
+template <int MR, int NV>
+void nn_tile(const NnJob& j, int64_t m, int64_t n, __m256i last) {
+  const __m256i all = _mm256_set1_epi32(-1);
+  __m256 c[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) c[i][v] = _mm256_setzero_ps();
+  for (int64_t kk = 0; kk < j.k; ++kk) {
+    const float* brow = j.b + kk * j.ldb + n;
+    __m256 bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = _mm256_maskload_ps(brow + 8 * v, v == NV - 1 ? last : all);
+    for (int i = 0; i < MR; ++i) {
+      const __m256 av = _mm256_set1_ps(j.a[(m + i) * j.lda + kk]);
+      for (int v = 0; v < NV; ++v) c[i][v] = _mm256_fmadd_ps(av, bv[v], c[i][v]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) {
+      float* y = j.c + (m + i) * j.ldc + n + 8 * v;
+      const __m256i mask = v == NV - 1 ? last : all;
+      __m256 r = c[i][v];
+      if (j.accumulate) r = _mm256_add_ps(_mm256_maskload_ps(y, mask), r);
+      _mm256_maskstore_ps(y, mask, r);
+    }
+}
 }  // namespace
+
+void nn_avx2(const NnJob& j) {
+  constexpr int kMRn = 4;
+  for (int64_t n = 0; n < j.n; n += 16) {
+    const int64_t cols = std::min<int64_t>(16, j.n - n);
+    const int nv = int((cols + 7) / 8);
+    const int rest = int(cols - 8 * (nv - 1));
+    alignas(32) int32_t lanes[8];
+    for (int l = 0; l < 8; ++l) lanes[l] = l < rest ? -1 : 0;
+    const __m256i last = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+    for (int64_t m = 0; m < j.m; m += kMRn) {
+      const int mr = int(std::min<int64_t>(kMRn, j.m - m));
+      using F = void (*)(const NnJob&, int64_t, int64_t, __m256i);
+      static constexpr F table[5][3] = {{nullptr, nullptr, nullptr},
+                                        {nullptr, nn_tile<1, 1>, nn_tile<1, 2>},
+                                        {nullptr, nn_tile<2, 1>, nn_tile<2, 2>},
+                                        {nullptr, nn_tile<3, 1>, nn_tile<3, 2>},
+                                        {nullptr, nn_tile<4, 1>, nn_tile<4, 2>}};
+      table[mr][nv](j, m, n, last);
+    }
+  }
+}
 
 void tile_avx2(const TileJob& job) {
   if (job.w_bf16) {

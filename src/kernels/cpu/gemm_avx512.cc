@@ -10,6 +10,8 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "kernels/cpu/gemm_isa.h"
 
 #pragma GCC push_options
@@ -53,7 +55,7 @@ void kernel_f32(const TileJob& j, int64_t m, int64_t n) {
   int64_t kk = 0;
   for (; kk + 16 <= k; kk += 16) {
     __m512 wv[NR];
-    for (int q = 0; q < NR; ++q) wv[q] = load_w16(j.w, (n + q) * k + kk, WBF16);
+    for (int q = 0; q < NR; ++q) wv[q] = load_w16(j.w, (n + q) * j.ldw + kk, WBF16);
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_loadu_ps(x + i * j.ldx + kk);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm512_fmadd_ps(xv, wv[q], c[i][q]);
@@ -62,7 +64,7 @@ void kernel_f32(const TileJob& j, int64_t m, int64_t n) {
   if (kk < k) {
     __mmask16 mask = __mmask16((1u << (k - kk)) - 1);
     __m512 wv[NR];
-    for (int q = 0; q < NR; ++q) wv[q] = load_w16_tail(j.w, (n + q) * k + kk, WBF16, mask);
+    for (int q = 0; q < NR; ++q) wv[q] = load_w16_tail(j.w, (n + q) * j.ldw + kk, WBF16, mask);
     for (int i = 0; i < MR; ++i) {
       __m512 xv = _mm512_maskz_loadu_ps(mask, x + i * j.ldx + kk);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm512_fmadd_ps(xv, wv[q], c[i][q]);
@@ -84,7 +86,7 @@ void kernel_bf16dot(const TileJob& j, int64_t m, int64_t n) {
   int64_t kk = 0;
   for (; kk + 32 <= k; kk += 32) {
     __m512bh wv[NR];
-    for (int q = 0; q < NR; ++q) wv[q] = (__m512bh)_mm512_loadu_si512(w + (n + q) * k + kk);
+    for (int q = 0; q < NR; ++q) wv[q] = (__m512bh)_mm512_loadu_si512(w + (n + q) * j.ldw + kk);
     for (int i = 0; i < MR; ++i) {
       __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * j.ldxb + kk);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm512_dpbf16_ps(c[i][q], xv, wv[q]);
@@ -94,7 +96,7 @@ void kernel_bf16dot(const TileJob& j, int64_t m, int64_t n) {
     __mmask32 mask = __mmask32((uint64_t(1) << (k - kk)) - 1);
     __m512bh wv[NR];
     for (int q = 0; q < NR; ++q)
-      wv[q] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n + q) * k + kk);
+      wv[q] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n + q) * j.ldw + kk);
     for (int i = 0; i < MR; ++i) {
       __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i * j.ldxb + kk);
       for (int q = 0; q < NR; ++q) c[i][q] = _mm512_dpbf16_ps(c[i][q], xv, wv[q]);
@@ -149,7 +151,61 @@ void run_tiles(const TileJob& j) {
   }
 }
 
+// NN tiles: MR rows of A broadcast against NV 16-column vectors of one B row per k step.
+template <int MR, int NV>
+void nn_tile(const NnJob& j, int64_t m, int64_t n, __mmask16 last) {
+  __m512 c[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) c[i][v] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < j.k; ++kk) {
+    const float* brow = j.b + kk * j.ldb + n;
+    __m512 bv[NV];
+    for (int v = 0; v < NV; ++v)
+      bv[v] =
+          v == NV - 1 ? _mm512_maskz_loadu_ps(last, brow + 16 * v) : _mm512_loadu_ps(brow + 16 * v);
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(j.a[(m + i) * j.lda + kk]);
+      for (int v = 0; v < NV; ++v) c[i][v] = _mm512_fmadd_ps(av, bv[v], c[i][v]);
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int v = 0; v < NV; ++v) {
+      float* y = j.c + (m + i) * j.ldc + n + 16 * v;
+      const __mmask16 mask = v == NV - 1 ? last : __mmask16(0xffff);
+      __m512 r = c[i][v];
+      if (j.accumulate) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, y), r);
+      _mm512_mask_storeu_ps(y, mask, r);
+    }
+}
+
+using NnKernel = void (*)(const NnJob&, int64_t, int64_t, __mmask16);
+
+template <int MR>
+constexpr NnKernel nn_pick(int nv) {
+  return nv == 1   ? nn_tile<MR, 1>
+         : nv == 2 ? nn_tile<MR, 2>
+         : nv == 3 ? nn_tile<MR, 3>
+                   : nn_tile<MR, 4>;
+}
 }  // namespace
+
+void nn_avx512(const NnJob& j) {
+  constexpr int kMRn = 4;
+  for (int64_t n = 0; n < j.n; n += 64) {
+    const int64_t cols = std::min<int64_t>(64, j.n - n);
+    const int nv = int((cols + 15) / 16);
+    const int rest = int(cols - 16 * (nv - 1));
+    const __mmask16 last = __mmask16((1u << rest) - 1);
+    for (int64_t m = 0; m < j.m; m += kMRn) {
+      const int mr = int(std::min<int64_t>(kMRn, j.m - m));
+      NnKernel f = mr == 1   ? nn_pick<1>(nv)
+                   : mr == 2 ? nn_pick<2>(nv)
+                   : mr == 3 ? nn_pick<3>(nv)
+                             : nn_pick<4>(nv);
+      f(j, m, n, last);
+    }
+  }
+}
 
 void tile_avx512(const TileJob& job) {
   if (job.w_bf16) {

@@ -12,7 +12,8 @@ struct TileJob {
   int64_t ldx = 0;
   const uint16_t* xb = nullptr;  // [M, ldxb] x rounded to bf16, zero-padded to ldxb (bf16 dots)
   int64_t ldxb = 0;
-  const void* w = nullptr;  // [N, K]
+  const void* w = nullptr;  // [N, K] at row stride ldw
+  int64_t ldw = 0;
   bool w_bf16 = false;
   int64_t k = 0;
   int64_t m0 = 0, m1 = 0, n0 = 0, n1 = 0;
@@ -20,6 +21,21 @@ struct TileJob {
   int64_t ldy = 0;
   bool accumulate = false;
 };
+
+// C[m, n] (+)= A[m, k] · B[k, n], f32, B row-major: each C element accumulates sequentially over
+// k from zero (one FMA per k), then is added to C when accumulating.
+struct NnJob {
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  int64_t m = 0, n = 0, k = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  bool accumulate = false;
+};
+void nn_avx2(const NnJob& job);
+void nn_avx512(const NnJob& job);
 
 void tile_avx2(const TileJob& job);
 void tile_avx512(const TileJob& job);
