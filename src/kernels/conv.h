@@ -13,11 +13,13 @@ struct CausalConvArgs {
   int64_t kernel = 0;        // K
   const float* x = nullptr;  // [n, C] at row stride ldx
   int64_t ldx = 0;
-  const float* tail_in = nullptr;  // [K-1, C] contiguous: the inputs before x[0]
+  const float* tail_in = nullptr;  // [K-1, C] at row stride ldt: the inputs before x[0]
+  int64_t ldt = 0;                 // 0: C
   const float* w = nullptr;        // [C, K]
   float* y = nullptr;              // [n, C] at row stride ldy (must not alias x)
   int64_t ldy = 0;
-  float* tail_out = nullptr;  // [K-1, C] the last K-1 rows of ext, or null; may alias tail_in
+  float* tail_out = nullptr;  // [K-1, C] at stride ldt: the last K-1 rows of ext, or null; may
+                              // alias tail_in
 };
 
 void causal_conv_silu(const CausalConvArgs& a);

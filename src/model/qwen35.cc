@@ -17,12 +17,14 @@
 #include "kernels/delta_rule.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;  // attention work unit (queries)
+constexpr int64_t kQueryBlock = 16;         // attention work unit (queries)
+constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
 
 struct DeltaNetWeights {
   Tensor qkv, z, b, a, out;      // [Cc, C], [Hv*Dv, C], [Hv, C], [Hv, C], [C, Hv*Dv]
@@ -157,14 +159,14 @@ class Qwen35 final : public Family {
   void layer(int index, const LayerCall& c) const override {
     const LayerWeights& w = layers_[size_t(index)];
     const int64_t N = c.rows * c.tokens;
-    std::vector<float> xn(size_t(N * cfg_.hidden));
-    norm_rows(c.h, xn.data(), N, w.input_norm);
+    float* xn = scratch_floats(kLayerSlots + 0, size_t(N * cfg_.hidden));
+    norm_rows(c.h, xn, N, w.input_norm);
     if (w.kind == LayerKind::recurrent) {
-      delta_net(w.dn, c, xn.data());
+      delta_net(w.dn, c, xn);
     } else {
-      attention_mixer(w.at, c, xn.data());
+      attention_mixer(w.at, c, xn);
     }
-    mlp(w, c, xn.data());
+    mlp(w, c, xn);
   }
 
  private:
@@ -188,23 +190,16 @@ class Qwen35 final : public Family {
   void mlp(const LayerWeights& w, const LayerCall& c, float* xn) const {
     const int64_t N = c.rows * c.tokens, C = cfg_.hidden, I = cfg_.intermediate;
     norm_rows(c.h, xn, N, w.post_norm);
-    std::vector<float> gate(size_t(N * I)), up(size_t(N * I));
-    GemmOutput outs[] = {{.w = &w.gate, .y = gate.data(), .ldy = I},
-                         {.w = &w.up, .y = up.data(), .ldy = I}};
+    float* gate = scratch_floats(kLayerSlots + 1, size_t(N * I));
+    float* up = scratch_floats(kLayerSlots + 2, size_t(N * I));
+    GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
     gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     parallel_for(
         N,
-        [&](int64_t b, int64_t e) {
-          swiglu(gate.data() + b * I, up.data() + b * I, gate.data() + b * I, (e - b) * I);
-        },
+        [&](int64_t b, int64_t e) { swiglu(gate + b * I, up + b * I, gate + b * I, (e - b) * I); },
         16);
     GemmOutput down{.w = &w.down, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = gate.data(),
-          .m = N,
-          .k = I,
-          .ldx = I,
-          .outputs = {&down, 1},
-          .precision = c.precision});
+    gemm({.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = c.precision});
   }
 
   // Gated DeltaNet mixer: h += out_proj(gated_norm(delta_rule(conv(qkv)), z)).
@@ -213,47 +208,59 @@ class Qwen35 final : public Family {
     const int64_t Hk = cfg_.lin_k_heads, Hv = cfg_.lin_v_heads, Dk = cfg_.lin_k_dim,
                   Dv = cfg_.lin_v_dim, Cc = cfg_.conv_channels(), K = cfg_.conv_kernel;
     const int64_t KD = Hk * Dk, VD = Hv * Dv;
-    std::vector<float> mixed(size_t(N * Cc)), z(size_t(N * VD)), beta(size_t(N * Hv)),
-        g(size_t(N * Hv));
-    GemmOutput outs[] = {{.w = &w.qkv, .y = mixed.data(), .ldy = Cc},
-                         {.w = &w.z, .y = z.data(), .ldy = VD},
-                         {.w = &w.b, .y = beta.data(), .ldy = Hv},
-                         {.w = &w.a, .y = g.data(), .ldy = Hv}};
+    float* mixed = scratch_floats(kLayerSlots + 3, size_t(N * Cc));
+    float* z = scratch_floats(kLayerSlots + 4, size_t(N * VD));
+    float* beta = scratch_floats(kLayerSlots + 5, size_t(N * Hv));
+    float* g = scratch_floats(kLayerSlots + 6, size_t(N * Hv));
+    GemmOutput outs[] = {{.w = &w.qkv, .y = mixed, .ldy = Cc},
+                         {.w = &w.z, .y = z, .ldy = VD},
+                         {.w = &w.b, .y = beta, .ldy = Hv},
+                         {.w = &w.a, .y = g, .ldy = Hv}};
     gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < L; ++t) {
-        const bool real = t < c.lengths[b];
-        float* bt = &beta[size_t((b * L + t) * Hv)];
-        float* gt = &g[size_t((b * L + t) * Hv)];
-        for (int64_t h = 0; h < Hv; ++h) {
-          bt[h] = real ? 1.0f / (1.0f + std::exp(-bt[h])) : 0.0f;
-          float a = gt[h] + w.dt_bias[size_t(h)];
-          gt[h] = real ? w.neg_decay[size_t(h)] * (a > 20.0f ? a : std::log1p(std::exp(a))) : 0.0f;
-        }
+    for_rows(N, [&](int64_t i) {
+      const bool real = i % L < c.lengths[i / L];
+      float* bt = beta + i * Hv;
+      float* gt = g + i * Hv;
+      for (int64_t h = 0; h < Hv; ++h) {
+        bt[h] = real ? 1.0f / (1.0f + std::exp(-bt[h])) : 0.0f;
+        const float a = gt[h] + w.dt_bias[size_t(h)];
+        gt[h] = real ? w.neg_decay[size_t(h)] * (a > 20.0f ? a : std::log1p(std::exp(a))) : 0.0f;
       }
-    // Causal conv + SiLU per row over its real positions, carrying the tail.
-    std::vector<float> conv(size_t(N * Cc));
-    for_rows(B, [&](int64_t b) {
-      causal_conv_silu({.n = c.lengths[b],
-                        .channels = Cc,
+    });
+    // Causal conv + SiLU per (row, block of channels) over the row's real positions, carrying
+    // the tail; padded rows of the output are zeroed.
+    float* conv = scratch_floats(kLayerSlots + 7, size_t(N * Cc));
+    const int64_t blocks = (Cc + kConvChannelBlock - 1) / kConvChannelBlock;
+    for_rows(B * blocks, [&](int64_t task) {
+      const int64_t b = task / blocks, c0 = task % blocks * kConvChannelBlock;
+      const int64_t n = c.lengths[b], width = std::min(kConvChannelBlock, Cc - c0);
+      const RowView& v = c.views[b];
+      causal_conv_silu({.n = n,
+                        .channels = width,
                         .kernel = K,
-                        .x = mixed.data() + b * L * Cc,
+                        .x = mixed + b * L * Cc + c0,
                         .ldx = Cc,
-                        .tail_in = c.views[b].tail_in,
-                        .w = w.conv.data(),
-                        .y = conv.data() + b * L * Cc,
+                        .tail_in = v.tail_in + c0,
+                        .ldt = Cc,
+                        .w = w.conv.data() + c0 * K,
+                        .y = conv + b * L * Cc + c0,
                         .ldy = Cc,
-                        .tail_out = c.views[b].tail_out});
+                        .tail_out = v.tail_out ? v.tail_out + c0 : nullptr});
+      for (int64_t t = n; t < L; ++t)
+        std::memset(conv + (b * L + t) * Cc + c0, 0, size_t(width) * sizeof(float));
     });
     // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel.
     const float q_scale = 1.0f / std::sqrt(float(Dk));
     for_rows(N, [&](int64_t i) {
-      l2_norm(conv.data() + i * Cc, Dk, Hk, Dk, 1e-6f, q_scale);
-      l2_norm(conv.data() + i * Cc + KD, Dk, Hk, Dk, 1e-6f, 1.0f);
+      l2_norm(conv + i * Cc, Dk, Hk, Dk, 1e-6f, q_scale);
+      l2_norm(conv + i * Cc + KD, Dk, Hk, Dk, 1e-6f, 1.0f);
     });
     // Delta rule per (row, value head); value head h reads key head h / (Hv / Hk).
-    std::vector<float> core(size_t(N * VD));
+    float* core = scratch_floats(kLayerSlots + 8, size_t(N * VD));
+    for (int64_t b = 0; b < B; ++b)  // padded rows
+      std::memset(core + (b * L + c.lengths[b]) * VD, 0,
+                  size_t((L - c.lengths[b]) * VD) * sizeof(float));
     const int64_t per_head = Dk * Dv;
     for_rows(B * Hv, [&](int64_t task) {
       const int64_t b = task / Hv, h = task % Hv, kh = h / (Hv / Hk);
@@ -262,7 +269,7 @@ class Qwen35 final : public Family {
       if (v.rec_in != v.rec_out) {
         std::memcpy(state, v.rec_in + h * per_head, size_t(per_head) * sizeof(float));
       }
-      const float* row = conv.data() + b * L * Cc;
+      const float* row = conv + b * L * Cc;
       DeltaRuleArgs args{.n = c.lengths[b],
                          .dk = Dk,
                          .dv = Dv,
@@ -271,11 +278,11 @@ class Qwen35 final : public Family {
                          .ldqk = Cc,
                          .v = row + 2 * KD + h * Dv,
                          .ldv = Cc,
-                         .g = g.data() + b * L * Hv + h,
-                         .beta = beta.data() + b * L * Hv + h,
+                         .g = g + b * L * Hv + h,
+                         .beta = beta + b * L * Hv + h,
                          .ldgb = Hv,
                          .state = state,
-                         .out = core.data() + b * L * VD + h * Dv,
+                         .out = core + b * L * VD + h * Dv,
                          .ldo = VD};
       if (args.n == 1) {
         delta_rule_recurrent(args);
@@ -287,25 +294,20 @@ class Qwen35 final : public Family {
     parallel_for(
         N,
         [&](int64_t b, int64_t e) {
-          gated_rms_norm({.x = core.data() + b * VD,
+          gated_rms_norm({.x = core + b * VD,
                           .ldx = Dv,
-                          .y = core.data() + b * VD,
+                          .y = core + b * VD,
                           .ldy = Dv,
                           .rows = (e - b) * Hv,
                           .dim = Dv,
                           .w = w.norm.data(),
                           .eps = cfg_.eps,
                           .scale = NormScale::w},
-                         z.data() + b * VD, Dv);
+                         z + b * VD, Dv);
         },
         16);
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = core.data(),
-          .m = N,
-          .k = VD,
-          .ldx = VD,
-          .outputs = {&out, 1},
-          .precision = c.precision});
+    gemm({.x = core, .m = N, .k = VD, .ldx = VD, .outputs = {&out, 1}, .precision = c.precision});
   }
 
   // Gated full attention: h += o_proj(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)).
@@ -313,18 +315,21 @@ class Qwen35 final : public Family {
     const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim, G = Hq / Hkv;
     const int64_t QW = Hq * 2 * D, KW = Hkv * D, OW = Hq * D;
-    std::vector<float> qg(size_t(N * QW)), k(size_t(N * KW)), v(size_t(N * KW)), q(size_t(N * OW));
-    GemmOutput outs[] = {{.w = &w.q, .y = qg.data(), .ldy = QW},
-                         {.w = &w.k, .y = k.data(), .ldy = KW},
-                         {.w = &w.v, .y = v.data(), .ldy = KW}};
+    float* qg = scratch_floats(kLayerSlots + 9, size_t(N * QW));
+    float* k = scratch_floats(kLayerSlots + 10, size_t(N * KW));
+    float* v = scratch_floats(kLayerSlots + 11, size_t(N * KW));
+    float* q = scratch_floats(kLayerSlots + 12, size_t(N * OW));
+    GemmOutput outs[] = {{.w = &w.q, .y = qg, .ldy = QW},
+                         {.w = &w.k, .y = k, .ldy = KW},
+                         {.w = &w.v, .y = v, .ldy = KW}};
     gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // Per token: q (first half of each head's 2D block of q_proj) and k normed per head, rotated,
     // and this call's real K/V written into the row's own buffers.
     for_rows(N, [&](int64_t i) {
       const int64_t b = i / L, t = i % L;
-      float* qi = q.data() + i * OW;
+      float* qi = q + i * OW;
       for (int64_t h = 0; h < Hq; ++h)
-        std::memcpy(qi + h * D, qg.data() + i * QW + h * 2 * D, size_t(D) * sizeof(float));
+        std::memcpy(qi + h * D, qg + i * QW + h * 2 * D, size_t(D) * sizeof(float));
       rms_norm({.x = qi,
                 .ldx = D,
                 .y = qi,
@@ -333,7 +338,7 @@ class Qwen35 final : public Family {
                 .dim = D,
                 .w = w.q_norm.data(),
                 .eps = cfg_.eps});
-      float* ki = k.data() + i * KW;
+      float* ki = k + i * KW;
       rms_norm({.x = ki,
                 .ldx = D,
                 .y = ki,
@@ -350,11 +355,14 @@ class Qwen35 final : public Family {
       for (int64_t h = 0; h < Hkv; ++h) {
         const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
         std::memcpy(rv.own_k + at, ki + h * D, size_t(D) * sizeof(float));
-        std::memcpy(rv.own_v + at, v.data() + i * KW + h * D, size_t(D) * sizeof(float));
+        std::memcpy(rv.own_v + at, v + i * KW + h * D, size_t(D) * sizeof(float));
       }
     });
     // Attention per (row, KV head, block of queries).
-    std::vector<float> o(size_t(N * OW));
+    float* o = scratch_floats(kLayerSlots + 13, size_t(N * OW));
+    for (int64_t b = 0; b < B; ++b)  // padded rows
+      std::memset(o + (b * L + c.lengths[b]) * OW, 0,
+                  size_t((L - c.lengths[b]) * OW) * sizeof(float));
     struct Task {
       int64_t b, h, t0, t1;
     };
@@ -371,7 +379,7 @@ class Qwen35 final : public Family {
                  .t1 = tk.t1,
                  .group = G,
                  .d = D,
-                 .q = q.data() + tk.b * L * OW + tk.h * G * D,
+                 .q = q + tk.b * L * OW + tk.h * G * D,
                  .ldq = OW,
                  .prefix_k = rv.prefix_k ? rv.prefix_k + tk.h * rv.prefix_stride : nullptr,
                  .prefix_v = rv.prefix_v ? rv.prefix_v + tk.h * rv.prefix_stride : nullptr,
@@ -380,18 +388,13 @@ class Qwen35 final : public Family {
                  .own_v = rv.own_v + tk.h * rv.own_stride,
                  .own_before = rv.own_before,
                  .scale = scale,
-                 .out = o.data() + tk.b * L * OW + tk.h * G * D,
+                 .out = o + tk.b * L * OW + tk.h * G * D,
                  .ldo = OW});
     });
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
-    sigmoid_gate(o.data(), D, qg.data() + D, 2 * D, N * Hq, D);
+    sigmoid_gate(o, D, qg + D, 2 * D, N * Hq, D);
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = o.data(),
-          .m = N,
-          .k = OW,
-          .ldx = OW,
-          .outputs = {&out, 1},
-          .precision = c.precision});
+    gemm({.x = o, .m = N, .k = OW, .ldx = OW, .outputs = {&out, 1}, .precision = c.precision});
   }
 
   Qwen35Config cfg_;

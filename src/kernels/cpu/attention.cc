@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
@@ -26,35 +27,23 @@ DEG_CPU_CLONES void attention(const AttentionArgs& a) {
   const int64_t G = a.group, D = a.d, R = (a.t1 - a.t0) * G;
   if (R <= 0) return;
   const int64_t P = a.prefix_len, own = a.own_before + a.t1, nk = P + own;
-  std::vector<float> qb(size_t(R * D)), s(size_t(R * nk)), ob(size_t(R * D));
+  float* qb = scratch_floats(kKernelSlots + 0, size_t(R * D));
+  float* s = scratch_floats(kKernelSlots + 1, size_t(R * nk));
+  float* ob = scratch_floats(kKernelSlots + 2, size_t(R * D));
+  float* inv = scratch_floats(kKernelSlots + 3, size_t(R));
   for (int64_t t = a.t0; t < a.t1; ++t)
     for (int64_t g = 0; g < G; ++g)
-      std::memcpy(&qb[size_t(((t - a.t0) * G + g) * D)], a.q + t * a.ldq + g * D,
+      std::memcpy(qb + ((t - a.t0) * G + g) * D, a.q + t * a.ldq + g * D,
                   size_t(D) * sizeof(float));
   // Scores against every key up to the block's last query; later keys of earlier queries are
   // masked below (their probabilities are exact zeros).
-  matmul_nt({.a = qb.data(),
-             .lda = D,
-             .b = a.prefix_k,
-             .ldb = D,
-             .m = R,
-             .n = P,
-             .k = D,
-             .c = s.data(),
-             .ldc = nk});
-  matmul_nt({.a = qb.data(),
-             .lda = D,
-             .b = a.own_k,
-             .ldb = D,
-             .m = R,
-             .n = own,
-             .k = D,
-             .c = s.data() + P,
-             .ldc = nk});
-  std::vector<float> inv(static_cast<size_t>(R));
+  matmul_nt(
+      {.a = qb, .lda = D, .b = a.prefix_k, .ldb = D, .m = R, .n = P, .k = D, .c = s, .ldc = nk});
+  matmul_nt(
+      {.a = qb, .lda = D, .b = a.own_k, .ldb = D, .m = R, .n = own, .k = D, .c = s + P, .ldc = nk});
   for (int64_t r = 0; r < R; ++r) {
     const int64_t valid = P + a.own_before + a.t0 + r / G + 1;
-    float* row = &s[size_t(r * nk)];
+    float* row = s + r * nk;
     float mx = row[0] * a.scale;
     for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j] * a.scale);
     float total = 0;
@@ -63,32 +52,25 @@ DEG_CPU_CLONES void attention(const AttentionArgs& a) {
       total += row[j];
     }
     for (int64_t j = valid; j < nk; ++j) row[j] = 0.0f;
-    inv[size_t(r)] = 1.0f / total;
+    inv[r] = 1.0f / total;
   }
-  matmul_nn({.a = s.data(),
-             .lda = nk,
-             .b = a.prefix_v,
-             .ldb = D,
-             .m = R,
-             .n = D,
-             .k = P,
-             .c = ob.data(),
-             .ldc = D});
-  matmul_nn({.a = s.data() + P,
+  matmul_nn(
+      {.a = s, .lda = nk, .b = a.prefix_v, .ldb = D, .m = R, .n = D, .k = P, .c = ob, .ldc = D});
+  matmul_nn({.a = s + P,
              .lda = nk,
              .b = a.own_v,
              .ldb = D,
              .m = R,
              .n = D,
              .k = own,
-             .c = ob.data(),
+             .c = ob,
              .ldc = D,
              .accumulate = true});
   for (int64_t t = a.t0; t < a.t1; ++t)
     for (int64_t g = 0; g < G; ++g) {
       const int64_t r = (t - a.t0) * G + g;
       float* o = a.out + t * a.ldo + g * D;
-      for (int64_t x = 0; x < D; ++x) o[x] = ob[size_t(r * D + x)] * inv[size_t(r)];
+      for (int64_t x = 0; x < D; ++x) o[x] = ob[r * D + x] * inv[r];
     }
 }
 

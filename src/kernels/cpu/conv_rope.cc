@@ -7,6 +7,7 @@
 #include "kernels/conv.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/rope.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
@@ -14,7 +15,8 @@ DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
   const int64_t K = a.kernel, C = a.channels, K1 = K - 1;
   DEG_CHECK(K >= 1 && C > 0 && a.n >= 0, "conv: K {} C {} n {}", K, C, a.n);
   // ext row r (0 <= r < K-1+n): the tail for r < K-1, else x[r - (K-1)].
-  auto ext = [&](int64_t r) { return r < K1 ? a.tail_in + r * C : a.x + (r - K1) * a.ldx; };
+  const int64_t ldt = a.ldt > 0 ? a.ldt : C;
+  auto ext = [&](int64_t r) { return r < K1 ? a.tail_in + r * ldt : a.x + (r - K1) * a.ldx; };
   for (int64_t t = 0; t < a.n; ++t) {
     float* y = a.y + t * a.ldy;
     const float* e0 = ext(t);
@@ -27,9 +29,9 @@ DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
   }
   if (a.tail_out && K1 > 0) {
     // The last K-1 ext rows; copied through a buffer because tail_out may alias tail_in.
-    std::vector<float> buf(size_t(K1 * C));
-    for (int64_t r = 0; r < K1; ++r) std::memcpy(&buf[r * C], ext(a.n + r), size_t(C) * 4);
-    std::memcpy(a.tail_out, buf.data(), buf.size() * 4);
+    float* buf = scratch_floats(kKernelSlots + 11, size_t(K1 * C));
+    for (int64_t r = 0; r < K1; ++r) std::memcpy(buf + r * C, ext(a.n + r), size_t(C) * 4);
+    for (int64_t r = 0; r < K1; ++r) std::memcpy(a.tail_out + r * ldt, buf + r * C, size_t(C) * 4);
   }
 }
 

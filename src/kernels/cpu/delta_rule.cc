@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "kernels/cpu/vec.h"
 #include "kernels/gemm.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
@@ -41,9 +42,13 @@ DEG_CPU_CLONES void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
   DEG_CHECK(C > 0, "delta rule chunk {}", C);
   // Scratch of one chunk: cumulative decay, C x C products, [U | W] rows, q e^c, k e^(c_last-c)
   // transposed, v', and a product buffer.
-  std::vector<float> cum(static_cast<size_t>(C)), cc(size_t(C * C)), uw(size_t(C * W));
-  std::vector<float> qe(size_t(C * dk)), kdt(size_t(dk * C)), vnew(size_t(C * dv));
-  std::vector<float> tmp(size_t(C * std::max(W, dv)));
+  float* cum = scratch_floats(kKernelSlots + 4, size_t(C));
+  float* cc = scratch_floats(kKernelSlots + 5, size_t(C * C));
+  float* uw = scratch_floats(kKernelSlots + 6, size_t(C * W));
+  float* qe = scratch_floats(kKernelSlots + 7, size_t(C * dk));
+  float* kdt = scratch_floats(kKernelSlots + 8, size_t(dk * C));
+  float* vnew = scratch_floats(kKernelSlots + 9, size_t(C * dv));
+  float* tmp = scratch_floats(kKernelSlots + 10, size_t(C * std::max(W, dv)));
   float* S = a.state;
   for (int64_t s = 0; s < a.n; s += C) {
     const int64_t c = std::min(C, a.n - s);
@@ -54,85 +59,54 @@ DEG_CPU_CLONES void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
     double run = 0;  // torch's CPU cumsum accumulates in double
     for (int64_t i = 0; i < c; ++i) {
       run += double(a.g[(s + i) * a.ldgb]);
-      cum[size_t(i)] = float(run);
+      cum[i] = float(run);
     }
     // A[i][j] = beta_i (k_i·k_j) e^(c_i - c_j), j < i, in cc.
-    matmul_nt({.a = k,
-               .lda = a.ldqk,
-               .b = k,
-               .ldb = a.ldqk,
-               .m = c,
-               .n = c,
-               .k = dk,
-               .c = cc.data(),
-               .ldc = C});
+    matmul_nt(
+        {.a = k, .lda = a.ldqk, .b = k, .ldb = a.ldqk, .m = c, .n = c, .k = dk, .c = cc, .ldc = C});
     for (int64_t i = 0; i < c; ++i)
       for (int64_t j = 0; j < i; ++j)
-        cc[size_t(i * C + j)] =
-            (beta(i) * cc[size_t(i * C + j)]) * std::exp(cum[size_t(i)] - cum[size_t(j)]);
+        cc[i * C + j] = (beta(i) * cc[i * C + j]) * std::exp(cum[i] - cum[j]);
     // Forward substitution on [U | W]: row i = [beta_i v_i | beta_i e^(c_i) k_i] - A[i, :i] [U |
     // W].
     for (int64_t i = 0; i < c; ++i) {
-      float* row = &uw[size_t(i * W)];
-      const float b = beta(i), e = std::exp(cum[size_t(i)]);
+      float* row = uw + i * W;
+      const float b = beta(i), e = std::exp(cum[i]);
       for (int64_t x = 0; x < dv; ++x) row[x] = v[i * a.ldv + x] * b;
       for (int64_t x = 0; x < dk; ++x) row[dv + x] = (k[i * a.ldqk + x] * b) * e;
       if (i == 0) continue;
-      matmul_nn({.a = &cc[size_t(i * C)],
+      matmul_nn({.a = cc + i * C,
                  .lda = C,
-                 .b = uw.data(),
+                 .b = uw,
                  .ldb = W,
                  .m = 1,
                  .n = W,
                  .k = i,
-                 .c = tmp.data(),
+                 .c = tmp,
                  .ldc = W});
-      for (int64_t x = 0; x < W; ++x) row[x] -= tmp[size_t(x)];
+      for (int64_t x = 0; x < W; ++x) row[x] -= tmp[x];
     }
     // v' = U - W S
-    matmul_nn({.a = uw.data() + dv,
-               .lda = W,
-               .b = S,
-               .ldb = dv,
-               .m = c,
-               .n = dv,
-               .k = dk,
-               .c = tmp.data(),
-               .ldc = dv});
+    matmul_nn(
+        {.a = uw + dv, .lda = W, .b = S, .ldb = dv, .m = c, .n = dv, .k = dk, .c = tmp, .ldc = dv});
     for (int64_t i = 0; i < c; ++i)
-      for (int64_t x = 0; x < dv; ++x)
-        vnew[size_t(i * dv + x)] = uw[size_t(i * W + x)] - tmp[size_t(i * dv + x)];
+      for (int64_t x = 0; x < dv; ++x) vnew[i * dv + x] = uw[i * W + x] - tmp[i * dv + x];
     // o = (q e^c) S + (Q Kᵀ ⊙ e^(c_i - c_j), j <= i) v'
     for (int64_t i = 0; i < c; ++i) {
-      const float e = std::exp(cum[size_t(i)]);
-      for (int64_t x = 0; x < dk; ++x) qe[size_t(i * dk + x)] = q[i * a.ldqk + x] * e;
+      const float e = std::exp(cum[i]);
+      for (int64_t x = 0; x < dk; ++x) qe[i * dk + x] = q[i * a.ldqk + x] * e;
     }
     float* out = a.out + s * a.ldo;
-    matmul_nn({.a = qe.data(),
-               .lda = dk,
-               .b = S,
-               .ldb = dv,
-               .m = c,
-               .n = dv,
-               .k = dk,
-               .c = out,
-               .ldc = a.ldo});
-    matmul_nt({.a = q,
-               .lda = a.ldqk,
-               .b = k,
-               .ldb = a.ldqk,
-               .m = c,
-               .n = c,
-               .k = dk,
-               .c = cc.data(),
-               .ldc = C});
+    matmul_nn(
+        {.a = qe, .lda = dk, .b = S, .ldb = dv, .m = c, .n = dv, .k = dk, .c = out, .ldc = a.ldo});
+    matmul_nt(
+        {.a = q, .lda = a.ldqk, .b = k, .ldb = a.ldqk, .m = c, .n = c, .k = dk, .c = cc, .ldc = C});
     for (int64_t i = 0; i < c; ++i)
       for (int64_t j = 0; j < c; ++j)
-        cc[size_t(i * C + j)] =
-            j <= i ? cc[size_t(i * C + j)] * std::exp(cum[size_t(i)] - cum[size_t(j)]) : 0.0f;
-    matmul_nn({.a = cc.data(),
+        cc[i * C + j] = j <= i ? cc[i * C + j] * std::exp(cum[i] - cum[j]) : 0.0f;
+    matmul_nn({.a = cc,
                .lda = C,
-               .b = vnew.data(),
+               .b = vnew,
                .ldb = dv,
                .m = c,
                .n = dv,
@@ -141,15 +115,15 @@ DEG_CPU_CLONES void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk) {
                .ldc = a.ldo,
                .accumulate = true});
     // S <- e^(c_last) S + (k e^(c_last - c))ᵀ v'
-    const float last = cum[size_t(c - 1)];
+    const float last = cum[c - 1];
     for (int64_t j = 0; j < c; ++j) {
-      const float e = std::exp(last - cum[size_t(j)]);
-      for (int64_t r = 0; r < dk; ++r) kdt[size_t(r * C + j)] = k[j * a.ldqk + r] * e;
+      const float e = std::exp(last - cum[j]);
+      for (int64_t r = 0; r < dk; ++r) kdt[r * C + j] = k[j * a.ldqk + r] * e;
     }
     vec::scale(S, std::exp(last), dk * dv);
-    matmul_nn({.a = kdt.data(),
+    matmul_nn({.a = kdt,
                .lda = C,
-               .b = vnew.data(),
+               .b = vnew,
                .ldb = dv,
                .m = dk,
                .n = dv,

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/gemm_isa.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
@@ -112,25 +113,25 @@ void gemm(const GemmArgs& a) {
 
   // Without bf16 dot products, bf16 precision still means "x rounded to bf16": an f32 copy of
   // the rounded x feeds the f32 kernels for the bf16 weights.
-  std::unique_ptr<float[]> xr;
+  float* xr = nullptr;
   if (round_x && !any_bf16_dot) {
-    xr = std::make_unique_for_overwrite<float[]>(size_t(a.m * a.k));
+    xr = scratch_floats(kKernelSlots + 12, size_t(a.m * a.k));
     parallel_for(a.m, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m)
         for (int64_t k = 0; k < a.k; ++k)
-          xr[size_t(m * a.k + k)] = bf16_to_f32(f32_to_bf16(a.x[m * a.ldx + k]));
+          xr[m * a.k + k] = bf16_to_f32(f32_to_bf16(a.x[m * a.ldx + k]));
     });
   }
 
   // x rounded to bf16 once, rows zero-padded to a multiple of 32 (one vdpbf16ps step).
-  std::unique_ptr<uint16_t[]> xb;
+  uint16_t* xb = nullptr;
   const int64_t ldxb = (a.k + 31) / 32 * 32;
-  if (any_bf16_dot) {
-    xb = std::make_unique_for_overwrite<uint16_t[]>(size_t(a.m * ldxb));
+  if (any_bf16_dot) {  // two bf16 per float of scratch
+    xb = reinterpret_cast<uint16_t*>(scratch_floats(kKernelSlots + 13, size_t(a.m * ldxb + 1) / 2));
     parallel_for(a.m, [&](int64_t m0, int64_t m1) {
       for (int64_t m = m0; m < m1; ++m) {
         const float* x = a.x + m * a.ldx;
-        uint16_t* d = xb.get() + m * ldxb;
+        uint16_t* d = xb + m * ldxb;
         for (int64_t k = 0; k < a.k; ++k) d[k] = f32_to_bf16(x[k]).bits;
         for (int64_t k = a.k; k < ldxb; ++k) d[k] = 0;
       }
@@ -155,9 +156,9 @@ void gemm(const GemmArgs& a) {
       const int64_t n_total = out.w->dim(0);
       const bool rounded = xr && out.w->dtype() == DType::bf16;
       gemm_detail::TileJob job{
-          .x = rounded ? xr.get() : a.x,
+          .x = rounded ? xr : a.x,
           .ldx = rounded ? a.k : a.ldx,
-          .xb = xb.get(),
+          .xb = xb,
           .ldxb = ldxb,
           .w = out.w->raw(),
           .ldw = a.k,
