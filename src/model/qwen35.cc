@@ -78,13 +78,15 @@ std::vector<float> small(const TensorMap& w, const std::string& name, const Shap
   return need(w, name, shape).to_f32_vector();
 }
 
-void for_rows(int64_t n, const std::function<void(int64_t)>& fn) {
+// fn(i) for i in [0, n) over the pool; `grain` items at least per thread (1 for coarse tasks
+// such as a head's delta rule, more for per-token work).
+void for_each(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
   parallel_for(
       n,
       [&](int64_t b, int64_t e) {
         for (int64_t i = b; i < e; ++i) fn(i);
       },
-      8);
+      grain);
 }
 
 class Qwen35 final : public Family {
@@ -142,7 +144,7 @@ class Qwen35 final : public Family {
 
   void embed(const int32_t* ids, int64_t n, float* h) const override {
     const int64_t C = cfg_.hidden;
-    for_rows(n, [&](int64_t i) {
+    for_each(n, 16, [&](int64_t i) {
       if (embed_.dtype() == DType::bf16) {
         const bf16* row = embed_.data<bf16>() + int64_t(ids[i]) * C;
         for (int64_t c = 0; c < C; ++c) h[i * C + c] = bf16_to_f32(row[c]);
@@ -218,7 +220,7 @@ class Qwen35 final : public Family {
                          {.w = &w.a, .y = g, .ldy = Hv}};
     gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
-    for_rows(N, [&](int64_t i) {
+    for_each(N, 16, [&](int64_t i) {
       const bool real = i % L < c.lengths[i / L];
       float* bt = beta + i * Hv;
       float* gt = g + i * Hv;
@@ -232,7 +234,7 @@ class Qwen35 final : public Family {
     // the tail; padded rows of the output are zeroed.
     float* conv = scratch_floats(kLayerSlots + 7, size_t(N * Cc));
     const int64_t blocks = (Cc + kConvChannelBlock - 1) / kConvChannelBlock;
-    for_rows(B * blocks, [&](int64_t task) {
+    for_each(B * blocks, 1, [&](int64_t task) {
       const int64_t b = task / blocks, c0 = task % blocks * kConvChannelBlock;
       const int64_t n = c.lengths[b], width = std::min(kConvChannelBlock, Cc - c0);
       const RowView& v = c.views[b];
@@ -252,7 +254,7 @@ class Qwen35 final : public Family {
     });
     // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel.
     const float q_scale = 1.0f / std::sqrt(float(Dk));
-    for_rows(N, [&](int64_t i) {
+    for_each(N, 16, [&](int64_t i) {
       l2_norm(conv + i * Cc, Dk, Hk, Dk, 1e-6f, q_scale);
       l2_norm(conv + i * Cc + KD, Dk, Hk, Dk, 1e-6f, 1.0f);
     });
@@ -262,7 +264,7 @@ class Qwen35 final : public Family {
       std::memset(core + (b * L + c.lengths[b]) * VD, 0,
                   size_t((L - c.lengths[b]) * VD) * sizeof(float));
     const int64_t per_head = Dk * Dv;
-    for_rows(B * Hv, [&](int64_t task) {
+    for_each(B * Hv, 1, [&](int64_t task) {
       const int64_t b = task / Hv, h = task % Hv, kh = h / (Hv / Hk);
       const RowView& v = c.views[b];
       float* state = v.rec_out + h * per_head;
@@ -325,7 +327,7 @@ class Qwen35 final : public Family {
     gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // Per token: q (first half of each head's 2D block of q_proj) and k normed per head, rotated,
     // and this call's real K/V written into the row's own buffers.
-    for_rows(N, [&](int64_t i) {
+    for_each(N, 16, [&](int64_t i) {
       const int64_t b = i / L, t = i % L;
       float* qi = q + i * OW;
       for (int64_t h = 0; h < Hq; ++h)
@@ -369,10 +371,14 @@ class Qwen35 final : public Family {
     std::vector<Task> tasks;
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t t = 0; t < c.lengths[b]; t += kQueryBlock)
+        for (int64_t i = 0, nb = (c.lengths[b] + kQueryBlock - 1) / kQueryBlock; i < nb; ++i) {
+          // Cheap and costly blocks alternate (0, last, 1, last - 1, ...), so the pool's
+          // contiguous shares carry similar work.
+          const int64_t t = (i % 2 ? nb - 1 - i / 2 : i / 2) * kQueryBlock;
           tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
+        }
     const float scale = 1.0f / std::sqrt(float(D));
-    for_rows(int64_t(tasks.size()), [&](int64_t i) {
+    for_each(int64_t(tasks.size()), 1, [&](int64_t i) {
       const Task& tk = tasks[size_t(i)];
       const RowView& rv = c.views[tk.b];
       attention({.t0 = tk.t0,
