@@ -123,8 +123,8 @@ void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count
                           const int64_t* lengths, const int64_t* positions,
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
                           int64_t out_tokens) const {
-  const int64_t B = batch.rows, C = spec().hidden;
-  std::vector<float> h(size_t(B * count * C));
+  const int64_t B = batch.rows, C = spec().hidden, S = spec().stream_width();
+  std::vector<float> h(size_t(B * count * S));
   std::vector<int32_t> ids(size_t(B * count));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < count; ++t)
@@ -139,6 +139,10 @@ void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count
                    .views = views[i].data(),
                    .precision = options_.precision};
     family_->layer(int(i), call);
+  }
+  if (S != C) {  // drop the side streams: lanes [0, C) of each token, packed
+    for (int64_t i = 1; i < B * count; ++i)
+      std::memmove(h.data() + i * C, h.data() + i * S, size_t(C) * sizeof(float));
   }
   for (int64_t b = 0; b < B; ++b) {
     family_->final_norm(h.data() + b * count * C, hidden_out + (b * out_tokens + offset) * C,

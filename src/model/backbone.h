@@ -51,7 +51,13 @@ struct BackboneSpec {
   std::string family;  // "qwen3_5"
   int64_t hidden = 0;  // C
   int64_t vocab = 0;   // V
+  // S: floats per token of the residual stream a family's layers see (>= C). Lanes [0, C) are
+  // the hidden state; a family may keep per-token side streams after them (an x0 copy, saved
+  // layer outputs, per-layer embeddings), written by embed and read by its layers. 0 means C.
+  int64_t stream = 0;
   std::vector<LayerSpec> layers;
+
+  int64_t stream_width() const { return stream > 0 ? stream : hidden; }
 };
 
 // One layer's state for B rows. Unused members stay undefined.
@@ -129,7 +135,7 @@ struct RowView {
 };
 
 struct LayerCall {
-  float* h = nullptr;  // [B, L, C] residual stream, updated in place
+  float* h = nullptr;  // [B, L, S] residual stream (spec().stream_width()), updated in place
   int64_t rows = 0;
   int64_t tokens = 0;
   const int64_t* lengths = nullptr;    // [B] real tokens of this call
@@ -142,12 +148,13 @@ class Family {
  public:
   virtual ~Family() = default;
   virtual const BackboneSpec& spec() const = 0;
-  virtual void embed(const int32_t* ids, int64_t n, float* h) const = 0;  // -> h [n, C]
+  virtual void embed(const int32_t* ids, int64_t n, float* h) const = 0;  // -> h [n, S]
   // One layer (mixer + MLP, both residual) over call.h; padded positions' outputs are zeros or
   // finite garbage, never read back into state.
   virtual void layer(int index, const LayerCall& call) const = 0;
-  virtual void final_norm(const float* h, float* out, int64_t n) const = 0;  // [n, C]
-  virtual const Tensor& lm_head() const = 0;                                 // [V, C]
+  // h: n tokens [n, C] (lanes [0, C) of the stream, contiguous) -> out [n, C]
+  virtual void final_norm(const float* h, float* out, int64_t n) const = 0;
+  virtual const Tensor& lm_head() const = 0;  // [V, C]
 };
 
 struct BackboneOptions {
