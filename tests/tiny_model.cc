@@ -2,6 +2,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "model/lfm2.h"
 #include "model/qwen35.h"
 #include "test_util.h"
 
@@ -54,12 +55,12 @@ std::string byte_char(int b) {
 
 }  // namespace
 
-std::string tiny_tokenizer_json() {
+std::string tiny_tokenizer_json(const std::vector<std::string>& specials) {
   Json vocab = Json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   Json added = Json::array();
   int id = 256;
-  for (const char* t : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) {
+  for (const std::string& t : specials) {
     added.push_back({{"id", id++},
                      {"content", t},
                      {"single_word", false},
@@ -106,6 +107,37 @@ void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed) {
   }
   safetensors_write(dir / "model.safetensors", named);
   write_text(dir / "tokenizer.json", tiny_tokenizer_json());
+}
+
+void write_tiny_lfm2(const std::filesystem::path& dir, uint64_t seed) {
+  std::filesystem::create_directories(dir);
+  const std::vector<std::string> specials = {"<|pad|>", "<|startoftext|>", "<|endoftext|>",
+                                             "<|im_start|>", "<|im_end|>"};
+  Json config = {{"architectures", {"Lfm2ForCausalLM"}},
+                 {"model_type", "lfm2"},
+                 {"vocab_size", 256 + int64_t(specials.size())},
+                 {"hidden_size", 32},
+                 {"intermediate_size", 72},
+                 {"block_auto_adjust_ff_dim", true},
+                 {"block_ffn_dim_multiplier", 1.0},
+                 {"block_multiple_of", 16},
+                 {"num_hidden_layers", 5},
+                 {"layer_types", {"conv", "conv", "full_attention", "conv", "full_attention"}},
+                 {"num_attention_heads", 4},
+                 {"num_key_value_heads", 2},
+                 {"conv_L_cache", 3},
+                 {"norm_eps", 1e-5},
+                 {"rope_theta", 1e6},
+                 {"tie_word_embeddings", true}};
+  write_text(dir / "config.json", config.dump(2));
+  Lfm2Config cfg = Lfm2Config::from_json(JsonConfig(config, (dir / "config.json").string()));
+  TensorMap weights = lfm2_random_weights(cfg, DType::bf16, seed);
+  std::vector<NamedTensor> named;
+  for (auto& [name, t] : weights) {
+    named.push_back({name == "lm_head.weight" ? name : "model." + name, t});
+  }
+  safetensors_write(dir / "model.safetensors", named);
+  write_text(dir / "tokenizer.json", tiny_tokenizer_json(specials));
 }
 
 }  // namespace deg::testing

@@ -5,13 +5,21 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace deg::testing {
 
 // Writes config.json, model.safetensors (bf16) and tokenizer.json into `dir`.
 void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed);
 
-// The tokenizer.json above, alone.
-std::string tiny_tokenizer_json();
+// A tiny random LFM2 snapshot (conv, conv, attention, conv, attention; GQA 2; bf16 weights) whose
+// tokenizer carries LFM2's specials (<|pad|>, <|startoftext|>, <|endoftext|>, <|im_start|>,
+// <|im_end|>): the lfm chat layout's tokens.
+void write_tiny_lfm2(const std::filesystem::path& dir, uint64_t seed);
+
+// The tokenizer.json above, alone: one token per byte, then `specials` from id 256 on.
+std::string tiny_tokenizer_json(const std::vector<std::string>& specials = {
+                                    "<|endoftext|>", "<|im_start|>", "<|im_end|>"});
 
 }  // namespace deg::testing

@@ -1,12 +1,15 @@
-// deg bench: CPU throughput of the Qwen3.5 backbone with Qwen3.5-0.8B dimensions and random bf16
-// weights built in memory — trunk prefill at several lengths, a fork pass (many short rows over
-// one long prefix), decode steps — next to this machine's peak dot-product FLOP/s measured in the
-// same run, so figures read as ratios. Not a test: nothing here asserts on time.
+// deg bench: CPU throughput of a backbone family at a real model's dimensions (Qwen3.5-0.8B, or
+// LFM2.5-1.2B with --family lfm2) with random bf16 weights built in memory — trunk prefill at
+// several lengths, a fork pass (many short rows over one long prefix), decode steps — next to this
+// machine's peak dot-product FLOP/s measured in the same run, so figures read as ratios. Not a
+// test: nothing here asserts on time.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <random>
 
 #include "cli/commands.h"
@@ -14,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "io/json.h"
 #include "kernels/gemm.h"
+#include "model/lfm2.h"
 #include "model/qwen35.h"
 
 namespace deg::cli {
@@ -49,9 +53,9 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
 }
 
 // Multiply-accumulates per token in the projections (embedding lookup and LM head excluded).
-double matmul_params(const Qwen35Config& c) {
+double matmul_params(const std::vector<std::pair<std::string, Shape>>& table) {
   double n = 0;
-  for (const auto& [name, shape] : qwen35_tensor_table(c)) {
+  for (const auto& [name, shape] : table) {
     if (shape.size() == 2 && name.find("embed") == std::string::npos && name != "lm_head.weight")
       n += double(shape[0]) * double(shape[1]);
   }
@@ -59,30 +63,86 @@ double matmul_params(const Qwen35Config& c) {
 }
 
 struct BenchOpts {
+  std::string family = "qwen3_5";
   std::vector<int64_t> prefill{512, 2048, 8192};
   int64_t fork_prefix = 2048, forks = 64, fork_tokens = 24, decode_steps = 32;
-  int64_t layers = 24;
+  int64_t layers = 0;  // 0: the real model's
   std::string gemm = "bf16", json;
   double peak_seconds = 1.0;
 };
 
-void run(const BenchOpts& o) {
-  Qwen35Config cfg = Qwen35Config::preset("0.8b");
-  if (o.layers <= 0 || o.layers > 240) {
-    throw Error(ErrorKind::invalid_argument, "--layers must be in 1..240");
+// The family's model at a real size (`layers` cycles its layer pattern), as random bf16 weights,
+// and the weights of one state-carrying layer whose projections the GEMM figure times.
+struct BenchModel {
+  std::string title;
+  int64_t vocab = 0;
+  int64_t layers = 0;
+  std::vector<std::pair<std::string, Shape>> table;
+  std::function<std::unique_ptr<Family>()> make;
+  TensorMap one_layer;
+  std::vector<std::string> one_layer_names;
+};
+
+BenchModel bench_model(const BenchOpts& o) {
+  BenchModel m;
+  auto cycle = [&](std::vector<LayerKind> pattern) {
+    const int64_t n = o.layers > 0 ? o.layers : int64_t(pattern.size());
+    std::vector<LayerKind> out;
+    for (int64_t i = 0; i < n; ++i) out.push_back(pattern[size_t(i) % pattern.size()]);
+    m.layers = n;
+    return out;
+  };
+  if (o.family == "qwen3_5") {
+    Qwen35Config cfg = Qwen35Config::preset("0.8b");
+    cfg.layers = cycle(cfg.layers);
+    m.title = "Qwen3.5-0.8B";
+    m.vocab = cfg.vocab;
+    m.table = qwen35_tensor_table(cfg);
+    m.make = [cfg] { return qwen35_family(cfg, qwen35_random_weights(cfg, DType::bf16, 1)); };
+    Qwen35Config one = cfg;
+    one.vocab = 16;
+    one.layers = {LayerKind::recurrent};
+    m.one_layer = qwen35_random_weights(one, DType::bf16, 2);
+    m.one_layer_names = {"layers.0.linear_attn.in_proj_qkv.weight",
+                         "layers.0.linear_attn.in_proj_z.weight",
+                         "layers.0.linear_attn.out_proj.weight",
+                         "layers.0.mlp.gate_proj.weight",
+                         "layers.0.mlp.up_proj.weight",
+                         "layers.0.mlp.down_proj.weight"};
+  } else {
+    Lfm2Config cfg = Lfm2Config::preset("1.2b");
+    cfg.layers = cycle(cfg.layers);
+    m.title = "LFM2.5-1.2B";
+    m.vocab = cfg.vocab;
+    m.table = lfm2_tensor_table(cfg);
+    m.make = [cfg] { return lfm2_family(cfg, lfm2_random_weights(cfg, DType::bf16, 1)); };
+    Lfm2Config one = cfg;
+    one.vocab = 16;
+    one.layers = {LayerKind::recurrent};
+    m.one_layer = lfm2_random_weights(one, DType::bf16, 2);
+    m.one_layer_names = {"layers.0.conv.in_proj.weight", "layers.0.conv.out_proj.weight",
+                         "layers.0.feed_forward.w1.weight", "layers.0.feed_forward.w3.weight",
+                         "layers.0.feed_forward.w2.weight"};
   }
-  cfg.layers.clear();
-  for (int64_t i = 0; i < o.layers; ++i)
-    cfg.layers.push_back((i + 1) % 4 ? LayerKind::recurrent : LayerKind::attention);
+  return m;
+}
+
+void run(const BenchOpts& o) {
+  if (o.layers < 0 || o.layers > 240) {
+    throw Error(ErrorKind::invalid_argument, "--layers must be in 1..240 (0: the real model's)");
+  }
+  const BenchModel model = bench_model(o);
   const GemmPrecision prec = o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact;
   OrderedJson out;
   out["cpu"] = cpu_name();
   out["threads"] = thread_pool().size();
   out["isa"] = gemm_isa_name(gemm_isa());
   out["gemm"] = o.gemm;
-  out["layers"] = o.layers;
-  fmt::print("deg bench — Qwen3.5-0.8B dims ({} layers), random bf16 weights, gemm {}\n", o.layers,
-             o.gemm);
+  out["family"] = o.family;
+  out["model"] = model.title;
+  out["layers"] = model.layers;
+  fmt::print("deg bench — {} dims ({} layers), random bf16 weights, gemm {}\n", model.title,
+             model.layers, o.gemm);
   fmt::print("cpu {} | {} threads | isa {}\n", cpu_name(), thread_pool().size(),
              gemm_isa_name(gemm_isa()));
 
@@ -94,42 +154,30 @@ void run(const BenchOpts& o) {
   out["peak_gflops_f32"] = peak.f32 / 1e9;
 
   auto t0 = Clock::now();
-  Backbone bb(qwen35_family(cfg, qwen35_random_weights(cfg, DType::bf16, 1)), {.precision = prec});
+  Backbone bb(model.make(), {.precision = prec});
   fmt::print("weights built in {:.1f} s, peak RSS {:.2f} GiB\n", seconds_since(t0), peak_rss_gib());
   out["rss_after_weights_gib"] = peak_rss_gib();
-  const double flops_per_token = 2 * matmul_params(cfg);
+  const double flops_per_token = 2 * matmul_params(model.table);
+  const int64_t vocab = model.vocab;
 
-  // Prefill GEMMs alone: one DeltaNet + MLP layer's projections at 512 rows.
+  // Prefill GEMMs alone: one state-carrying layer's projections (mixer + MLP) at 512 rows.
   {
-    const int64_t M = 512, C = cfg.hidden;
-    TensorMap w = qwen35_random_weights({.vocab = 16,
-                                         .hidden = C,
-                                         .intermediate = cfg.intermediate,
-                                         .layers = {LayerKind::recurrent},
-                                         .heads = cfg.heads,
-                                         .kv_heads = cfg.kv_heads,
-                                         .head_dim = cfg.head_dim,
-                                         .lin_k_heads = cfg.lin_k_heads,
-                                         .lin_v_heads = cfg.lin_v_heads,
-                                         .lin_k_dim = cfg.lin_k_dim,
-                                         .lin_v_dim = cfg.lin_v_dim,
-                                         .tied = true},
-                                        DType::bf16, 2);
-    std::vector<float> x(size_t(M * cfg.intermediate), 0.01f), y(size_t(M * 6144));
-    const char* names[] = {"layers.0.linear_attn.in_proj_qkv.weight",
-                           "layers.0.linear_attn.in_proj_z.weight",
-                           "layers.0.linear_attn.out_proj.weight",
-                           "layers.0.mlp.gate_proj.weight",
-                           "layers.0.mlp.up_proj.weight",
-                           "layers.0.mlp.down_proj.weight"};
+    const int64_t M = 512;
+    const TensorMap& w = model.one_layer;
+    int64_t widest_in = 0, widest_out = 0;
+    for (const std::string& n : model.one_layer_names) {
+      widest_in = std::max(widest_in, w.at(n).dim(1));
+      widest_out = std::max(widest_out, w.at(n).dim(0));
+    }
+    std::vector<float> x(size_t(M * widest_in), 0.01f), y(size_t(M * widest_out));
     double flops = 0;
     auto once = [&] {
-      for (const char* n : names) {
+      for (const std::string& n : model.one_layer_names) {
         const Tensor& t = w.at(n);
         linear(x.data(), M, t.dim(1), t, y.data(), false, prec);
       }
     };
-    for (const char* n : names) flops += 2.0 * M * double(w.at(n).numel());
+    for (const std::string& n : model.one_layer_names) flops += 2.0 * M * double(w.at(n).numel());
     once();
     int reps = 0;
     auto g0 = Clock::now();
@@ -147,7 +195,7 @@ void run(const BenchOpts& o) {
   for (int64_t L : o.prefill) {
     State s = bb.empty_state(1);
     auto p0 = Clock::now();
-    bb.prefill(TokenBatch::single(random_ids(L, cfg.vocab, uint32_t(L))), s);
+    bb.prefill(TokenBatch::single(random_ids(L, vocab, uint32_t(L))), s);
     const double dt = seconds_since(p0);
     const double rate = flops_per_token * double(L) / dt;
     fmt::print(
@@ -165,13 +213,13 @@ void run(const BenchOpts& o) {
   State trunk = bb.empty_state(1);
   {
     auto p0 = Clock::now();
-    bb.prefill(TokenBatch::single(random_ids(o.fork_prefix, cfg.vocab, 7)), trunk);
+    bb.prefill(TokenBatch::single(random_ids(o.fork_prefix, vocab, 7)), trunk);
     fmt::print("fork prefix {} tokens prefilled in {:.1f} s\n", o.fork_prefix, seconds_since(p0));
   }
   {
     std::vector<std::vector<int32_t>> rows;
     for (int64_t r = 0; r < o.forks; ++r)
-      rows.push_back(random_ids(o.fork_tokens, cfg.vocab, uint32_t(100 + r)));
+      rows.push_back(random_ids(o.fork_tokens, vocab, uint32_t(100 + r)));
     ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(o.forks), 0),
                            o.fork_tokens);
     auto f0 = Clock::now();
@@ -189,7 +237,7 @@ void run(const BenchOpts& o) {
   }
   {
     ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, {0}, o.decode_steps + 8);
-    bb.fork_forward(TokenBatch::single(random_ids(8, cfg.vocab, 5)), fs, true);
+    bb.fork_forward(TokenBatch::single(random_ids(8, vocab, 5)), fs, true);
     int32_t next = 1;
     double backbone_s = 0, head_s = 0;
     for (int64_t i = 0; i < o.decode_steps; ++i) {
@@ -226,9 +274,11 @@ void run(const BenchOpts& o) {
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
-      "CPU throughput of the Qwen3.5-0.8B-sized backbone (random weights) against this "
-      "machine's measured peak FLOP/s.");
+      "CPU throughput of a backbone at a real model's size (Qwen3.5-0.8B, LFM2.5-1.2B; random "
+      "weights) against this machine's measured peak FLOP/s.");
   auto o = std::make_shared<BenchOpts>();
+  cmd->add_option("--family", o->family, "qwen3_5 (Qwen3.5-0.8B) or lfm2 (LFM2.5-1.2B)")
+      ->capture_default_str();
   cmd->add_option("--prefill", o->prefill, "Prefill lengths")
       ->delimiter(',')
       ->capture_default_str();
@@ -237,7 +287,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--forks", o->forks, "Fork rows")->capture_default_str();
   cmd->add_option("--fork-tokens", o->fork_tokens, "Tokens per fork row")->capture_default_str();
   cmd->add_option("--decode-steps", o->decode_steps, "Decode steps")->capture_default_str();
-  cmd->add_option("--layers", o->layers, "Layers (24 = the real model; 3 linear : 1 full)")
+  cmd->add_option("--layers", o->layers,
+                  "Layers, the real model's pattern repeated (0: the real model's count)")
       ->capture_default_str();
   cmd->add_option("--gemm", o->gemm, "bf16 (bf16 dot products) or exact")->capture_default_str();
   cmd->add_option("--peak-seconds", o->peak_seconds, "Time spent measuring the peak")
@@ -246,6 +297,9 @@ void add_bench_command(CLI::App& app) {
   cmd->callback([o] {
     if (o->gemm != "bf16" && o->gemm != "exact") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be bf16 or exact");
+    }
+    if (o->family != "qwen3_5" && o->family != "lfm2") {
+      throw Error(ErrorKind::invalid_argument, "--family must be qwen3_5 or lfm2");
     }
     run(*o);
   });

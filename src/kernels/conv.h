@@ -1,6 +1,7 @@
-// Depthwise causal convolution + SiLU of Gated DeltaNet, one row at a time, carrying the row's
-// conv tail (its last K-1 inputs) across calls: ext = tail ++ x, y[t] = silu(Σ_k ext[t+k] w[k]).
-// A row reads only its own n real positions, so padding never reaches the tail.
+// Depthwise causal convolution, one row at a time, carrying the row's conv tail (its last K-1
+// inputs) across calls: ext = tail ++ x, y[t] = Σ_k ext[t+k] w[k], then SiLU for Gated DeltaNet
+// (causal_conv_silu) or nothing for LFM2's short conv (causal_conv). A row reads only its own n
+// real positions, so padding never reaches the tail.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +24,6 @@ struct CausalConvArgs {
 };
 
 void causal_conv_silu(const CausalConvArgs& a);
+void causal_conv(const CausalConvArgs& a);
 
 }  // namespace deg

@@ -1,11 +1,13 @@
 // Family registry: model_type -> family constructor over the snapshot's text tensors.
 #include "model/load.h"
 
+#include <functional>
 #include <optional>
 
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
+#include "model/lfm2.h"
 #include "model/qwen35.h"
 
 namespace deg {
@@ -20,20 +22,32 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   const JsonConfig root = JsonConfig::load(config_path);
   const std::string type = root.model_type();
   const std::string text_type = root.text().model_type();
-  if (!qwen35_handles(type) && !qwen35_handles(text_type)) {
+  auto is = [&](bool (*handles)(const std::string&)) {
+    return handles(type) || handles(text_type);
+  };
+  std::vector<std::pair<std::string, Shape>> table;
+  std::function<std::unique_ptr<Family>(const TensorMap&)> make;
+  if (is(qwen35_handles)) {
+    Qwen35Config cfg = Qwen35Config::from_json(root);
+    table = qwen35_tensor_table(cfg);
+    make = [cfg](const TensorMap& w) { return qwen35_family(cfg, w); };
+  } else if (is(lfm2_handles)) {
+    Lfm2Config cfg = Lfm2Config::from_json(root);
+    table = lfm2_tensor_table(cfg);
+    make = [cfg](const TensorMap& w) { return lfm2_family(cfg, w); };
+  } else {
     throw Error(ErrorKind::unsupported,
                 "model_type \"" + type +
-                    "\" has no deg backbone family (supported: qwen3_5, "
-                    "qwen3_5_text)",
+                    "\" has no deg backbone family (supported: qwen3_5, qwen3_5_text, lfm2, "
+                    "lfm2_vl)",
                 {.path = config_path.string(), .pointer = "/model_type"});
   }
-  Qwen35Config cfg = Qwen35Config::from_json(root);
   const std::string& prefix = store.text_prefix();
   auto file_name = [&](const std::string& name) {
     return name == "lm_head.weight" ? name : prefix + name;
   };
   TensorMap weights;
-  for (const auto& [name, shape] : qwen35_tensor_table(cfg)) {
+  for (const auto& [name, shape] : table) {
     if (store.contains(file_name(name))) {
       weights.emplace(name, store.get(file_name(name)));
     } else if (heads && name == "lm_head.weight" && heads->contains(name)) {
@@ -41,7 +55,7 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
     }
   }
   try {
-    return std::make_unique<Backbone>(qwen35_family(cfg, weights), options);
+    return std::make_unique<Backbone>(make(weights), options);
   } catch (const Error& e) {  // name the tensor as it appears in the files
     ErrorContext at = e.context();
     at.path = where;

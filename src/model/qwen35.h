@@ -11,6 +11,7 @@
 #include "core/tensor.h"
 #include "io/hf_config.h"
 #include "model/backbone.h"
+#include "model/family_common.h"
 
 namespace deg {
 
@@ -51,7 +52,6 @@ std::vector<std::pair<std::string, Shape>> qwen35_tensor_table(const Qwen35Confi
 
 // Weights by table name. Big matrices stay views (mmap'd, f32 or bf16); small vectors are read
 // into f32 copies. Throws deg::Error naming a missing tensor or a wrong shape.
-using TensorMap = std::map<std::string, Tensor>;
 std::unique_ptr<Family> qwen35_family(const Qwen35Config& cfg, const TensorMap& weights);
 
 // Random weights for benchmarks (every matrix `dtype`, N(0, 0.02); norms around their identity).

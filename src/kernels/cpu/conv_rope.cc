@@ -11,7 +11,10 @@
 
 namespace deg {
 
-DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
+namespace {
+
+template <bool kSilu>
+__attribute__((always_inline)) inline void causal_conv_rows(const CausalConvArgs& a) {
   const int64_t K = a.kernel, C = a.channels, K1 = K - 1;
   DEG_CHECK(K >= 1 && C > 0 && a.n >= 0, "conv: K {} C {} n {}", K, C, a.n);
   // ext row r (0 <= r < K-1+n): the tail for r < K-1, else x[r - (K-1)].
@@ -25,7 +28,9 @@ DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
       const float* e = ext(t + k);
       for (int64_t c = 0; c < C; ++c) y[c] += e[c] * a.w[c * K + k];
     }
-    for (int64_t c = 0; c < C; ++c) y[c] = vec::silu(y[c]);
+    if constexpr (kSilu) {
+      for (int64_t c = 0; c < C; ++c) y[c] = vec::silu(y[c]);
+    }
   }
   if (a.tail_out && K1 > 0) {
     // The last K-1 ext rows; copied through a buffer because tail_out may alias tail_in.
@@ -33,6 +38,16 @@ DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
     for (int64_t r = 0; r < K1; ++r) std::memcpy(buf + r * C, ext(a.n + r), size_t(C) * 4);
     for (int64_t r = 0; r < K1; ++r) std::memcpy(a.tail_out + r * ldt, buf + r * C, size_t(C) * 4);
   }
+}
+
+}  // namespace
+
+DEG_CPU_CLONES void causal_conv_silu(const CausalConvArgs& a) {
+  causal_conv_rows<true>(a);
+}
+
+DEG_CPU_CLONES void causal_conv(const CausalConvArgs& a) {
+  causal_conv_rows<false>(a);
 }
 
 RopeTable rope_table(int64_t head_dim, double partial_factor, double theta) {
