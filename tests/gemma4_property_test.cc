@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "io/json.h"
 #include "kernels/gemm.h"
+#include "model/gemma4.h"
 #include "model/load.h"
 #include "test_util.h"
 #include "tiny_model.h"
@@ -318,6 +319,169 @@ INSTANTIATE_TEST_SUITE_P(Precision, Gemma4Property,
                          [](const auto& info) {
                            return info.param == GemmPrecision::exact ? "exact" : "bf16";
                          });
+
+// A plain double-precision forward of one sequence, written from the layer description in
+// src/model/gemma4.cc (explicit window masks, K/V sharing by layer index, per-layer inputs by
+// slice): the oracle for the optimised stack's wiring. It is not a golden reference (that is HF,
+// tools/reference/gemma4_fixtures.py); it shares our reading of HF, not our code.
+class Reference {
+ public:
+  Reference(const Gemma4Config& cfg, const TensorMap& w) : c_(cfg), w_(w) {}
+
+  // final-norm hidden [T][C]
+  std::vector<std::vector<double>> forward(const std::vector<int32_t>& ids) const {
+    const int64_t T = int64_t(ids.size()), C = c_.hidden, P = c_.ple_dim;
+    const int64_t NL = int64_t(c_.layers.size());
+    std::vector<std::vector<double>> h(static_cast<size_t>(T)), ple(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      h[size_t(t)] = scaled(row("embed_tokens.weight", ids[size_t(t)]), std::sqrt(double(C)));
+      if (P == 0) continue;
+      std::vector<double> proj = scaled(matvec("per_layer_model_projection.weight", h[size_t(t)]),
+                                        1.0 / std::sqrt(double(C)));
+      std::vector<double> tok = row("embed_tokens_per_layer.weight", ids[size_t(t)]);
+      for (int64_t l = 0; l < NL; ++l) {
+        std::vector<double> seg(proj.begin() + l * P, proj.begin() + (l + 1) * P);
+        seg = norm(seg, "per_layer_projection_norm.weight");
+        for (int64_t j = 0; j < P; ++j)
+          ple[size_t(t)].push_back(
+              (seg[size_t(j)] + tok[size_t(l * P + j)] * std::sqrt(double(P))) / std::sqrt(2.0));
+      }
+    }
+    std::vector<std::vector<std::vector<double>>> keys(static_cast<size_t>(NL)),
+        values(static_cast<size_t>(NL));
+    for (int64_t i = 0; i < NL; ++i) {
+      const Gemma4Layer& g = c_.layers[size_t(i)];
+      const std::string at = "layers." + std::to_string(i) + ".";
+      const int64_t D = g.head_dim, G = g.heads / g.kv_heads;
+      std::vector<std::vector<double>> q(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> x = norm(h[size_t(t)], at + "input_layernorm.weight");
+        q[size_t(t)] = heads(matvec(at + "self_attn.q_proj.weight", x), D,
+                             at + "self_attn.q_norm.weight", g, t);
+        if (g.kv_source >= 0) continue;
+        keys[size_t(i)].push_back(heads(matvec(at + "self_attn.k_proj.weight", x), D,
+                                        at + "self_attn.k_norm.weight", g, t));
+        values[size_t(i)].push_back(heads(matvec(at + "self_attn.v_proj.weight", x), D, "", g, -1));
+      }
+      const auto& K = keys[size_t(g.kv_source >= 0 ? g.kv_source : i)];
+      const auto& V = values[size_t(g.kv_source >= 0 ? g.kv_source : i)];
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> o(size_t(g.heads * D));
+        const int64_t lo = g.sliding ? std::max<int64_t>(0, t - c_.window + 1) : 0;
+        for (int64_t hq = 0; hq < g.heads; ++hq) {
+          const int64_t hk = hq / G;
+          std::vector<double> p;
+          double mx = -INFINITY, total = 0;
+          for (int64_t j = lo; j <= t; ++j) {
+            double d = 0;
+            for (int64_t x = 0; x < D; ++x)
+              d += q[size_t(t)][size_t(hq * D + x)] * K[size_t(j)][size_t(hk * D + x)];
+            p.push_back(d);
+            mx = std::max(mx, d);
+          }
+          for (double& v : p) total += (v = std::exp(v - mx));
+          for (int64_t j = lo; j <= t; ++j)
+            for (int64_t x = 0; x < D; ++x)
+              o[size_t(hq * D + x)] += p[size_t(j - lo)] / total * V[size_t(j)][size_t(hk * D + x)];
+        }
+        std::vector<double>& ht = h[size_t(t)];
+        add(ht, norm(matvec(at + "self_attn.o_proj.weight", o),
+                     at + "post_attention_layernorm.weight"));
+        std::vector<double> x = norm(ht, at + "pre_feedforward_layernorm.weight");
+        std::vector<double> gate = matvec(at + "mlp.gate_proj.weight", x);
+        std::vector<double> up = matvec(at + "mlp.up_proj.weight", x);
+        for (size_t k = 0; k < gate.size(); ++k) gate[k] = gelu(gate[k]) * up[k];
+        add(ht, norm(matvec(at + "mlp.down_proj.weight", gate),
+                     at + "post_feedforward_layernorm.weight"));
+        if (P > 0) {
+          std::vector<double> pg = matvec(at + "per_layer_input_gate.weight", ht);
+          for (int64_t j = 0; j < P; ++j)
+            pg[size_t(j)] = gelu(pg[size_t(j)]) * ple[size_t(t)][size_t(i * P + j)];
+          add(ht, norm(matvec(at + "per_layer_projection.weight", pg),
+                       at + "post_per_layer_input_norm.weight"));
+        }
+        ht = scaled(ht, vec(at + "layer_scalar")[0]);
+      }
+    }
+    for (auto& ht : h) ht = norm(ht, "norm.weight");
+    return h;
+  }
+
+ private:
+  std::vector<double> vec(const std::string& name) const {
+    std::vector<float> f = w_.at(name).to_f32_vector();
+    return {f.begin(), f.end()};
+  }
+  std::vector<double> row(const std::string& name, int64_t r) const {
+    const Tensor& t = w_.at(name);
+    std::vector<float> f = t.select(0, r).to_f32_vector();
+    return {f.begin(), f.end()};
+  }
+  std::vector<double> matvec(const std::string& name, const std::vector<double>& x) const {
+    const Tensor& t = w_.at(name);
+    std::vector<float> f = t.to_f32_vector();
+    std::vector<double> y(size_t(t.dim(0)));
+    for (int64_t r = 0; r < t.dim(0); ++r)
+      for (int64_t k = 0; k < t.dim(1); ++k)
+        y[size_t(r)] += double(f[size_t(r * t.dim(1) + k)]) * x[size_t(k)];
+    return y;
+  }
+  static std::vector<double> scaled(std::vector<double> x, double s) {
+    for (double& v : x) v *= s;
+    return x;
+  }
+  static void add(std::vector<double>& h, const std::vector<double>& x) {
+    for (size_t k = 0; k < h.size(); ++k) h[k] += x[k];
+  }
+  static double gelu(double x) {
+    return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+  }
+  // RMSNorm with weight `name` (none: no scale).
+  std::vector<double> norm(std::vector<double> x, const std::string& name) const {
+    double ms = 0;
+    for (double v : x) ms += v * v;
+    const double inv = 1.0 / std::sqrt(ms / double(x.size()) + double(c_.eps));
+    std::vector<double> w = name.empty() ? std::vector<double>(x.size(), 1.0) : vec(name);
+    for (size_t k = 0; k < x.size(); ++k) x[k] *= inv * w[k];
+    return x;
+  }
+  // Per head: RMSNorm, then (pos >= 0) the layer kind's rotary at position pos.
+  std::vector<double> heads(std::vector<double> x, int64_t D, const std::string& weight,
+                            const Gemma4Layer& g, int64_t pos) const {
+    const Gemma4Rope& r = g.sliding ? c_.sliding_rope : c_.global_rope;
+    const int64_t turning = r.proportional ? int64_t(r.partial * double(D) / 2) : D / 2;
+    for (int64_t h = 0; h < int64_t(x.size()) / D; ++h) {
+      std::vector<double> v = norm({x.begin() + h * D, x.begin() + (h + 1) * D}, weight);
+      if (pos >= 0) {
+        for (int64_t i = 0; i < turning; ++i) {
+          const double a = double(pos) * std::pow(r.theta, -2.0 * double(i) / double(D));
+          const double x0 = v[size_t(i)], x1 = v[size_t(i + D / 2)];
+          v[size_t(i)] = x0 * std::cos(a) - x1 * std::sin(a);
+          v[size_t(i + D / 2)] = x1 * std::cos(a) + x0 * std::sin(a);
+        }
+      }
+      std::copy(v.begin(), v.end(), x.begin() + h * D);
+    }
+    return x;
+  }
+
+  const Gemma4Config& c_;
+  const TensorMap& w_;
+};
+
+TEST(Gemma4Reference, StackMatchesAPlainDoublePrecisionForward) {
+  testing::TempDir tmp;
+  testing::write_tiny_gemma4(tmp / "m", 2);
+  const Gemma4Config cfg = Gemma4Config::from_json(JsonConfig::load(tmp / "m" / "config.json"));
+  const TensorMap weights = gemma4_random_weights(cfg, DType::f32, 21);
+  Backbone bb(gemma4_family(cfg, weights), {.read_chunk = 64});
+  const std::vector<int32_t> ids = random_ids(90, cfg.vocab, 8);  // 2 reads, window 8
+  const std::vector<std::vector<double>> want = Reference(cfg, weights).forward(ids);
+  Tensor got = backbone_forward(bb, ids, /*logits=*/false);
+  std::vector<float> flat;
+  for (const auto& r : want) flat.insert(flat.end(), r.begin(), r.end());
+  EXPECT_LT(rel_max_error(got.to_f32_vector(), flat), 1e-5);
+}
 
 TEST(Gemma4Layouts, MultimodalSnapshotEqualsTextSnapshot) {
   // Same weights (same seed), text layout with global_head_dim vs multimodal layout with
