@@ -42,11 +42,12 @@ from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 S, F = "sliding_attention", "full_attention"
 
 # name -> config. `global_head_dim`: head dim of the full-attention layers (per_layer_config).
+# Tiny sizes: all fixtures together stay under 2 MB.
 CONFIGS = {
     # 2 sliding : 1 global twice; GQA 2; window 8 over 40 tokens; the last two layers share
     # K/V (layer 4 reads layer 3's sliding K/V, layer 5 layer 2's global K/V); PLE 8; cap 1.
     "ssf_shared_f32": dict(
-        vocab_size=256, hidden_size=64, intermediate_size=64, num_attention_heads=4,
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, global_head_dim=32, sliding_window=8,
         layer_types=[S, S, F, S, S, F], num_kv_shared_layers=2, hidden_size_per_layer_input=8,
         use_double_wide_mlp=False, final_logit_softcapping=1.0, tokens=40),
@@ -59,13 +60,13 @@ CONFIGS = {
         hidden_size_per_layer_input=4, use_double_wide_mlp=True, final_logit_softcapping=30.0,
         global_partial_rotary=0.5, global_theta=50000.0, tokens=150, bf16=True),
     # multimodal layout (gemma4 + text_config, model.language_model.*); window 80 longer than a
-    # 64-token read over 200 tokens; GQA 4; one shared global layer; PLE 8; cap 2.
+    # 64-token read over 150 tokens; GQA 4; one shared global layer; PLE 8; cap 2.
     "sfssf_multimodal": dict(
-        vocab_size=256, hidden_size=48, intermediate_size=64, num_attention_heads=4,
+        vocab_size=256, hidden_size=32, intermediate_size=48, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, global_head_dim=32, sliding_window=80,
         layer_types=[S, F, S, S, F], num_kv_shared_layers=1, hidden_size_per_layer_input=8,
         use_double_wide_mlp=False, final_logit_softcapping=2.0, sliding_theta=20000.0,
-        tokens=200, multimodal=True),
+        tokens=150, multimodal=True),
     # no PLE, no sharing, no soft-cap, untied head, MHA, window 4 over 30 tokens.
     "ssf_plain_untied": dict(
         vocab_size=128, hidden_size=32, intermediate_size=48, num_attention_heads=2,
