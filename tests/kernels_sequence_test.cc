@@ -135,5 +135,83 @@ TEST(KernelsAttention, MatchesReferenceWithPrefixAndOwnKeys) {
   EXPECT_NE(changed[size_t(6 * G * D)], out[size_t(6 * G * D)]);
 }
 
+TEST(KernelsAttention, SlidingWindowMatchesReferenceAndIgnoresKeysBeyondIt) {
+  const int64_t G = 2, D = 16, W = 7, P = 9, before = 4, n = 13;
+  auto q = randn(size_t(n * G * D), 11), pk = randn(size_t(P * D), 12),
+       pv = randn(size_t(P * D), 13);
+  auto ok = randn(size_t((before + n) * D), 14), ov = randn(size_t((before + n) * D), 15);
+  std::vector<float> out(size_t(n * G * D)), ref(size_t(n * G * D));
+  AttentionArgs a{.t0 = 0,
+                  .t1 = n,
+                  .group = G,
+                  .d = D,
+                  .q = q.data(),
+                  .ldq = G * D,
+                  .prefix_k = pk.data(),
+                  .prefix_v = pv.data(),
+                  .prefix_len = P,
+                  .own_k = ok.data(),
+                  .own_v = ov.data(),
+                  .own_before = before,
+                  .scale = 0.4f,
+                  .window = W,
+                  .out = out.data(),
+                  .ldo = G * D};
+  for (int64_t t0 : {int64_t(0), int64_t(5)}) {  // blocks that start inside and past the prefix
+    a.t0 = t0;
+    a.out = out.data();
+    attention(a);
+    a.out = ref.data();
+    attention_reference(a);
+    double err = 0;
+    for (size_t i = size_t(t0 * G * D); i < out.size(); ++i)
+      err = std::max(err, double(std::fabs(out[i] - ref[i])));
+    EXPECT_LT(err, 1e-5) << "t0 " << t0;
+  }
+  // Query t (key index P + before + t) sees keys (P + before + t - W, P + before + t]: changing
+  // the last prefix key moves only the queries that still reach it.
+  a.t0 = 0;
+  a.out = out.data();
+  attention(a);
+  pk[size_t((P - 1) * D)] += 10.0f;
+  std::vector<float> changed(size_t(n * G * D));
+  a.out = changed.data();
+  attention(a);
+  for (int64_t t = 0; t < n; ++t) {
+    const bool reaches = P - 1 > P + before + t - W;
+    EXPECT_EQ(changed[size_t(t * G * D)] != out[size_t(t * G * D)], reaches) << "query " << t;
+  }
+}
+
+TEST(KernelsAttention, SlidingWindowOverATailEqualsOverAllKeysBitwise) {
+  // The same queries with all earlier keys in the own buffer, or only the last W - 1 of them:
+  // bitwise equal (masked keys add exact zeros), as chunked prefill relies on.
+  const int64_t G = 2, D = 16, W = 6, before = 23, n = 9;
+  auto q = randn(size_t(n * G * D), 21);
+  auto ok = randn(size_t((before + n) * D), 22), ov = randn(size_t((before + n) * D), 23);
+  std::vector<float> all(size_t(n * G * D)), tail(size_t(n * G * D));
+  AttentionArgs a{.t0 = 0,
+                  .t1 = n,
+                  .group = G,
+                  .d = D,
+                  .q = q.data(),
+                  .ldq = G * D,
+                  .own_k = ok.data(),
+                  .own_v = ov.data(),
+                  .own_before = before,
+                  .scale = 0.25f,
+                  .window = W,
+                  .out = all.data(),
+                  .ldo = G * D};
+  attention(a);
+  const int64_t skip = before - (W - 1);
+  a.own_k = ok.data() + skip * D;
+  a.own_v = ov.data() + skip * D;
+  a.own_before = W - 1;
+  a.out = tail.data();
+  attention(a);
+  EXPECT_EQ(all, tail);
+}
+
 }  // namespace
 }  // namespace deg

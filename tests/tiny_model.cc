@@ -2,6 +2,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "model/gemma4.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 #include "test_util.h"
@@ -138,6 +139,73 @@ void write_tiny_lfm2(const std::filesystem::path& dir, uint64_t seed) {
   }
   safetensors_write(dir / "model.safetensors", named);
   write_text(dir / "tokenizer.json", tiny_tokenizer_json(specials));
+}
+
+}  // namespace deg::testing
+
+namespace deg::testing {
+
+void write_tiny_gemma4(const std::filesystem::path& dir, uint64_t seed, bool multimodal) {
+  std::filesystem::create_directories(dir);
+  const char* S = "sliding_attention";
+  const char* F = "full_attention";
+  Json text = {{"model_type", "gemma4_text"},
+               {"vocab_size", 263},
+               {"hidden_size", 64},
+               {"intermediate_size", 64},
+               {"num_hidden_layers", 6},
+               {"layer_types", {S, S, F, S, S, F}},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
+               {"head_dim", 16},
+               {"sliding_window", 8},
+               {"num_kv_shared_layers", 2},
+               {"use_double_wide_mlp", true},
+               {"hidden_size_per_layer_input", 8},
+               {"vocab_size_per_layer_input", 263},
+               {"final_logit_softcapping", 5.0},
+               {"rms_norm_eps", 1e-6},
+               {"hidden_activation", "gelu_pytorch_tanh"},
+               {"rope_parameters",
+                {{S, {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+                 {F,
+                  {{"rope_type", "proportional"},
+                   {"partial_rotary_factor", 0.25},
+                   {"rope_theta", 1000000.0}}}}},
+               {"tie_word_embeddings", true}};
+  Json config;
+  if (multimodal) {
+    text["per_layer_config"] = {{"02", {{"head_dim", 32}}}, {"05", {{"head_dim", 32}}}};
+    config = {{"architectures", {"Gemma4ForConditionalGeneration"}},
+              {"model_type", "gemma4"},
+              {"text_config", text},
+              {"tie_word_embeddings", true}};
+  } else {
+    text["global_head_dim"] = 32;
+    text["architectures"] = {"Gemma4ForCausalLM"};
+    config = text;
+  }
+  write_text(dir / "config.json", config.dump(2));
+  Gemma4Config cfg = Gemma4Config::from_json(JsonConfig(config, (dir / "config.json").string()));
+  TensorMap weights = gemma4_random_weights(cfg, DType::bf16, seed);
+  const std::string prefix = multimodal ? "model.language_model." : "model.";
+  std::vector<NamedTensor> named;
+  for (auto& [name, t] : weights) {
+    named.push_back({name == "lm_head.weight" ? name : prefix + name, t});
+  }
+  safetensors_write(dir / "model.safetensors", named);
+  Json tok = Json::parse(tiny_tokenizer_json());
+  int id = 259;
+  for (const char* t : {"<bos>", "<pad>", "<|turn>", "<turn|>"}) {
+    tok["added_tokens"].push_back({{"id", id++},
+                                   {"content", t},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", true}});
+  }
+  write_text(dir / "tokenizer.json", tok.dump());
 }
 
 }  // namespace deg::testing

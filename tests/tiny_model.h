@@ -22,4 +22,12 @@ void write_tiny_lfm2(const std::filesystem::path& dir, uint64_t seed);
 std::string tiny_tokenizer_json(const std::vector<std::string>& specials = {
                                     "<|endoftext|>", "<|im_start|>", "<|im_end|>"});
 
+// A tiny random Gemma 4 snapshot (bf16): 6 layers (sliding, sliding, global) x 2 with window 8,
+// global head dim 32 (sliding 16), the last two layers sharing K/V (layer 4 reads layer 3's,
+// layer 5 layer 2's), the double-wide MLP on them, per-layer embeddings of width 8, soft-cap 5.
+// `multimodal`: the `gemma4` layout (text_config, model.language_model.* weights) with the
+// global head dim given as per_layer_config. The tokenizer is the one above plus Gemma's
+// <bos>, <pad>, <|turn> and <turn|>.
+void write_tiny_gemma4(const std::filesystem::path& dir, uint64_t seed, bool multimodal = false);
+
 }  // namespace deg::testing

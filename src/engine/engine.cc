@@ -395,7 +395,9 @@ class Filler {
 int64_t max_document_tokens(const Backbone& bb) {
   int64_t per_token = bb.spec().hidden * 4 * 4;  // hidden states kept for the heads + scratch
   for (const LayerSpec& l : bb.spec().layers) {
-    if (l.kind == LayerKind::attention) per_token += 2 * l.kv_heads * l.head_dim * 4;
+    // Sliding and K/V-sharing layers keep no per-token K/V.
+    if (l.kind == LayerKind::attention && l.window == 0 && l.kv_source < 0)
+      per_token += 2 * l.kv_heads * l.head_dim * 4;
   }
   const int64_t memory = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
   return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));

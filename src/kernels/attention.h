@@ -6,6 +6,11 @@
 // exp-sum in key order) and each output element sums over keys in index order, so a query's
 // output depends on its keys only: batch invariant, and the same whether the input was read in
 // one piece or in chunks (keys past a query's own position add exact zeros).
+//
+// Sliding attention (window > 0): the query at key index i (prefix then own keys, one sequence)
+// sees keys (i - window, i] only. Keys before a block's reach are skipped, so a long read costs
+// O(block * (window + block)); masked keys inside the reach add exact zeros, so the result does
+// not depend on how many earlier keys the buffers hold (a kept tail or the whole input).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +31,7 @@ struct AttentionArgs {
   const float* own_v = nullptr;
   int64_t own_before = 0;
   float scale = 1;
+  int64_t window = 0;    // > 0: sliding attention over the last `window` keys (itself included)
   float* out = nullptr;  // query t, head g at out[t * ldo + g * d]
   int64_t ldo = 0;
 };

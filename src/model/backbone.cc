@@ -3,9 +3,11 @@
 #include "model/backbone.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace deg {
 
@@ -40,6 +42,29 @@ void grow_kv(Tensor& t, int64_t capacity, const std::vector<int64_t>& keep) {
                     size_t(std::min(keep[size_t(b)], old_cap) * D) * sizeof(float));
   }
   t = std::move(grown);
+}
+
+bool owns_kv(const LayerSpec& l) {
+  return l.kind == LayerKind::attention && l.kv_source < 0;
+}
+
+// Earlier positions of a row with `length` tokens that a layer's trunk state keeps.
+int64_t kept(const LayerSpec& l, int64_t length) {
+  return l.window > 0 ? std::min(length, l.window - 1) : length;
+}
+
+// A sliding layer's K/V after a call: row b has ext[b] keys at [0, ext[b]); only the last
+// window - 1 stay, moved to the front.
+void keep_window(const Tensor& t, const LayerSpec& l, const std::vector<int64_t>& ext) {
+  const int64_t B = t.dim(0), H = t.dim(1), cap = t.dim(2), D = t.dim(3);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = ext[size_t(b)], k = std::min(n, l.window - 1);
+    if (k == n) continue;
+    for (int64_t h = 0; h < H; ++h) {
+      float* p = t.mutable_data<float>() + (b * H + h) * cap * D;
+      std::memmove(p, p + (n - k) * D, size_t(k * D) * sizeof(float));
+    }
+  }
 }
 
 void check_batch(const TokenBatch& batch, int64_t vocab) {
@@ -100,6 +125,17 @@ State State::clone() const {
 Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
     : family_(std::move(family)), options_(options) {
   DEG_CHECK(family_ != nullptr, "backbone without a family");
+  const auto& layers = spec().layers;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const int src = layers[i].kv_source;
+    if (src < 0) continue;
+    DEG_CHECK(layers[i].kind == LayerKind::attention && size_t(src) < i &&
+                  owns_kv(layers[size_t(src)]) &&
+                  layers[size_t(src)].kv_heads == layers[i].kv_heads &&
+                  layers[size_t(src)].head_dim == layers[i].head_dim &&
+                  layers[size_t(src)].window == layers[i].window,
+              "layer {} cannot share the K/V of layer {}", i, src);
+  }
 }
 
 State Backbone::empty_state(int64_t rows) const {
@@ -110,7 +146,7 @@ State Backbone::empty_state(int64_t rows) const {
     if (l.kind == LayerKind::recurrent) {
       ls.rec = Tensor::zeros(row_shape(rows, l.rec_shape), DType::f32);
       ls.tail = Tensor::zeros({rows, l.conv_kernel - 1, l.conv_channels}, DType::f32);
-    } else {
+    } else if (owns_kv(l)) {
       ls.k = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
       ls.v = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
     }
@@ -158,20 +194,30 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
   }
   const int64_t B = batch.rows, L = batch.tokens, C = spec().hidden;
   const auto& layers = spec().layers;
-  // Room for every row's whole input now, so chunks append in place.
+  // Room for every row's whole input now, so chunks append in place; sliding layers: room for
+  // their kept tail plus one chunk.
+  const int64_t R = std::max<int64_t>(1, options_.read_chunk);
   int64_t needed = 0;
   for (int64_t b = 0; b < B; ++b)
     needed = std::max(needed, state.lengths[size_t(b)] + batch.lengths[size_t(b)]);
-  if (needed > state.capacity) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i].kind != LayerKind::attention) continue;
-      grow_kv(state.layers[i].k, needed, state.lengths);
-      grow_kv(state.layers[i].v, needed, state.lengths);
+  std::vector<int64_t> tails(static_cast<size_t>(B));
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!owns_kv(layers[i])) continue;
+    int64_t room = needed;
+    if (layers[i].window > 0) {
+      room = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t before = state.lengths[size_t(b)], n = batch.lengths[size_t(b)];
+        tails[size_t(b)] = kept(layers[i], before);
+        room = std::max(room, std::min(before + n, layers[i].window - 1 + std::min(R, n)));
+      }
     }
-    state.capacity = needed;
+    if (room <= state.layers[i].k.dim(2)) continue;
+    grow_kv(state.layers[i].k, room, layers[i].window > 0 ? tails : state.lengths);
+    grow_kv(state.layers[i].v, room, layers[i].window > 0 ? tails : state.lengths);
   }
+  state.capacity = std::max(state.capacity, needed);
   Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
-  const int64_t R = std::max<int64_t>(1, options_.read_chunk);
   std::vector<int64_t> lens(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
   std::vector<std::vector<RowView>> views(layers.size(), std::vector<RowView>(size_t(B)));
   for (int64_t s = 0; s < std::max<int64_t>(L, 1); s += R) {
@@ -190,16 +236,37 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
           v.rec_in = v.rec_out;
           v.tail_out = row_ptr_mut(ls.tail, b);
           v.tail_in = v.tail_out;
-        } else {
+        } else if (owns_kv(layers[i])) {
           v.own_k = row_ptr_mut(ls.k, b);
           v.own_v = row_ptr_mut(ls.v, b);
-          v.own_before = state.lengths[size_t(b)];
-          v.own_stride = state.capacity * layers[i].head_dim;
+          v.own_before = kept(layers[i], state.lengths[size_t(b)]);
+          v.own_stride = ls.k.dim(2) * layers[i].head_dim;
+        } else {
+          v = views[size_t(layers[i].kv_source)][size_t(b)];
         }
       }
     }
     run_layers(batch, s, c, lens.data(), pos.data(), views, hidden.mutable_data<float>(), L);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
+      for (int64_t b = 0; b < B; ++b)
+        tails[size_t(b)] = kept(layers[i], state.lengths[size_t(b)]) + lens[size_t(b)];
+      keep_window(state.layers[i].k, layers[i], tails);
+      keep_window(state.layers[i].v, layers[i], tails);
+    }
     for (int64_t b = 0; b < B; ++b) state.lengths[size_t(b)] += lens[size_t(b)];
+  }
+  // Sliding layers end with room for their tails only: a trunk's sliding state is bounded.
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
+    int64_t room = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      tails[size_t(b)] = kept(layers[i], state.lengths[size_t(b)]);
+      room = std::max(room, tails[size_t(b)]);
+    }
+    if (room >= state.layers[i].k.dim(2)) continue;
+    grow_kv(state.layers[i].k, room, tails);
+    grow_kv(state.layers[i].v, room, tails);
   }
   return hidden;
 }
@@ -224,7 +291,7 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   fs.capacity = std::max<int64_t>(capacity, 1);
   for (const LayerSpec& l : spec().layers) {
     LayerState own;
-    if (l.kind == LayerKind::attention) {
+    if (owns_kv(l)) {
       own.k = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
       own.v = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
     }
@@ -246,7 +313,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   for (int64_t b = 0; b < B; ++b) needed = std::max(needed, fs.own_len[size_t(b)] + L);
   if (needed > fs.capacity) {
     for (size_t i = 0; i < layers.size(); ++i) {
-      if (layers[i].kind != LayerKind::attention) continue;
+      if (!owns_kv(layers[i])) continue;
       grow_kv(fs.own[i].k, needed, fs.own_len);
       grow_kv(fs.own[i].v, needed, fs.own_len);
     }
@@ -283,10 +350,12 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
         v.tail_in = fs.fresh ? row_ptr(pl.tail, p.row) : row_ptr(fs.own[i].tail, b);
         v.rec_out = keep ? row_ptr_mut(fs.own[i].rec, b) : row_ptr_mut(scratch, b);
         v.tail_out = keep ? row_ptr_mut(fs.own[i].tail, b) : nullptr;
+      } else if (!owns_kv(layers[i])) {
+        v = views[size_t(layers[i].kv_source)][size_t(b)];
       } else {
         v.prefix_k = row_ptr(pl.k, p.row);
         v.prefix_v = row_ptr(pl.v, p.row);
-        v.prefix_len = p.length;
+        v.prefix_len = kept(layers[i], p.length);
         v.prefix_stride = pl.k.dim(2) * layers[i].head_dim;
         v.own_k = row_ptr_mut(fs.own[i].k, b);
         v.own_v = row_ptr_mut(fs.own[i].v, b);
@@ -315,6 +384,15 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
   const Tensor& head = family_->lm_head();
   Tensor logits = Tensor::empty({M, head.dim(0)}, DType::f32);
   linear(hidden.data<float>(), M, C, head, logits.mutable_data<float>(), false, options_.precision);
+  if (const float cap = spec().logit_softcap; cap > 0) {
+    float* z = logits.mutable_data<float>();
+    parallel_for(
+        logits.numel(),
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) z[i] = std::tanh(z[i] / cap) * cap;
+        },
+        4096);
+  }
   return logits;
 }
 

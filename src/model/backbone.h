@@ -21,6 +21,12 @@
 // in any batch, in any order. Inputs are right-padded; a padded position reads and writes no
 // state (beta = 0, g = 0, masked in attention: kernels only see a row's real positions).
 //
+// Two attention variants a family may declare per layer: sliding attention (LayerSpec::window:
+// a query sees its last `window` positions, itself included; trunk states keep only each row's
+// last window - 1 positions, so prefill of a long input and a fork over it stay bounded) and
+// K/V sharing (LayerSpec::kv_source: the layer owns no K/V and attends an earlier layer's, in
+// trunk and fork alike; that layer writes this call's K/V first).
+//
 // Letters: B rows, L tokens of this call, C hidden, V vocab, P prefix positions, H heads, D head
 // dim, K conv kernel. Activations and state are f32 on CPU.
 #pragma once
@@ -45,6 +51,8 @@ struct LayerSpec {
   int64_t conv_kernel = 0;
   int64_t kv_heads = 0;  // attention: K/V [Hkv, capacity, D]
   int64_t head_dim = 0;
+  int64_t window = 0;  // attention: > 0 sliding over the last `window` positions (itself included)
+  int kv_source = -1;  // attention: >= 0 reads that earlier layer's K/V (same Hkv, D, window)
 };
 
 struct BackboneSpec {
@@ -56,11 +64,13 @@ struct BackboneSpec {
   // layer outputs, per-layer embeddings), written by embed and read by its layers. 0 means C.
   int64_t stream = 0;
   std::vector<LayerSpec> layers;
+  float logit_softcap = 0;  // > 0: lm_logits returns cap * tanh(logits / cap)
 
   int64_t stream_width() const { return stream > 0 ? stream : hidden; }
 };
 
-// One layer's state for B rows. Unused members stay undefined.
+// One layer's state for B rows. Unused members stay undefined (k/v of a K/V-sharing layer).
+// A sliding layer's trunk K/V hold each row's last min(length, window - 1) positions at [0, ..).
 struct LayerState {
   Tensor rec;   // f32 [B, rec_shape...]
   Tensor tail;  // f32 [B, K-1, conv_channels]
@@ -69,10 +79,10 @@ struct LayerState {
 };
 
 // Trunk state of B rows: row b has read lengths[b] tokens (its next position); its K/V are
-// positions [0, lengths[b]) of its K/V buffers.
+// positions [0, lengths[b]) of its K/V buffers (sliding layers: the last window - 1 of them).
 struct State {
   std::vector<int64_t> lengths;  // [B]
-  int64_t capacity = 0;          // K/V positions allocated per row
+  int64_t capacity = 0;          // K/V positions allocated per row (full-attention layers)
   std::vector<LayerState> layers;
 
   int64_t rows() const { return int64_t(lengths.size()); }
@@ -118,7 +128,10 @@ struct TokenBatch {
 // What one layer call sees of row b's state. Recurrent layers: start from rec_in/tail_in, write
 // rec_out (always; it may equal rec_in) and tail_out (when non-null). Attention layers: keys are
 // prefix [0, prefix_len) then own [0, own_before + t]; this call's K/V are written into own at
-// own_before. Strides are per KV head, in floats (capacity * D).
+// own_before. Strides are per KV head, in floats (capacity * D). Sliding layers see only the keys
+// a window can reach: prefix_len is the prefix's kept tail (positions [length - prefix_len,
+// length)), own_before counts the own keys kept before this call; K/V-sharing layers see their
+// source layer's view (and must not write it).
 struct RowView {
   const float* rec_in = nullptr;
   float* rec_out = nullptr;

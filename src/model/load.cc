@@ -7,6 +7,8 @@
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
+#include "model/checkpoint.h"
+#include "model/gemma4.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 
@@ -14,8 +16,9 @@ namespace deg {
 
 namespace {
 
-// The family of config.json's model_type over `store`'s tensors; `heads` supplies lm_head.weight
-// when `store` lacks it (a checkpoint reads an untied head from its base).
+// The family of config.json's model_type over `store`'s tensors; `heads` (the base snapshot)
+// supplies what a checkpoint leaves out when `store` lacks it: an untied lm_head.weight, the
+// per-layer embedding table.
 std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
                                       const WeightStore& store, const WeightStore* heads,
                                       const std::string& where, BackboneOptions options) {
@@ -35,11 +38,15 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
     Lfm2Config cfg = Lfm2Config::from_json(root);
     table = lfm2_tensor_table(cfg);
     make = [cfg](const TensorMap& w) { return lfm2_family(cfg, w); };
+  } else if (is(gemma4_handles)) {
+    Gemma4Config cfg = Gemma4Config::from_json(root);
+    table = gemma4_tensor_table(cfg);
+    make = [cfg](const TensorMap& w) { return gemma4_family(cfg, w); };
   } else {
     throw Error(ErrorKind::unsupported,
                 "model_type \"" + type +
                     "\" has no deg backbone family (supported: qwen3_5, qwen3_5_text, lfm2, "
-                    "lfm2_vl)",
+                    "lfm2_vl, gemma4, gemma4_text)",
                 {.path = config_path.string(), .pointer = "/model_type"});
   }
   const std::string& prefix = store.text_prefix();
@@ -48,10 +55,13 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   };
   TensorMap weights;
   for (const auto& [name, shape] : table) {
+    const std::string base_name =
+        heads && name != "lm_head.weight" ? heads->text_prefix() + name : name;
     if (store.contains(file_name(name))) {
       weights.emplace(name, store.get(file_name(name)));
-    } else if (heads && name == "lm_head.weight" && heads->contains(name)) {
-      weights.emplace(name, heads->get(name));
+    } else if (heads && (name == "lm_head.weight" || name == "embed_tokens_per_layer.weight") &&
+               heads->contains(base_name)) {
+      weights.emplace(name, heads->get(base_name));
     }
   }
   try {
@@ -59,8 +69,14 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   } catch (const Error& e) {  // name the tensor as it appears in the files
     ErrorContext at = e.context();
     at.path = where;
+    std::string message = e.message();
+    if (at.tensor == "embed_tokens_per_layer.weight" && e.kind() == ErrorKind::not_found) {
+      message +=
+          "; a deg checkpoint reads this table from its base snapshot (deg.json \"base\"): "
+          "make sure that snapshot is there";
+    }
     if (!at.tensor.empty()) at.tensor = file_name(at.tensor);
-    throw Error(e.kind(), e.message(), at);
+    throw Error(e.kind(), message, at);
   }
 }
 
@@ -81,10 +97,18 @@ std::unique_ptr<Backbone> backbone_open_checkpoint(
     BackboneOptions options) {
   WeightStore store = WeightStore::open_files(weight_files);
   std::optional<WeightStore> base;
-  const bool base_weights = std::filesystem::exists(config_dir / "model.safetensors") ||
-                            std::filesystem::exists(config_dir / "model.safetensors.index.json");
-  if (!store.contains("lm_head.weight") && base_weights) {
-    base = WeightStore::open_dir(config_dir);
+  auto has_weights = [](const std::filesystem::path& dir) {
+    return std::filesystem::exists(dir / "model.safetensors") ||
+           std::filesystem::exists(dir / "model.safetensors.index.json");
+  };
+  // The base's weights: beside the config, else at the checkpoint's deg.json "base".
+  std::filesystem::path base_dir = config_dir;
+  if (!has_weights(base_dir) && std::filesystem::exists(config_dir / "deg.json")) {
+    const CheckpointMeta meta = checkpoint_meta_load(config_dir);
+    if (meta.base != "custom") base_dir = meta.base;
+  }
+  if (!store.contains("lm_head.weight") && has_weights(base_dir)) {
+    base = WeightStore::open_dir(base_dir);
   }
   return open_family(config_dir / "config.json", store, base ? &*base : nullptr,
                      weight_files.empty() ? config_dir.string() : weight_files[0].string(),

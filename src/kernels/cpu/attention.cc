@@ -26,7 +26,15 @@ const float* key_at(const AttentionArgs& a, const float* prefix, const float* ow
 DEG_CPU_CLONES void attention(const AttentionArgs& a) {
   const int64_t G = a.group, D = a.d, R = (a.t1 - a.t0) * G;
   if (R <= 0) return;
-  const int64_t P = a.prefix_len, own = a.own_before + a.t1, nk = P + own;
+  const int64_t P = a.prefix_len, own = a.own_before + a.t1;
+  // The first key any query of the block can see (0 without a window): prefix keys [p0, P) and
+  // own keys [o0, own) take part, in that order.
+  const int64_t first =
+      a.window > 0 ? std::max<int64_t>(0, P + a.own_before + a.t0 - a.window + 1) : 0;
+  const int64_t p0 = std::min(first, P), o0 = std::max<int64_t>(0, first - P);
+  const int64_t np = P - p0, no = own - o0, nk = np + no;
+  const float* pk = np > 0 ? a.prefix_k + p0 * D : a.prefix_k;
+  const float* pv = np > 0 ? a.prefix_v + p0 * D : a.prefix_v;
   float* qb = scratch_floats(kKernelSlots + 0, size_t(R * D));
   float* s = scratch_floats(kKernelSlots + 1, size_t(R * nk));
   float* ob = scratch_floats(kKernelSlots + 2, size_t(R * D));
@@ -35,34 +43,42 @@ DEG_CPU_CLONES void attention(const AttentionArgs& a) {
     for (int64_t g = 0; g < G; ++g)
       std::memcpy(qb + ((t - a.t0) * G + g) * D, a.q + t * a.ldq + g * D,
                   size_t(D) * sizeof(float));
-  // Scores against every key up to the block's last query; later keys of earlier queries are
-  // masked below (their probabilities are exact zeros).
-  matmul_nt(
-      {.a = qb, .lda = D, .b = a.prefix_k, .ldb = D, .m = R, .n = P, .k = D, .c = s, .ldc = nk});
-  matmul_nt(
-      {.a = qb, .lda = D, .b = a.own_k, .ldb = D, .m = R, .n = own, .k = D, .c = s + P, .ldc = nk});
+  // Scores against every key up to the block's last query; keys outside a query's reach (later
+  // keys, or keys past its window) are masked below (their probabilities are exact zeros).
+  matmul_nt({.a = qb, .lda = D, .b = pk, .ldb = D, .m = R, .n = np, .k = D, .c = s, .ldc = nk});
+  matmul_nt({.a = qb,
+             .lda = D,
+             .b = a.own_k + o0 * D,
+             .ldb = D,
+             .m = R,
+             .n = no,
+             .k = D,
+             .c = s + np,
+             .ldc = nk});
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t valid = P + a.own_before + a.t0 + r / G + 1;
+    const int64_t query = P + a.own_before + a.t0 + r / G;  // its key index
+    const int64_t hi = query + 1 - first;
+    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, query - a.window + 1) - first : 0;
     float* row = s + r * nk;
-    float mx = row[0] * a.scale;
-    for (int64_t j = 0; j < valid; ++j) mx = std::max(mx, row[j] * a.scale);
+    float mx = row[lo] * a.scale;
+    for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, row[j] * a.scale);
     float total = 0;
-    for (int64_t j = 0; j < valid; ++j) {
+    for (int64_t j = lo; j < hi; ++j) {
       row[j] = std::exp(row[j] * a.scale - mx);
       total += row[j];
     }
-    for (int64_t j = valid; j < nk; ++j) row[j] = 0.0f;
+    for (int64_t j = 0; j < lo; ++j) row[j] = 0.0f;
+    for (int64_t j = hi; j < nk; ++j) row[j] = 0.0f;
     inv[r] = 1.0f / total;
   }
-  matmul_nn(
-      {.a = s, .lda = nk, .b = a.prefix_v, .ldb = D, .m = R, .n = D, .k = P, .c = ob, .ldc = D});
-  matmul_nn({.a = s + P,
+  matmul_nn({.a = s, .lda = nk, .b = pv, .ldb = D, .m = R, .n = D, .k = np, .c = ob, .ldc = D});
+  matmul_nn({.a = s + np,
              .lda = nk,
-             .b = a.own_v,
+             .b = a.own_v + o0 * D,
              .ldb = D,
              .m = R,
              .n = D,
-             .k = own,
+             .k = no,
              .c = ob,
              .ldc = D,
              .accumulate = true});
@@ -78,11 +94,12 @@ void attention_reference(const AttentionArgs& a) {
   const int64_t D = a.d;
   for (int64_t t = a.t0; t < a.t1; ++t) {
     const int64_t nk = a.prefix_len + a.own_before + t + 1;
+    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, nk - a.window) : 0;
     for (int64_t g = 0; g < a.group; ++g) {
       const float* q = a.q + t * a.ldq + g * D;
       std::vector<double> s(static_cast<size_t>(nk));
       double mx = -INFINITY;
-      for (int64_t j = 0; j < nk; ++j) {
+      for (int64_t j = lo; j < nk; ++j) {
         const float* kj = key_at(a, a.prefix_k, a.own_k, j);
         double d = 0;
         for (int64_t x = 0; x < D; ++x) d += double(q[x]) * double(kj[x]);
@@ -90,10 +107,11 @@ void attention_reference(const AttentionArgs& a) {
         mx = std::max(mx, s[size_t(j)]);
       }
       double total = 0;
-      for (double& v : s) total += (v = std::exp(v - mx));
+      for (int64_t j = lo; j < nk; ++j) total += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
       for (int64_t x = 0; x < D; ++x) {
         double acc = 0;
-        for (int64_t j = 0; j < nk; ++j) acc += s[size_t(j)] * key_at(a, a.prefix_v, a.own_v, j)[x];
+        for (int64_t j = lo; j < nk; ++j)
+          acc += s[size_t(j)] * key_at(a, a.prefix_v, a.own_v, j)[x];
         a.out[t * a.ldo + g * D + x] = float(acc / total);
       }
     }

@@ -1,0 +1,645 @@
+// Gemma 4 text backbone: config.json -> Gemma4Config, the tensor table, and the layer math as HF
+// transformers computes it (models/gemma4, Gemma4TextModel): embedding scaled by sqrt(C);
+// per-layer embeddings (PLE: a token table row scaled by sqrt(P) plus a normed projection of the
+// embedding, times 2^-0.5, one P-wide slice per layer, carried in the residual stream's side
+// lanes); per layer: RMSNorm (plain `w` scale) -> attention (q/k RMSNorm, v RMSNorm without
+// scale, rotary per layer kind, scale 1, sliding window on sliding layers, K/V-sharing layers on
+// their source's K/V) -> post-attention norm + residual -> GeGLU MLP (tanh GELU) between pre-
+// and post-feedforward norms + residual -> PLE gate (GELU(h Wg) * ple, projected, normed) +
+// residual -> the layer scalar; final norm, tied or untied head, final logit soft-cap (in
+// Backbone::lm_logits). Letters as in backbone.h; N = B * L token rows, S stream width, P PLE
+// width, NL layers.
+#include "model/gemma4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/scratch.h"
+
+namespace deg {
+
+namespace {
+
+constexpr int64_t kQueryBlock = 16;  // attention work unit (queries)
+constexpr const char* kSliding = "sliding_attention";
+constexpr const char* kGlobal = "full_attention";
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_attn_norm, pre_ff_norm, post_ff_norm;  // [C]
+  Tensor q, k, v, o;                  // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
+  std::vector<float> q_norm, k_norm;  // [D]
+  Tensor gate, up, down;              // [I, C], [I, C], [C, I]
+  Tensor ple_gate, ple_proj;          // [P, C], [C, P]
+  std::vector<float> post_ple_norm;   // [C]
+  float scalar = 1.0f;
+  RopeTable rope;
+};
+
+std::string layer_name(int64_t i, const std::string& rest) {
+  return "layers." + std::to_string(i) + "." + rest;
+}
+
+const Tensor& need(const TensorMap& w, const std::string& name, const Shape& shape) {
+  auto it = w.find(name);
+  if (it == w.end()) {
+    throw Error(ErrorKind::not_found, "missing tensor (expected " + shape_str(shape) + ")",
+                {.tensor = name});
+  }
+  const Tensor& t = it->second;
+  if (t.shape() != shape) {
+    throw Error(ErrorKind::format,
+                "tensor has shape " + shape_str(t.shape()) + ", expected " + shape_str(shape),
+                {.tensor = name});
+  }
+  if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
+    throw Error(ErrorKind::unsupported,
+                fmt::format("tensor dtype {} (supported: f32, bf16)", dtype_name(t.dtype())),
+                {.tensor = name});
+  }
+  if (!t.is_contiguous()) {
+    throw Error(ErrorKind::format, "tensor is not contiguous", {.tensor = name});
+  }
+  return t;
+}
+
+std::vector<float> small(const TensorMap& w, const std::string& name, const Shape& shape) {
+  return need(w, name, shape).to_f32_vector();
+}
+
+// out[j] = (out[j] * keep + t[r, j] * scale) * mix for j < t.dim(1): a row of an f32 or bf16
+// table [rows, width] (keep 0 and mix 1: a scaled copy).
+void add_row(const Tensor& t, int64_t r, float scale, float keep, float mix, float* out) {
+  const int64_t width = t.dim(1);
+  if (t.dtype() == DType::bf16) {
+    const bf16* row = t.data<bf16>() + r * width;
+    for (int64_t j = 0; j < width; ++j)
+      out[j] = (out[j] * keep + bf16_to_f32(row[j]) * scale) * mix;
+  } else {
+    const float* row = t.data<float>() + r * width;
+    for (int64_t j = 0; j < width; ++j) out[j] = (out[j] * keep + row[j] * scale) * mix;
+  }
+}
+
+// PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+void for_each(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
+  parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) fn(i);
+      },
+      grain);
+}
+
+RopeTable layer_rope(const Gemma4Rope& r, int64_t head_dim) {
+  if (!r.proportional) return rope_table(head_dim, 1.0, r.theta);
+  // HF _compute_proportional_rope_parameters: int(partial * D // 2) turning frequencies
+  // 1/theta^(2i/D) over the whole head (pairs i, i + D/2), the rest 0, all divided by factor.
+  RopeTable t = rope_table(head_dim, 1.0, r.theta);
+  const auto angles = int64_t(std::floor(r.partial * double(head_dim) / 2.0));
+  for (int64_t i = 0; i < int64_t(t.inv_freq.size()); ++i) {
+    if (i >= angles) t.inv_freq[size_t(i)] = 0.0f;
+    t.inv_freq[size_t(i)] /= float(r.factor);
+  }
+  return t;
+}
+
+class Gemma4 final : public Family {
+ public:
+  Gemma4(const Gemma4Config& cfg, const TensorMap& w) : cfg_(cfg) {
+    const int64_t C = cfg.hidden, V = cfg.vocab, P = cfg.ple_dim;
+    const int64_t NL = int64_t(cfg.layers.size());
+    embed_ = need(w, "embed_tokens.weight", {V, C});
+    head_ = cfg.tied ? embed_ : need(w, "lm_head.weight", {V, C});
+    final_norm_ = small(w, "norm.weight", {C});
+    spec_ = {.family = "gemma4",
+             .hidden = C,
+             .vocab = V,
+             .stream = P > 0 ? C + NL * P : 0,
+             .layers = {},
+             .logit_softcap = cfg.softcap};
+    if (P > 0) {
+      ple_table_ = need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
+      ple_model_proj_ = need(w, "per_layer_model_projection.weight", {NL * P, C});
+      ple_norm_ = small(w, "per_layer_projection_norm.weight", {P});
+    }
+    int64_t widest = 0;
+    for (int64_t i = 0; i < NL; ++i) {
+      const Gemma4Layer& g = cfg.layers[size_t(i)];
+      const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, I = g.intermediate;
+      auto n = [&](const std::string& s) { return layer_name(i, s); };
+      LayerWeights l;
+      l.input_norm = small(w, n("input_layernorm.weight"), {C});
+      l.post_attn_norm = small(w, n("post_attention_layernorm.weight"), {C});
+      l.pre_ff_norm = small(w, n("pre_feedforward_layernorm.weight"), {C});
+      l.post_ff_norm = small(w, n("post_feedforward_layernorm.weight"), {C});
+      l.q = need(w, n("self_attn.q_proj.weight"), {Hq * D, C});
+      l.o = need(w, n("self_attn.o_proj.weight"), {C, Hq * D});
+      l.q_norm = small(w, n("self_attn.q_norm.weight"), {D});
+      if (g.kv_source < 0) {
+        l.k = need(w, n("self_attn.k_proj.weight"), {Hkv * D, C});
+        l.v = need(w, n("self_attn.v_proj.weight"), {Hkv * D, C});
+        l.k_norm = small(w, n("self_attn.k_norm.weight"), {D});
+      }
+      l.gate = need(w, n("mlp.gate_proj.weight"), {I, C});
+      l.up = need(w, n("mlp.up_proj.weight"), {I, C});
+      l.down = need(w, n("mlp.down_proj.weight"), {C, I});
+      if (P > 0) {
+        l.ple_gate = need(w, n("per_layer_input_gate.weight"), {P, C});
+        l.ple_proj = need(w, n("per_layer_projection.weight"), {C, P});
+        l.post_ple_norm = small(w, n("post_per_layer_input_norm.weight"), {C});
+      }
+      // A persistent buffer in HF (ones at init); snapshots that lack it mean 1.
+      if (w.count(n("layer_scalar"))) l.scalar = small(w, n("layer_scalar"), {1})[0];
+      l.rope = layer_rope(g.sliding ? cfg.sliding_rope : cfg.global_rope, D);
+      widest = std::max(widest, D);
+      layers_.push_back(std::move(l));
+      spec_.layers.push_back({.kind = LayerKind::attention,
+                              .kv_heads = Hkv,
+                              .head_dim = D,
+                              .window = g.sliding ? cfg.window : 0,
+                              .kv_source = g.kv_source});
+    }
+    ones_.assign(size_t(widest), 1.0f);
+  }
+
+  const BackboneSpec& spec() const override { return spec_; }
+  const Tensor& lm_head() const override { return head_; }
+
+  void embed(const int32_t* ids, int64_t n, float* h) const override {
+    const int64_t C = cfg_.hidden, S = spec_.stream_width(), P = cfg_.ple_dim;
+    const auto scale = float(std::sqrt(double(C)));
+    for_each(n, 16, [&](int64_t i) {
+      float* x = h + i * S;
+      std::fill(x, x + C, 0.0f);
+      add_row(embed_, ids[i], scale, 0.0f, 1.0f, x);
+    });
+    if (P == 0) return;
+    // Per-layer inputs in lanes [C, C + NL*P): (norm(h Wpᵀ C^-1/2) + table[id] sqrt(P)) 2^-1/2.
+    const int64_t NL = int64_t(cfg_.layers.size());
+    GemmOutput proj{.w = &ple_model_proj_, .y = h + C, .ldy = S};
+    gemm({.x = h, .m = n, .k = C, .ldx = S, .outputs = {&proj, 1}});
+    const auto proj_scale = float(std::pow(double(C), -0.5));
+    const auto table_scale = float(std::sqrt(double(P)));
+    const auto mix = float(std::pow(2.0, -0.5));
+    for_each(n, 16, [&](int64_t i) {
+      float* side = h + i * S + C;
+      for (int64_t j = 0; j < NL * P; ++j) side[j] *= proj_scale;
+      rms_norm({.x = side,
+                .ldx = P,
+                .y = side,
+                .ldy = P,
+                .rows = NL,
+                .dim = P,
+                .w = ple_norm_.data(),
+                .eps = cfg_.eps,
+                .scale = NormScale::w});
+      add_row(ple_table_, ids[i], table_scale, 1.0f, mix, side);
+    });
+  }
+
+  void final_norm(const float* h, float* out, int64_t n) const override {
+    norm_rows(h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data());
+  }
+
+  void layer(int index, const LayerCall& c) const override {
+    const LayerWeights& w = layers_[size_t(index)];
+    const Gemma4Layer& g = cfg_.layers[size_t(index)];
+    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, S = spec_.stream_width();
+    float* xn = scratch_floats(kLayerSlots + 0, size_t(N * C));
+    float* out = scratch_floats(kLayerSlots + 1, size_t(N * C));
+    norm_rows(c.h, S, xn, C, N, w.input_norm.data());
+    attention_block(w, g, c, xn, out);
+    add_normed(c.h, out, N, w.post_attn_norm);
+    mlp(w, g, c, xn, out);
+    if (cfg_.ple_dim > 0) per_layer_input(w, index, c, out);
+    if (w.scalar != 1.0f) {
+      for_each(N, 16, [&](int64_t i) {
+        for (int64_t j = 0; j < C; ++j) c.h[i * S + j] *= w.scalar;
+      });
+    }
+  }
+
+ private:
+  // y[r] = norm(x[r]) * w over n rows of C at strides ldx / ldy.
+  void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n,
+                 const float* w) const {
+    const int64_t C = cfg_.hidden;
+    parallel_for(
+        n,
+        [&](int64_t b, int64_t e) {
+          rms_norm({.x = x + b * ldx,
+                    .ldx = ldx,
+                    .y = y + b * ldy,
+                    .ldy = ldy,
+                    .rows = e - b,
+                    .dim = C,
+                    .w = w,
+                    .eps = cfg_.eps,
+                    .scale = NormScale::w});
+        },
+        16);
+  }
+
+  // h[:, :C] += norm(x) * w for x [N, C] (normed in place).
+  void add_normed(float* h, float* x, int64_t n, const std::vector<float>& w) const {
+    const int64_t C = cfg_.hidden, S = spec_.stream_width();
+    norm_rows(x, C, x, C, n, w.data());
+    for_each(n, 16, [&](int64_t i) {
+      for (int64_t j = 0; j < C; ++j) h[i * S + j] += x[i * C + j];
+    });
+  }
+
+  // out [N, C] = o_proj(attention(rope(norm(q)), rope(norm(k)), norm(v))); owner layers write
+  // this call's real K/V into the rows' own buffers first.
+  void attention_block(const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
+                       const float* xn, float* out) const {
+    const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden;
+    const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, G = Hq / Hkv;
+    const int64_t QW = Hq * D, KW = Hkv * D;
+    const bool owner = g.kv_source < 0;
+    float* q = scratch_floats(kLayerSlots + 2, size_t(N * QW));
+    float* k = scratch_floats(kLayerSlots + 3, size_t(owner ? N * KW : 1));
+    float* v = scratch_floats(kLayerSlots + 4, size_t(owner ? N * KW : 1));
+    GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
+                         {.w = &w.k, .y = k, .ldy = KW},
+                         {.w = &w.v, .y = v, .ldy = KW}};
+    gemm({.x = xn,
+          .m = N,
+          .k = C,
+          .ldx = C,
+          .outputs = {outs, size_t(owner ? 3 : 1)},
+          .precision = c.precision});
+    auto head_norm = [&](float* x, int64_t heads, const float* weight) {
+      rms_norm({.x = x,
+                .ldx = D,
+                .y = x,
+                .ldy = D,
+                .rows = heads,
+                .dim = D,
+                .w = weight,
+                .eps = cfg_.eps,
+                .scale = NormScale::w});
+    };
+    for_each(N, 16, [&](int64_t i) {
+      const int64_t b = i / L, t = i % L;
+      float* qi = q + i * QW;
+      head_norm(qi, Hq, w.q_norm.data());
+      if (t >= c.lengths[b]) return;
+      const int64_t pos = c.positions[b] + t;
+      rope_apply(w.rope, pos, qi, Hq, D);
+      if (!owner) return;
+      float* ki = k + i * KW;
+      float* vi = v + i * KW;
+      head_norm(ki, Hkv, w.k_norm.data());
+      head_norm(vi, Hkv, ones_.data());  // v_norm: no scale
+      rope_apply(w.rope, pos, ki, Hkv, D);
+      const RowView& rv = c.views[b];
+      for (int64_t h = 0; h < Hkv; ++h) {
+        const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
+        std::memcpy(rv.own_k + at, ki + h * D, size_t(D) * sizeof(float));
+        std::memcpy(rv.own_v + at, vi + h * D, size_t(D) * sizeof(float));
+      }
+    });
+    // Attention per (row, KV head, block of queries); cheap and costly blocks alternate.
+    float* o = scratch_floats(kLayerSlots + 5, size_t(N * QW));
+    for (int64_t b = 0; b < B; ++b)  // padded rows
+      std::memset(o + (b * L + c.lengths[b]) * QW, 0,
+                  size_t((L - c.lengths[b]) * QW) * sizeof(float));
+    struct Task {
+      int64_t b, h, t0, t1;
+    };
+    std::vector<Task> tasks;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h)
+        for (int64_t i = 0, nb = (c.lengths[b] + kQueryBlock - 1) / kQueryBlock; i < nb; ++i) {
+          const int64_t t = (i % 2 ? nb - 1 - i / 2 : i / 2) * kQueryBlock;
+          tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
+        }
+    const int64_t window = g.sliding ? cfg_.window : 0;
+    for_each(int64_t(tasks.size()), 1, [&](int64_t i) {
+      const Task& tk = tasks[size_t(i)];
+      const RowView& rv = c.views[tk.b];
+      attention({.t0 = tk.t0,
+                 .t1 = tk.t1,
+                 .group = G,
+                 .d = D,
+                 .q = q + tk.b * L * QW + tk.h * G * D,
+                 .ldq = QW,
+                 .prefix_k = rv.prefix_k ? rv.prefix_k + tk.h * rv.prefix_stride : nullptr,
+                 .prefix_v = rv.prefix_v ? rv.prefix_v + tk.h * rv.prefix_stride : nullptr,
+                 .prefix_len = rv.prefix_len,
+                 .own_k = rv.own_k + tk.h * rv.own_stride,
+                 .own_v = rv.own_v + tk.h * rv.own_stride,
+                 .own_before = rv.own_before,
+                 .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
+                 .window = window,
+                 .out = o + tk.b * L * QW + tk.h * G * D,
+                 .ldo = QW});
+    });
+    GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
+    gemm({.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});
+  }
+
+  // h += post_ff_norm(down(gelu(gate(x)) * up(x))), x = pre_ff_norm(h).
+  void mlp(const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c, float* xn,
+           float* out) const {
+    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, I = g.intermediate;
+    norm_rows(c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data());
+    float* gate = scratch_floats(kLayerSlots + 6, size_t(N * I));
+    float* up = scratch_floats(kLayerSlots + 7, size_t(N * I));
+    GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
+    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    parallel_for(
+        N * I,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
+        },
+        4096);
+    GemmOutput down{.w = &w.down, .y = out, .ldy = C};
+    gemm({.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = c.precision});
+    add_normed(c.h, out, N, w.post_ff_norm);
+  }
+
+  // h += post_ple_norm(proj(gelu(gate(h)) * ple_layer)), ple_layer = stream lanes of `index`.
+  void per_layer_input(const LayerWeights& w, int index, const LayerCall& c, float* out) const {
+    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, P = cfg_.ple_dim;
+    const int64_t S = spec_.stream_width();
+    float* g = scratch_floats(kLayerSlots + 8, size_t(N * P));
+    GemmOutput gate{.w = &w.ple_gate, .y = g, .ldy = P};
+    gemm({.x = c.h, .m = N, .k = C, .ldx = S, .outputs = {&gate, 1}, .precision = c.precision});
+    for_each(N, 16, [&](int64_t i) {
+      const float* ple = c.h + i * S + C + int64_t(index) * P;
+      for (int64_t j = 0; j < P; ++j) g[i * P + j] = gelu_tanh(g[i * P + j]) * ple[j];
+    });
+    GemmOutput proj{.w = &w.ple_proj, .y = out, .ldy = C};
+    gemm({.x = g, .m = N, .k = P, .ldx = P, .outputs = {&proj, 1}, .precision = c.precision});
+    add_normed(c.h, out, N, w.post_ple_norm);
+  }
+
+  Gemma4Config cfg_;
+  BackboneSpec spec_;
+  Tensor embed_, head_;
+  Tensor ple_table_, ple_model_proj_;  // [Vp, NL*P] (mapped, never copied), [NL*P, C]
+  std::vector<float> ple_norm_;        // [P]
+  std::vector<float> final_norm_;      // [C]
+  std::vector<float> ones_;            // the value norm's missing scale
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace
+
+bool gemma4_handles(const std::string& model_type) {
+  return model_type == "gemma4" || model_type == "gemma4_text";
+}
+
+Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
+  const JsonConfig t = root.text();
+  auto unsupported = [&](const std::string& key, const std::string& what) {
+    return Error(ErrorKind::unsupported, what, {.path = t.path()})
+        .with_pointer(t.pointer() + "/" + key);
+  };
+  Gemma4Config c;
+  c.vocab = t.get<int64_t>("vocab_size");
+  c.hidden = t.get<int64_t>("hidden_size");
+  c.intermediate = t.get<int64_t>("intermediate_size");
+  const int64_t n = t.get<int64_t>("num_hidden_layers");
+  const int64_t heads = t.get<int64_t>("num_attention_heads");
+  const int64_t kv_heads = t.get<int64_t>("num_key_value_heads");
+  const int64_t head_dim = t.get_or<int64_t>("head_dim", c.hidden / std::max<int64_t>(heads, 1));
+  const int64_t global_dim = t.get_or<int64_t>("global_head_dim", head_dim);
+  c.eps = t.get_or<float>("rms_norm_eps", 1e-6f);
+  c.ple_dim = t.get_or<int64_t>("hidden_size_per_layer_input", 0);
+  c.ple_vocab = t.get_or<int64_t>("vocab_size_per_layer_input", c.vocab);
+  c.softcap = t.get_or<float>("final_logit_softcapping", 0.0f);
+  c.tied = root.has("tie_word_embeddings") ? root.get<bool>("tie_word_embeddings")
+                                           : t.get_or<bool>("tie_word_embeddings", true);
+  if (t.get_or<std::string>("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh") {
+    throw unsupported("hidden_activation",
+                      "only hidden_activation \"gelu_pytorch_tanh\" is supported");
+  }
+  for (const char* off : {"attention_bias", "attention_k_eq_v", "enable_moe_block"}) {
+    if (t.get_or<bool>(off, false)) {
+      throw unsupported(off, std::string(off) +
+                                 " true is not supported (no such Gemma 4 text "
+                                 "model runs in deg yet)");
+    }
+  }
+  if (auto it = t.json().find("use_bidirectional_attention"); it != t.json().end()) {
+    // "vision" makes image tokens bidirectional; text stays causal. "all" / true does not.
+    if ((it->is_boolean() && it->get<bool>()) || (it->is_string() && *it == "all")) {
+      throw unsupported("use_bidirectional_attention",
+                        "bidirectional text attention is not "
+                        "supported");
+    }
+  }
+  if (!t.has("layer_types")) {
+    throw unsupported("layer_types",
+                      "layer_types is missing: list \"sliding_attention\" / "
+                      "\"full_attention\" for every layer");
+  }
+  const auto types = t.get<std::vector<std::string>>("layer_types");
+  if (int64_t(types.size()) != n) {
+    throw unsupported("layer_types",
+                      fmt::format("{} layer types for num_hidden_layers {}", types.size(), n));
+  }
+  const int64_t shared = t.get_or<int64_t>("num_kv_shared_layers", 0);
+  if (shared < 0 || shared >= n) {
+    throw unsupported("num_kv_shared_layers",
+                      fmt::format("num_kv_shared_layers {} must leave at least one of {} layers "
+                                  "computing K/V",
+                                  shared, n));
+  }
+  const bool double_wide = t.get_or<bool>("use_double_wide_mlp", false);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string& type = types[size_t(i)];
+    if (type != kSliding && type != kGlobal) {
+      throw unsupported("layer_types", "unknown layer type \"" + type +
+                                           "\" (expected sliding_attention or full_attention)");
+    }
+    const bool sliding = type == kSliding, wide = double_wide && i >= n - shared;
+    c.layers.push_back({.sliding = sliding,
+                        .heads = heads,
+                        .kv_heads = kv_heads,
+                        .head_dim = sliding ? head_dim : global_dim,
+                        .intermediate = c.intermediate * (wide ? 2 : 1)});
+  }
+  // per_layer_config (transformers >= 5.15): {"<layer>": {"head_dim": .., ...}} overrides.
+  if (auto plc = t.json().find("per_layer_config"); plc != t.json().end() && plc->is_object()) {
+    for (auto it = plc->begin(); it != plc->end(); ++it) {
+      const std::string at = "per_layer_config/" + it.key();
+      const std::string& key = it.key();
+      if (key.empty() || key.size() > 9 ||
+          key.find_first_not_of("0123456789") != std::string::npos || std::stoll(key) >= n ||
+          !it->is_object()) {
+        throw unsupported(at, "per_layer_config keys must be layer indices below " +
+                                  std::to_string(n) + " with an object each");
+      }
+      Gemma4Layer& l = c.layers[size_t(std::stoll(key))];
+      for (auto f = it->begin(); f != it->end(); ++f) {
+        const Json& value = f.value();
+        if (f.key() == "head_dim" && value.is_number_integer()) {
+          l.head_dim = value.get<int64_t>();
+        } else if (f.key() == "num_key_value_heads" && value.is_number_integer()) {
+          l.kv_heads = value.get<int64_t>();
+        } else if (f.key() == "num_attention_heads" && value.is_number_integer()) {
+          l.heads = value.get<int64_t>();
+        } else if (!value.is_null() &&
+                   !(t.json().contains(f.key()) && t.json()[f.key()] == value)) {
+          throw unsupported(at + "/" + f.key(),
+                            "per-layer setting \"" + f.key() + "\" is not supported");
+        }
+      }
+    }
+  }
+  // K/V-sharing layers read the last earlier computing layer of their kind.
+  for (int64_t i = n - shared; i < n; ++i) {
+    Gemma4Layer& l = c.layers[size_t(i)];
+    for (int64_t j = n - shared - 1; j >= 0 && l.kv_source < 0; --j)
+      if (c.layers[size_t(j)].sliding == l.sliding) l.kv_source = int(j);
+    if (l.kv_source < 0) {
+      throw unsupported("num_kv_shared_layers",
+                        fmt::format("shared layer {} has no earlier {} layer to read K/V from", i,
+                                    types[size_t(i)]));
+    }
+    const Gemma4Layer& src = c.layers[size_t(l.kv_source)];
+    if (src.kv_heads != l.kv_heads || src.head_dim != l.head_dim) {
+      throw unsupported(
+          "num_kv_shared_layers",
+          fmt::format("shared layer {} and its K/V source {} differ in shape", i, l.kv_source));
+    }
+  }
+  const bool any_sliding =
+      std::any_of(c.layers.begin(), c.layers.end(), [](const Gemma4Layer& l) { return l.sliding; });
+  if (any_sliding) c.window = t.get<int64_t>("sliding_window");
+  // Rotary per layer kind: rope_parameters {"sliding_attention": {..}, "full_attention": {..}}
+  // (HF's defaults when absent).
+  if (t.has("rope_parameters")) {
+    const JsonConfig rp = t.sub("rope_parameters");
+    for (const char* kind : {kSliding, kGlobal}) {
+      if (!rp.has(kind)) continue;
+      const JsonConfig r = rp.sub(kind);
+      Gemma4Rope& out = std::string(kind) == kSliding ? c.sliding_rope : c.global_rope;
+      const std::string type = r.get_or<std::string>("rope_type", "default");
+      if (type != "default" && type != "proportional") {
+        throw Error(ErrorKind::unsupported,
+                    "rope_type \"" + type + "\" (supported: default, proportional)",
+                    {.path = t.path()})
+            .with_pointer(r.pointer() + "/rope_type");
+      }
+      out = {.proportional = type == "proportional",
+             .theta = r.get_or<double>("rope_theta", out.theta),
+             .partial = r.get_or<double>("partial_rotary_factor", 1.0),
+             .factor = r.get_or<double>("factor", 1.0)};
+    }
+  }
+  for (const Gemma4Layer& l : c.layers) {
+    if (l.heads <= 0 || l.kv_heads <= 0 || l.heads % l.kv_heads || l.head_dim <= 0 ||
+        l.head_dim % 2 || l.head_dim > 512) {
+      throw Error(ErrorKind::format,
+                  fmt::format("inconsistent attention shape: {} q / {} kv heads of dim {}", l.heads,
+                              l.kv_heads, l.head_dim),
+                  {.path = t.path()});
+    }
+  }
+  if ((any_sliding && c.window < 1) || c.ple_dim < 0 || (c.ple_dim > 0 && c.ple_vocab < c.vocab)) {
+    throw Error(ErrorKind::format,
+                fmt::format("inconsistent settings: sliding_window {}, hidden_size_per_layer_input "
+                            "{}, vocab_size_per_layer_input {} (vocab_size {})",
+                            c.window, c.ple_dim, c.ple_vocab, c.vocab),
+                {.path = t.path()});
+  }
+  return c;
+}
+
+std::vector<std::pair<std::string, Shape>> gemma4_tensor_table(const Gemma4Config& c) {
+  const int64_t C = c.hidden, P = c.ple_dim, NL = int64_t(c.layers.size());
+  std::vector<std::pair<std::string, Shape>> t{{"embed_tokens.weight", {c.vocab, C}},
+                                               {"norm.weight", {C}}};
+  if (!c.tied) t.push_back({"lm_head.weight", {c.vocab, C}});
+  if (P > 0) {
+    t.push_back({"embed_tokens_per_layer.weight", {c.ple_vocab, NL * P}});
+    t.push_back({"per_layer_model_projection.weight", {NL * P, C}});
+    t.push_back({"per_layer_projection_norm.weight", {P}});
+  }
+  for (int64_t i = 0; i < NL; ++i) {
+    const Gemma4Layer& g = c.layers[size_t(i)];
+    const int64_t D = g.head_dim, I = g.intermediate;
+    auto add = [&](const std::string& n, Shape s) { t.push_back({layer_name(i, n), s}); };
+    add("input_layernorm.weight", {C});
+    add("post_attention_layernorm.weight", {C});
+    add("pre_feedforward_layernorm.weight", {C});
+    add("post_feedforward_layernorm.weight", {C});
+    add("self_attn.q_proj.weight", {g.heads * D, C});
+    add("self_attn.q_norm.weight", {D});
+    add("self_attn.o_proj.weight", {C, g.heads * D});
+    if (g.kv_source < 0) {
+      add("self_attn.k_proj.weight", {g.kv_heads * D, C});
+      add("self_attn.v_proj.weight", {g.kv_heads * D, C});
+      add("self_attn.k_norm.weight", {D});
+    }
+    add("mlp.gate_proj.weight", {I, C});
+    add("mlp.up_proj.weight", {I, C});
+    add("mlp.down_proj.weight", {C, I});
+    if (P > 0) {
+      add("per_layer_input_gate.weight", {P, C});
+      add("per_layer_projection.weight", {C, P});
+      add("post_per_layer_input_norm.weight", {C});
+    }
+    add("layer_scalar", {1});
+  }
+  return t;
+}
+
+std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& weights) {
+  return std::make_unique<Gemma4>(cfg, weights);
+}
+
+TensorMap gemma4_random_weights(const Gemma4Config& cfg, DType dtype, uint64_t seed) {
+  TensorMap out;
+  uint64_t index = 0;
+  for (const auto& [name, shape] : gemma4_tensor_table(cfg)) {
+    const bool vec = shape.size() == 1;
+    Tensor t = Tensor::empty(shape, vec ? DType::f32 : dtype);
+    const uint64_t tensor_seed = seed * 1000003u + index++;
+    parallel_for(
+        t.numel(),
+        [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            // Uniform from a counter-based hash (fast, parallel, reproducible).
+            uint64_t z = tensor_seed * 0x9e3779b97f4a7c15ull + uint64_t(i) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+            z ^= z >> 31;
+            const float unit = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+            float x = (unit - 0.5f) * 0.0693f;                         // std 0.02
+            if (name.ends_with("layer_scalar")) {
+              x = 0.5f + unit;
+            } else if (vec) {
+              x = 1.0f + (unit - 0.5f) * 0.2f;  // norm weights (plain `w` scale) near 1
+            }
+            if (t.dtype() == DType::bf16) {
+              t.mutable_data<bf16>()[i] = f32_to_bf16(x);
+            } else {
+              t.mutable_data<float>()[i] = x;
+            }
+          }
+        },
+        65536);
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace deg
