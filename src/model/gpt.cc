@@ -9,9 +9,10 @@
 // MUDD layer and the grouped post-loop mix, so final_norm is the plain RMS norm; finish_logits
 // applies the soft cap, so lm_logits are the logits the trainer's loss sees.
 //
-// Layers without attention or MLP state (MLP-only, skip, empty layers) declare an empty
-// recurrent state. Arithmetic mirrors the trainer's order where it is cheap to (double-accumulated
-// dot products in attention and gates, the same axpy order), so results agree to rounding.
+// Layers without attention (MLP-only, skip, empty layers) declare an empty recurrent state. The
+// attention sublayer is gpt_attention.cc. Arithmetic mirrors the trainer's order where it is cheap
+// to (double-accumulated dot products in attention and gates, the same axpy order), so results
+// agree to rounding.
 //
 // Letters: B rows, L tokens of a call, N = B L, C model dim, S stream width, H heads, Dq / Dv
 // q-k / v head widths, D K/V storage width, F MLP hidden, M MUDD hidden, G mix groups, Dn n-gram
@@ -28,32 +29,18 @@
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "kernels/scratch.h"
+#include "model/gpt_internal.h"
 
 namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;           // attention work unit (queries of one row and head)
-constexpr int64_t kHistory = 2;               // ids before a token that its embedding reads
-constexpr int kTokenSlot = kLayerSlots + 14;  // per-token temporaries (any thread)
-constexpr int kScoreSlot = kLayerSlots + 15;  // attention scores of one query (any thread)
+using namespace gpt_detail;
 
-// ---- small helpers (the trainer's scalar forms) ----
+constexpr int64_t kHistory = 2;  // ids before a token that its embedding reads
 
-float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
 float gelu(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-}
-// Double-accumulated dot product, as train/ops.h dot().
-float dot(const float* a, const float* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * b[i];
-  return float(s);
-}
-void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 int32_t wrap_mul(int32_t m, int32_t x) {
   return int32_t(uint32_t(m) * uint32_t(x));
@@ -62,42 +49,6 @@ int32_t py_mod(int32_t a, int32_t m) {  // Python's % for m > 0
   const int32_t r = a % m;
   return r < 0 ? r + m : r;
 }
-
-// Rotates pairs (2i, 2i+1) of the first `d` dims by pos * freq[2i]; the trainer's rotate().
-void rotate(const float* x, float* y, const float* freq, int64_t d, int64_t pos) {
-  for (int64_t i = 0; i + 1 < d; i += 2) {
-    const double th = double(pos) * double(freq[i]);
-    const float c = float(std::cos(th)), s = float(std::sin(th));
-    const float x0 = x[i], x1 = x[i + 1];
-    y[i] = c * x0 + s * x1;
-    y[i + 1] = c * x1 - s * x0;
-  }
-}
-
-void for_each(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
-  parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) fn(i);
-      },
-      grain);
-}
-
-// Per-call buffers carved from one per-thread scratch slot.
-class Arena {
- public:
-  Arena(int slot, size_t size) : base_(scratch_floats(slot, size)), size_(size) {}
-  float* take(int64_t n) {
-    DEG_CHECK(used_ + size_t(n) <= size_, "gpt arena: {} + {} floats > {}", used_, n, size_);
-    float* p = base_ + used_;
-    used_ += size_t(n);
-    return p;
-  }
-
- private:
-  float* base_;
-  size_t size_, used_ = 0;
-};
 
 // Row `row` of a [rows, width] table as f32: a pointer into it, or widened into `tmp`.
 const float* table_row(const Tensor& t, int64_t row, float* tmp) {
@@ -145,15 +96,6 @@ struct HeadWeights {
   Tensor w1, w2, w2g;     // [M, C], [n, M], [n G, M]
   std::vector<float> b2;  // [n]
   float scale = 1.0f;
-};
-
-struct AttnWeights {
-  Tensor qk, v, o;  // [2 H Dq, C], [H Dv, C], [C, H Dv]
-  int64_t dq = 0, dv = 0, d = 0;
-  bool paired = false, key_offset = false;
-  int64_t window = 0;           // in attention positions (2 per token when paired)
-  const float* freq = nullptr;  // [Dq] rotary frequencies
-  float scale = 1.0f;           // softmax scale
 };
 
 struct LayerWeights {
@@ -515,7 +457,24 @@ class Gpt final : public Family {
 
   // The attention sublayer of layer i before its output scale: y W_o^T [N, C] (padded rows 0).
   const float* attention(int i, const LayerCall& c, const float* xn, const float* aux,
-                         Arena& ar) const;
+                         Arena& ar) const {
+    const int xsa = gl_.xsa[size_t(i)], gate = gl_.attn_gate[size_t(i)];
+    return gpt_detail::attention(
+        layers_[size_t(i)].at,
+        {.call = &c,
+         .xn = xn,
+         .aux = aux,
+         .ones = ones_.data(),
+         .sa0 = scalars_[size_t(2 * i)],
+         .eps = cfg_.norm_eps,
+         .model_dim = cfg_.model_dim,
+         .heads = cfg_.num_heads,
+         .rotary_dim = cfg_.rotary_dim,
+         .stream = lanes_.width,
+         .xsa = xsa >= 0 ? lanes_.gate[0] + xsa : -1,
+         .gate = gate >= 0 ? lanes_.gate[gl_.gate_id[size_t(i)]] + gate : -1},
+        ar);
+  }
 
   // The MLP sublayer of layer i in place on the stream: x = rm x + pm mlp(norm(x)) (+ the
   // parallel MLP). MUDD layer: mu = its coefficients, x = mu12 x + mu13 mlp(norm(x)); mlp_xn
@@ -539,137 +498,6 @@ class Gpt final : public Family {
   HeadWeights mudd_[2], gate_[2];
   int64_t arena_per_token_ = 0;
 };
-
-const float* Gpt::attention(int i, const LayerCall& c, const float* xn, const float* aux,
-                            Arena& ar) const {
-  const AttnWeights& a = layers_[size_t(i)].at;
-  const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.model_dim, H = cfg_.num_heads;
-  const int64_t dq = a.dq, dv = a.dv, D = a.d, rot = cfg_.rotary_dim, hd = cfg_.head_dim;
-  const int64_t S = lanes_.width, half = H / 2;
-  const float sa0 = scalars_[size_t(2 * i)];
-  float* qk = ar.take(N * 2 * H * dq);
-  float* pv = ar.take(N * H * dv);
-  GemmOutput outs[] = {{.w = &a.qk, .y = qk, .ldy = 2 * H * dq},
-                       {.w = &a.v, .y = pv, .ldy = H * dv}};
-  gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
-  // Per token: q/k = rotary(norm(sa0 p)) per head, v = sa0 p + aux; real tokens' K/V into the
-  // row's own buffers (K unshifted: the key offset is applied when keys are read).
-  float* q = ar.take(N * H * dq);
-  float* v = ar.take(N * H * dv);
-  for_each(N, 16, [&](int64_t n) {
-    const int64_t b = n / L, t = n % L, pos = c.positions[b] + t;
-    float* p = qk + n * 2 * H * dq;
-    for (int64_t k = 0; k < 2 * H * dq; ++k) p[k] *= sa0;
-    rms_norm({.x = p,
-              .ldx = dq,
-              .y = p,
-              .ldy = dq,
-              .rows = 2 * H,
-              .dim = dq,
-              .w = ones_.data(),
-              .eps = cfg_.norm_eps,
-              .scale = NormScale::w});
-    for (int64_t h = 0; h < H; ++h) {
-      float* vh = v + (n * H + h) * dv;
-      const float* ah = aux ? aux + n * C + h * hd : nullptr;
-      for (int64_t d = 0; d < dv; ++d) vh[d] = sa0 * pv[(n * H + h) * dv + d] + (ah ? ah[d] : 0.0f);
-    }
-    const bool real = t < c.lengths[b];
-    const RowView& rv = c.views[b];
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t rpos = a.paired ? 2 * pos + h % 2 : pos;
-      float* qh = q + (n * H + h) * dq;
-      rotate(p + h * dq, qh, a.freq, rot, rpos);
-      std::memcpy(qh + rot, p + h * dq + rot, size_t(dq - rot) * sizeof(float));
-      if (!real) continue;
-      const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
-      rotate(p + (H + h) * dq, rv.own_k + at, a.freq, rot, rpos);
-      std::memcpy(rv.own_k + at + rot, p + (H + h) * dq + rot, size_t(dq - rot) * sizeof(float));
-      std::memcpy(rv.own_v + at, v + (n * H + h) * dv, size_t(dv) * sizeof(float));
-    }
-  });
-  // Per (row, head, block of queries): sliding-window softmax attention in key order, then XSA
-  // and the output gate.
-  float* y = ar.take(N * H * dv);
-  struct Task {
-    int64_t b, h, t0, t1;
-  };
-  std::vector<Task> tasks;
-  for (int64_t b = 0; b < B; ++b) {
-    std::memset(y + (b * L + c.lengths[b]) * H * dv, 0,
-                size_t((L - c.lengths[b]) * H * dv) * sizeof(float));
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < c.lengths[b]; t += kQueryBlock)
-        tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
-  }
-  const int gid = gl_.gate_id[size_t(i)];
-  const int xsa_lane = gl_.xsa[size_t(i)], gate_lane = gl_.attn_gate[size_t(i)];
-  for_each(int64_t(tasks.size()), 1, [&](int64_t ti) {
-    const Task& tk = tasks[size_t(ti)];
-    const RowView& rv = c.views[tk.b];
-    auto key = [&](int64_t head, int64_t p) {  // K or V row of position p of this row
-      return p < rv.prefix_len ? head * rv.prefix_stride + p * D
-                               : head * rv.own_stride + (p - rv.prefix_len) * D;
-    };
-    auto kbuf = [&](int64_t p) { return p < rv.prefix_len ? rv.prefix_k : rv.own_k; };
-    auto vbuf = [&](int64_t p) { return p < rv.prefix_len ? rv.prefix_v : rv.own_v; };
-    float* score = scratch_floats(kScoreSlot, size_t(a.window + 2));
-    for (int64_t t = tk.t0; t < tk.t1; ++t) {
-      const int64_t n = tk.b * L + t, pos = c.positions[tk.b] + t;
-      // Query position and its keys (paired: 2 positions per token, head h at 2t + h / (H/2),
-      // slot h % (H/2); key position j is token j / 2, head slot + (j % 2) (H/2)).
-      const int64_t qpos = a.paired ? 2 * pos + tk.h / half : pos;
-      const int64_t slot = a.paired ? tk.h % half : tk.h;
-      const int64_t j0 = std::max<int64_t>(0, qpos - a.window);
-      auto token_of = [&](int64_t j) { return a.paired ? j / 2 : j; };
-      auto head_of = [&](int64_t j) { return a.paired ? slot + (j % 2) * half : slot; };
-      const float* qh = q + (n * H + tk.h) * dq;
-      float mx = -INFINITY;
-      for (int64_t j = j0; j <= qpos; ++j) {
-        const int64_t p = token_of(j), g = head_of(j);
-        const float* kj = kbuf(p) + key(g, p);
-        double s = 0;
-        if (a.key_offset && p > 0) {  // non-rotating dims from the previous token's key
-          const float* kp = kbuf(p - 1) + key(g, p - 1);
-          for (int64_t d = 0; d < rot; ++d) s += double(qh[d]) * kj[d];
-          for (int64_t d = rot; d < dq; ++d) s += double(qh[d]) * kp[d];
-        } else {
-          for (int64_t d = 0; d < dq; ++d) s += double(qh[d]) * kj[d];
-        }
-        score[j - j0] = a.scale * float(s);
-        mx = std::max(mx, score[j - j0]);
-      }
-      double sum = 0;
-      for (int64_t j = j0; j <= qpos; ++j) {
-        score[j - j0] = std::exp(score[j - j0] - mx);
-        sum += score[j - j0];
-      }
-      const float inv = float(1.0 / sum);
-      float* yh = y + (n * H + tk.h) * dv;
-      std::fill(yh, yh + dv, 0.0f);
-      for (int64_t j = j0; j <= qpos; ++j) {
-        const int64_t p = token_of(j);
-        axpy(score[j - j0] * inv, vbuf(p) + key(head_of(j), p), yh, dv);
-      }
-      const float* g = c.h + n * S + lanes_.gate[gid];
-      if (xsa_lane >= 0 && !a.paired) {
-        const float* vv = v + (n * H + tk.h) * dv;
-        const float den = std::max(dot(vv, vv, dv), 1e-8f);
-        const float coef =
-            std::tanh(c.h[n * S + lanes_.gate[0] + xsa_lane + tk.h]) * dot(yh, vv, dv) / den;
-        axpy(-coef, vv, yh, dv);
-      }
-      if (gate_lane >= 0) {
-        const float gt = g[gate_lane + tk.h];
-        for (int64_t d = 0; d < dv; ++d) yh[d] *= gt;
-      }
-    }
-  });
-  float* out = ar.take(N * C);
-  GemmOutput o{.w = &a.o, .y = out, .ldy = C};
-  gemm({.x = y, .m = N, .k = H * dv, .ldx = H * dv, .outputs = {&o, 1}, .precision = c.precision});
-  return out;
-}
 
 void Gpt::mlp(int i, const LayerCall& c, Arena& ar, const float* mu, float** mlp_xn) const {
   const LayerWeights& lw = layers_[size_t(i)];
