@@ -237,6 +237,8 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   for (const PrefixRef& p : prefixes) {
     DEG_CHECK(p.state && p.row >= 0 && p.row < p.state->rows(), "fork: bad prefix row {}", p.row);
     const int64_t Hn = spec().history;
+    DEG_CHECK(int64_t(p.state->history.size()) == p.state->rows() * Hn,
+              "fork: prefix state without token history (make states with empty_state)");
     const auto hist = p.state->history.begin() + p.row * Hn;
     fs.prefixes.push_back({.layers = p.state->layers,
                            .row = p.row,

@@ -100,12 +100,13 @@ struct ForkState {
     std::vector<int32_t> history;    // [spec.history] its last ids
   };
   std::vector<Prefix> prefixes;
-  std::vector<int64_t> prow;         // [B] prefix of each row
-  std::vector<int64_t> own_len;      // [B] own tokens kept so far
-  int64_t capacity = 0;              // own K/V positions per row
-  std::vector<LayerState> own;       // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
-  std::vector<int32_t> own_history;  // [B, spec.history] once kept
-  bool fresh = true;                 // rows still start from the prefix's rec/tail/history
+  std::vector<int64_t> prow;     // [B] prefix of each row
+  std::vector<int64_t> own_len;  // [B] own tokens kept so far
+  int64_t capacity = 0;          // own K/V positions per row
+  std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
+  bool fresh = true;             // rows still start from the prefix's rec/tail
+
+  std::vector<int32_t> own_history;  // [B, spec.history] once kept (fresh: the prefix's)
 
   int64_t rows() const { return int64_t(prow.size()); }
 };
