@@ -17,6 +17,9 @@ const char* kSystemTurn =
 }  // namespace
 
 ChatLayout chat_layout(const std::string& family) {
+  if (family == "gpt") {  // our own trunk: plain text after its document-start token
+    return {"<|endoftext|>", "CONTEXT:\n", "<|endoftext|>", "<|endoftext|>"};
+  }
   if (family.starts_with("gemma")) {
     return {"<bos>", std::string("<|turn>") + kSystemTurn + "<turn|>\n<|turn>user\nCONTEXT:\n",
             "<pad>", "<turn|>"};

@@ -44,6 +44,7 @@ ModelInfo model_info(const fs::path& dir) {
     info.format = "hf-snapshot";
     JsonConfig config = JsonConfig::load(dir / "config.json");
     info.model_type = config.model_type();
+    if (info.model_type.empty()) info.model_type = config.get_or<std::string>("family", "");
     info.text_model_type = config.text().model_type();
     info.tied_embeddings = config.text().get_or<bool>(
         "tie_word_embeddings", config.get_or<bool>("tie_word_embeddings", false));

@@ -88,6 +88,16 @@ void check_batch(const TokenBatch& batch, int64_t vocab) {
   }
 }
 
+// A row's last `n_hist` ids [n_hist] after it reads ids [n] more.
+void history_append(int32_t* hist, int64_t n_hist, const int32_t* ids, int64_t n) {
+  if (n >= n_hist) {
+    std::copy(ids + n - n_hist, ids + n, hist);
+    return;
+  }
+  std::copy(hist + n, hist + n_hist, hist);
+  std::copy(ids, ids + n, hist + n_hist - n);
+}
+
 }  // namespace
 
 TokenBatch TokenBatch::single(const std::vector<int32_t>& ids) {
@@ -111,6 +121,7 @@ State State::clone() const {
   State s;
   s.lengths = lengths;
   s.capacity = capacity;
+  s.history = history;
   for (const LayerState& l : layers) {
     LayerState c;
     if (l.rec.defined()) c.rec = l.rec.clone();
@@ -141,6 +152,7 @@ Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
 State Backbone::empty_state(int64_t rows) const {
   State s;
   s.lengths.assign(size_t(rows), 0);
+  s.history.assign(size_t(rows * spec().history), 0);
   for (const LayerSpec& l : spec().layers) {
     LayerState ls;
     if (l.kind == LayerKind::recurrent) {
@@ -156,7 +168,7 @@ State Backbone::empty_state(int64_t rows) const {
 }
 
 void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count,
-                          const int64_t* lengths, const int64_t* positions,
+                          const int64_t* lengths, const int64_t* positions, const int32_t* history,
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
                           int64_t out_tokens) const {
   const int64_t B = batch.rows, C = spec().hidden, S = spec().stream_width();
@@ -165,7 +177,12 @@ void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < count; ++t)
       ids[size_t(b * count + t)] = batch.ids[size_t(b * batch.tokens + offset + t)];
-  family_->embed(ids.data(), B * count, h.data());
+  family_->embed_rows({.ids = ids.data(),
+                       .rows = B,
+                       .tokens = count,
+                       .positions = positions,
+                       .history = history,
+                       .h = h.data()});
   for (size_t i = 0; i < spec().layers.size(); ++i) {
     LayerCall call{.h = h.data(),
                    .rows = B,
@@ -194,6 +211,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
   }
   const int64_t B = batch.rows, L = batch.tokens, C = spec().hidden;
   const auto& layers = spec().layers;
+  DEG_CHECK(int64_t(state.history.size()) == B * spec().history,
+            "prefill: state without token history (make states with empty_state)");
   // Room for every row's whole input now, so chunks append in place; sliding layers: room for
   // their kept tail plus one chunk.
   const int64_t R = std::max<int64_t>(1, options_.read_chunk);
@@ -246,7 +265,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
         }
       }
     }
-    run_layers(batch, s, c, lens.data(), pos.data(), views, hidden.mutable_data<float>(), L);
+    run_layers(batch, s, c, lens.data(), pos.data(), state.history.data(), views,
+               hidden.mutable_data<float>(), L);
     for (size_t i = 0; i < layers.size(); ++i) {
       if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
       for (int64_t b = 0; b < B; ++b)
@@ -254,7 +274,14 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
       keep_window(state.layers[i].k, layers[i], tails);
       keep_window(state.layers[i].v, layers[i], tails);
     }
-    for (int64_t b = 0; b < B; ++b) state.lengths[size_t(b)] += lens[size_t(b)];
+    const int64_t Hn = spec().history;
+    for (int64_t b = 0; b < B; ++b) {
+      state.lengths[size_t(b)] += lens[size_t(b)];
+      if (Hn > 0) {
+        history_append(state.history.data() + b * Hn, Hn, batch.ids.data() + b * L + s,
+                       lens[size_t(b)]);
+      }
+    }
   }
   // Sliding layers end with room for their tails only: a trunk's sliding state is bounded.
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -276,8 +303,14 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   ForkState fs;
   for (const PrefixRef& p : prefixes) {
     DEG_CHECK(p.state && p.row >= 0 && p.row < p.state->rows(), "fork: bad prefix row {}", p.row);
-    fs.prefixes.push_back(
-        {.layers = p.state->layers, .row = p.row, .length = p.state->lengths[size_t(p.row)]});
+    const int64_t Hn = spec().history;
+    DEG_CHECK(int64_t(p.state->history.size()) == p.state->rows() * Hn,
+              "fork: prefix state without token history (make states with empty_state)");
+    const auto hist = p.state->history.begin() + p.row * Hn;
+    fs.prefixes.push_back({.layers = p.state->layers,
+                           .row = p.row,
+                           .length = p.state->lengths[size_t(p.row)],
+                           .history = std::vector<int32_t>(hist, hist + Hn)});
   }
   for (int64_t r : prow) {
     if (r < 0 || r >= int64_t(prefixes.size())) {
@@ -364,13 +397,28 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
       }
     }
   }
+  // Each row's last ids: the prefix's, or its own once kept.
+  const int64_t Hn = spec().history;
+  std::vector<int32_t> hist(size_t(B * Hn));
+  for (int64_t b = 0; b < B && Hn > 0; ++b) {
+    const int32_t* from = fs.fresh ? fs.prefixes[size_t(fs.prow[size_t(b)])].history.data()
+                                   : fs.own_history.data() + b * Hn;
+    std::copy(from, from + Hn, hist.begin() + b * Hn);
+  }
   Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
   if (L > 0) {
-    run_layers(batch, 0, L, batch.lengths.data(), pos.data(), views, hidden.mutable_data<float>(),
-               L);
+    run_layers(batch, 0, L, batch.lengths.data(), pos.data(), hist.data(), views,
+               hidden.mutable_data<float>(), L);
   }
   if (keep) {
-    for (int64_t b = 0; b < B; ++b) fs.own_len[size_t(b)] += batch.lengths[size_t(b)];
+    for (int64_t b = 0; b < B; ++b) {
+      fs.own_len[size_t(b)] += batch.lengths[size_t(b)];
+      if (Hn > 0) {
+        history_append(hist.data() + b * Hn, Hn, batch.ids.data() + b * L,
+                       batch.lengths[size_t(b)]);
+      }
+    }
+    fs.own_history = std::move(hist);
     fs.fresh = false;
   }
   return hidden;
@@ -393,6 +441,7 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
         },
         4096);
   }
+  family_->finish_logits(logits.mutable_data<float>(), logits.numel());
   return logits;
 }
 

@@ -63,6 +63,9 @@ struct BackboneSpec {
   // the hidden state; a family may keep per-token side streams after them (an x0 copy, saved
   // layer outputs, per-layer embeddings), written by embed and read by its layers. 0 means C.
   int64_t stream = 0;
+  // Token ids before a call's first token that the family's embedding reads (smear gates, n-gram
+  // hashes): each state keeps its rows' last `history` ids. 0: tokens are embedded alone.
+  int64_t history = 0;
   std::vector<LayerSpec> layers;
   float logit_softcap = 0;  // > 0: lm_logits returns cap * tanh(logits / cap)
 
@@ -84,6 +87,7 @@ struct State {
   std::vector<int64_t> lengths;  // [B]
   int64_t capacity = 0;          // K/V positions allocated per row (full-attention layers)
   std::vector<LayerState> layers;
+  std::vector<int32_t> history;  // [B, spec.history] each row's last ids, oldest first
 
   int64_t rows() const { return int64_t(lengths.size()); }
   State clone() const;  // a deep copy (prefill extends its state in place)
@@ -103,6 +107,7 @@ struct ForkState {
     std::vector<LayerState> layers;  // views of the prefix state (all its rows)
     int64_t row = 0;                 // which row of those views
     int64_t length = 0;              // its positions
+    std::vector<int32_t> history;    // [spec.history] its last ids
   };
   std::vector<Prefix> prefixes;
   std::vector<int64_t> prow;     // [B] prefix of each row
@@ -110,6 +115,8 @@ struct ForkState {
   int64_t capacity = 0;          // own K/V positions per row
   std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
   bool fresh = true;             // rows still start from the prefix's rec/tail
+
+  std::vector<int32_t> own_history;  // [B, spec.history] once kept (fresh: the prefix's)
 
   int64_t rows() const { return int64_t(prow.size()); }
 };
@@ -147,6 +154,17 @@ struct RowView {
   int64_t own_stride = 0;
 };
 
+// What embed_rows sees: B rows of L ids, each row's position and the ids before it.
+struct EmbedCall {
+  const int32_t* ids = nullptr;  // [B, L] right-padded
+  int64_t rows = 0;
+  int64_t tokens = 0;
+  const int64_t* positions = nullptr;  // [B] position of each row's first token
+  const int32_t* history = nullptr;    // [B, spec.history] ids before it, oldest first (only the
+                                       // last min(position, history) are real)
+  float* h = nullptr;                  // [B, L, S]
+};
+
 struct LayerCall {
   float* h = nullptr;  // [B, L, S] residual stream (spec().stream_width()), updated in place
   int64_t rows = 0;
@@ -162,12 +180,20 @@ class Family {
   virtual ~Family() = default;
   virtual const BackboneSpec& spec() const = 0;
   virtual void embed(const int32_t* ids, int64_t n, float* h) const = 0;  // -> h [n, S]
+  // The embedding of a call. Families whose embedding reads earlier tokens (spec().history > 0)
+  // override it; by default every id is embedded alone.
+  virtual void embed_rows(const EmbedCall& call) const {
+    embed(call.ids, call.rows * call.tokens, call.h);
+  }
   // One layer (mixer + MLP, both residual) over call.h; padded positions' outputs are zeros or
   // finite garbage, never read back into state.
   virtual void layer(int index, const LayerCall& call) const = 0;
   // h: n tokens [n, C] (lanes [0, C) of the stream, contiguous) -> out [n, C]
   virtual void final_norm(const float* h, float* out, int64_t n) const = 0;
   virtual const Tensor& lm_head() const = 0;  // [V, C]
+  // Logits as the family's loss sees them, in place over n values of h lm_head^T (e.g. a soft
+  // cap); the default keeps the plain linear head.
+  virtual void finish_logits(float* /*logits*/, int64_t /*n*/) const {}
 };
 
 struct BackboneOptions {
@@ -203,8 +229,9 @@ class Backbone {
 
  private:
   void run_layers(const TokenBatch& batch, int64_t offset, int64_t count, const int64_t* lengths,
-                  const int64_t* positions, const std::vector<std::vector<RowView>>& views,
-                  float* hidden_out, int64_t out_tokens) const;
+                  const int64_t* positions, const int32_t* history,
+                  const std::vector<std::vector<RowView>>& views, float* hidden_out,
+                  int64_t out_tokens) const;
 
   std::unique_ptr<Family> family_;
   BackboneOptions options_;

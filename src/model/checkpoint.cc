@@ -8,6 +8,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "io/weights.h"
+#include "model/gpt.h"
 #include "model/heads.h"
 
 namespace deg {
@@ -78,9 +79,18 @@ void checkpoint_init(const CheckpointInitOptions& options) {
   }
   JsonConfig config = JsonConfig::load(base / "config.json");
   JsonConfig text = config.text();
-  const int64_t hidden = text.get<int64_t>("hidden_size");
+  // A `deg pretrain` gpt checkpoint: bare tensor names, kept in f32 (bf16 would change the
+  // trained trunk; the rotary frequencies in particular).
+  const bool gpt = gpt_handles(config.json());
+  const int64_t hidden = gpt ? text.get<int64_t>("model_dim") : text.get<int64_t>("hidden_size");
   WeightStore store = WeightStore::open_dir(base);
-  std::vector<NamedTensor> backbone = backbone_tensors(store);
+  std::vector<NamedTensor> backbone;
+  if (gpt) {
+    for (const std::string& name : store.names())
+      backbone.push_back({"model." + name, store.get(name)});
+  } else {
+    backbone = backbone_tensors(store);
+  }
   if (backbone.empty()) {
     throw Error(ErrorKind::format, "no text-model tensors (model.* or model.language_model.*)",
                 {.path = base.string()});
@@ -93,7 +103,7 @@ void checkpoint_init(const CheckpointInitOptions& options) {
     if (fs::exists(base / f))
       fs::copy_file(base / f, options.out / f, fs::copy_options::overwrite_existing);
   }
-  std::string backbone_name = text.model_type();
+  std::string backbone_name = gpt ? "gpt" : text.model_type();
   if (backbone_name.ends_with("_text")) backbone_name.resize(backbone_name.size() - 5);
   OrderedJson meta = {{"base", fs::absolute(base).lexically_normal().string()},
                       {"backbone", backbone_name},

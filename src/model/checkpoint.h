@@ -2,7 +2,8 @@
 //   deg.json               meta: base snapshot path, backbone name, kinds, max_count, array_mode,
 //                          lora / moe (null unless adapters are present)
 //   backbone.safetensors   the text model's weights in bf16 under `model.` (no lm_head: the head
-//                          is tied, or read from the base; no LoRA / MoE / PLE table)
+//                          is tied, or read from the base; no LoRA / MoE / PLE table); a gpt
+//                          trunk of `deg pretrain` keeps all its tensors, in f32
 //   heads.safetensors      fp32 heads (model/heads.h key names)
 //   adapters.safetensors, moe.safetensors   optional; refused with a clear error until supported
 // deg also copies the base's config.json and tokenizer files in, so a checkpoint is usable where

@@ -9,6 +9,7 @@
 #include "io/weights.h"
 #include "model/checkpoint.h"
 #include "model/gemma4.h"
+#include "model/gpt.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 
@@ -25,6 +26,26 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   const JsonConfig root = JsonConfig::load(config_path);
   const std::string type = root.model_type();
   const std::string text_type = root.text().model_type();
+  if (gpt_handles(root.json())) {
+    // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
+    const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
+    const bool bare = !store.contains(store.text_prefix() + "embed");
+    auto file_name = [&](const std::string& name) {
+      return bare ? name : store.text_prefix() + name;
+    };
+    TensorMap weights;
+    for (const auto& [name, shape] : gpt_tensor_table(cfg)) {
+      if (store.contains(file_name(name))) weights.emplace(name, store.get(file_name(name)));
+    }
+    try {
+      return std::make_unique<Backbone>(gpt_family(cfg, weights), options);
+    } catch (const Error& e) {
+      ErrorContext at = e.context();
+      at.path = where;
+      if (!at.tensor.empty()) at.tensor = file_name(at.tensor);
+      throw Error(e.kind(), e.message(), at);
+    }
+  }
   auto is = [&](bool (*handles)(const std::string&)) {
     return handles(type) || handles(text_type);
   };
@@ -46,10 +67,28 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
     throw Error(ErrorKind::unsupported,
                 "model_type \"" + type +
                     "\" has no deg backbone family (supported: qwen3_5, qwen3_5_text, lfm2, "
-                    "lfm2_vl, gemma4, gemma4_text)",
+                    "lfm2_vl, gemma4, gemma4_text, and family gpt)",
                 {.path = config_path.string(), .pointer = "/model_type"});
   }
   const std::string& prefix = store.text_prefix();
+  if (gpt) {  // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
+    const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
+    const bool bare = !store.contains(prefix + "embed");
+    auto file_name = [&](const std::string& name) { return bare ? name : prefix + name; };
+    TensorMap weights;
+    for (const auto& [name, shape] : gpt_tensor_table(cfg)) {
+      if (store.contains(file_name(name))) weights.emplace(name, store.get(file_name(name)));
+    }
+    try {
+      return std::make_unique<Backbone>(gpt_family(cfg, weights), options);
+    } catch (const Error& e) {
+      ErrorContext at = e.context();
+      at.path = where;
+      if (!at.tensor.empty()) at.tensor = file_name(at.tensor);
+      throw Error(e.kind(), e.message(), at);
+    }
+  }
+  Qwen35Config cfg = Qwen35Config::from_json(root);
   auto file_name = [&](const std::string& name) {
     return name == "lm_head.weight" ? name : prefix + name;
   };
