@@ -78,7 +78,7 @@ void rms_norm_rows(const float* x, float* y, int64_t n, int64_t dim, const std::
       16);
 }
 
-void embed_rows(const Tensor& table, const int32_t* ids, int64_t n, float* h, int64_t ldh) {
+void gather_embeddings(const Tensor& table, const int32_t* ids, int64_t n, float* h, int64_t ldh) {
   const int64_t C = table.dim(1);
   for_each_index(n, 16, [&](int64_t i) {
     if (table.dtype() == DType::bf16) {

@@ -37,7 +37,7 @@ void rms_norm_rows(const float* x, float* y, int64_t n, int64_t dim, const std::
                    float eps, NormScale scale);
 
 // h[i, 0:C] = table[ids[i]] (f32 or bf16 [V, C]) for n tokens at row stride ldh.
-void embed_rows(const Tensor& table, const int32_t* ids, int64_t n, float* h, int64_t ldh);
+void gather_embeddings(const Tensor& table, const int32_t* ids, int64_t n, float* h, int64_t ldh);
 
 // h += down(silu(gate(xn)) * up(xn)) over n token rows: xn [n, C] (already normed), gate and up
 // [I, C], down [C, I]. Uses layer scratch slots kLayerSlots + 1 and + 2.

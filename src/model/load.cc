@@ -71,24 +71,6 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
                 {.path = config_path.string(), .pointer = "/model_type"});
   }
   const std::string& prefix = store.text_prefix();
-  if (gpt) {  // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
-    const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
-    const bool bare = !store.contains(prefix + "embed");
-    auto file_name = [&](const std::string& name) { return bare ? name : prefix + name; };
-    TensorMap weights;
-    for (const auto& [name, shape] : gpt_tensor_table(cfg)) {
-      if (store.contains(file_name(name))) weights.emplace(name, store.get(file_name(name)));
-    }
-    try {
-      return std::make_unique<Backbone>(gpt_family(cfg, weights), options);
-    } catch (const Error& e) {
-      ErrorContext at = e.context();
-      at.path = where;
-      if (!at.tensor.empty()) at.tensor = file_name(at.tensor);
-      throw Error(e.kind(), e.message(), at);
-    }
-  }
-  Qwen35Config cfg = Qwen35Config::from_json(root);
   auto file_name = [&](const std::string& name) {
     return name == "lm_head.weight" ? name : prefix + name;
   };

@@ -100,7 +100,7 @@ class Qwen35 final : public Family {
   const Tensor& lm_head() const override { return head_; }
 
   void embed(const int32_t* ids, int64_t n, float* h) const override {
-    embed_rows(embed_, ids, n, h, cfg_.hidden);
+    gather_embeddings(embed_, ids, n, h, cfg_.hidden);
   }
 
   void final_norm(const float* h, float* out, int64_t n) const override {
