@@ -22,6 +22,7 @@
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/scratch.h"
+#include "model/family_common.h"
 
 namespace deg {
 
@@ -41,37 +42,6 @@ struct LayerWeights {
   float scalar = 1.0f;
   RopeTable rope;
 };
-
-std::string layer_name(int64_t i, const std::string& rest) {
-  return "layers." + std::to_string(i) + "." + rest;
-}
-
-const Tensor& need(const TensorMap& w, const std::string& name, const Shape& shape) {
-  auto it = w.find(name);
-  if (it == w.end()) {
-    throw Error(ErrorKind::not_found, "missing tensor (expected " + shape_str(shape) + ")",
-                {.tensor = name});
-  }
-  const Tensor& t = it->second;
-  if (t.shape() != shape) {
-    throw Error(ErrorKind::format,
-                "tensor has shape " + shape_str(t.shape()) + ", expected " + shape_str(shape),
-                {.tensor = name});
-  }
-  if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
-    throw Error(ErrorKind::unsupported,
-                fmt::format("tensor dtype {} (supported: f32, bf16)", dtype_name(t.dtype())),
-                {.tensor = name});
-  }
-  if (!t.is_contiguous()) {
-    throw Error(ErrorKind::format, "tensor is not contiguous", {.tensor = name});
-  }
-  return t;
-}
-
-std::vector<float> small(const TensorMap& w, const std::string& name, const Shape& shape) {
-  return need(w, name, shape).to_f32_vector();
-}
 
 // out[j] = (out[j] * keep + t[r, j] * scale) * mix for j < t.dim(1): a row of an f32 or bf16
 // table [rows, width] (keep 0 and mix 1: a scaled copy).
@@ -120,9 +90,9 @@ class Gemma4 final : public Family {
   Gemma4(const Gemma4Config& cfg, const TensorMap& w) : cfg_(cfg) {
     const int64_t C = cfg.hidden, V = cfg.vocab, P = cfg.ple_dim;
     const int64_t NL = int64_t(cfg.layers.size());
-    embed_ = need(w, "embed_tokens.weight", {V, C});
-    head_ = cfg.tied ? embed_ : need(w, "lm_head.weight", {V, C});
-    final_norm_ = small(w, "norm.weight", {C});
+    embed_ = weight_need(w, "embed_tokens.weight", {V, C});
+    head_ = cfg.tied ? embed_ : weight_need(w, "lm_head.weight", {V, C});
+    final_norm_ = weight_f32(w, "norm.weight", {C});
     spec_ = {.family = "gemma4",
              .hidden = C,
              .vocab = V,
@@ -130,9 +100,9 @@ class Gemma4 final : public Family {
              .layers = {},
              .logit_softcap = cfg.softcap};
     if (P > 0) {
-      ple_table_ = need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
-      ple_model_proj_ = need(w, "per_layer_model_projection.weight", {NL * P, C});
-      ple_norm_ = small(w, "per_layer_projection_norm.weight", {P});
+      ple_table_ = weight_need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
+      ple_model_proj_ = weight_need(w, "per_layer_model_projection.weight", {NL * P, C});
+      ple_norm_ = weight_f32(w, "per_layer_projection_norm.weight", {P});
     }
     int64_t widest = 0;
     for (int64_t i = 0; i < NL; ++i) {
@@ -140,28 +110,28 @@ class Gemma4 final : public Family {
       const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, I = g.intermediate;
       auto n = [&](const std::string& s) { return layer_name(i, s); };
       LayerWeights l;
-      l.input_norm = small(w, n("input_layernorm.weight"), {C});
-      l.post_attn_norm = small(w, n("post_attention_layernorm.weight"), {C});
-      l.pre_ff_norm = small(w, n("pre_feedforward_layernorm.weight"), {C});
-      l.post_ff_norm = small(w, n("post_feedforward_layernorm.weight"), {C});
-      l.q = need(w, n("self_attn.q_proj.weight"), {Hq * D, C});
-      l.o = need(w, n("self_attn.o_proj.weight"), {C, Hq * D});
-      l.q_norm = small(w, n("self_attn.q_norm.weight"), {D});
+      l.input_norm = weight_f32(w, n("input_layernorm.weight"), {C});
+      l.post_attn_norm = weight_f32(w, n("post_attention_layernorm.weight"), {C});
+      l.pre_ff_norm = weight_f32(w, n("pre_feedforward_layernorm.weight"), {C});
+      l.post_ff_norm = weight_f32(w, n("post_feedforward_layernorm.weight"), {C});
+      l.q = weight_need(w, n("self_attn.q_proj.weight"), {Hq * D, C});
+      l.o = weight_need(w, n("self_attn.o_proj.weight"), {C, Hq * D});
+      l.q_norm = weight_f32(w, n("self_attn.q_norm.weight"), {D});
       if (g.kv_source < 0) {
-        l.k = need(w, n("self_attn.k_proj.weight"), {Hkv * D, C});
-        l.v = need(w, n("self_attn.v_proj.weight"), {Hkv * D, C});
-        l.k_norm = small(w, n("self_attn.k_norm.weight"), {D});
+        l.k = weight_need(w, n("self_attn.k_proj.weight"), {Hkv * D, C});
+        l.v = weight_need(w, n("self_attn.v_proj.weight"), {Hkv * D, C});
+        l.k_norm = weight_f32(w, n("self_attn.k_norm.weight"), {D});
       }
-      l.gate = need(w, n("mlp.gate_proj.weight"), {I, C});
-      l.up = need(w, n("mlp.up_proj.weight"), {I, C});
-      l.down = need(w, n("mlp.down_proj.weight"), {C, I});
+      l.gate = weight_need(w, n("mlp.gate_proj.weight"), {I, C});
+      l.up = weight_need(w, n("mlp.up_proj.weight"), {I, C});
+      l.down = weight_need(w, n("mlp.down_proj.weight"), {C, I});
       if (P > 0) {
-        l.ple_gate = need(w, n("per_layer_input_gate.weight"), {P, C});
-        l.ple_proj = need(w, n("per_layer_projection.weight"), {C, P});
-        l.post_ple_norm = small(w, n("post_per_layer_input_norm.weight"), {C});
+        l.ple_gate = weight_need(w, n("per_layer_input_gate.weight"), {P, C});
+        l.ple_proj = weight_need(w, n("per_layer_projection.weight"), {C, P});
+        l.post_ple_norm = weight_f32(w, n("post_per_layer_input_norm.weight"), {C});
       }
       // A persistent buffer in HF (ones at init); snapshots that lack it mean 1.
-      if (w.count(n("layer_scalar"))) l.scalar = small(w, n("layer_scalar"), {1})[0];
+      if (w.count(n("layer_scalar"))) l.scalar = weight_f32(w, n("layer_scalar"), {1})[0];
       l.rope = layer_rope(g.sliding ? cfg.sliding_rope : cfg.global_rope, D);
       widest = std::max(widest, D);
       layers_.push_back(std::move(l));

@@ -29,6 +29,7 @@
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
 #include "kernels/scratch.h"
+#include "model/family_common.h"
 #include "model/gpt_internal.h"
 
 namespace deg {
@@ -57,37 +58,6 @@ const float* table_row(const Tensor& t, int64_t row, float* tmp) {
   const bf16* r = t.data<bf16>() + row * w;
   for (int64_t i = 0; i < w; ++i) tmp[i] = bf16_to_f32(r[i]);
   return tmp;
-}
-
-const Tensor& need(const TensorMap& w, const std::string& name, const Shape& shape) {
-  auto it = w.find(name);
-  if (it == w.end()) {
-    throw Error(ErrorKind::not_found, "missing tensor (expected " + shape_str(shape) + ")",
-                {.tensor = name});
-  }
-  const Tensor& t = it->second;
-  if (t.shape() != shape) {
-    throw Error(ErrorKind::format,
-                "tensor has shape " + shape_str(t.shape()) + ", expected " + shape_str(shape),
-                {.tensor = name});
-  }
-  if (t.dtype() != DType::f32 && t.dtype() != DType::bf16) {
-    throw Error(ErrorKind::unsupported,
-                fmt::format("tensor dtype {} (supported: f32, bf16)", dtype_name(t.dtype())),
-                {.tensor = name});
-  }
-  if (!t.is_contiguous()) {
-    throw Error(ErrorKind::format, "tensor is not contiguous", {.tensor = name});
-  }
-  return t;
-}
-
-std::vector<float> small(const TensorMap& w, const std::string& name, const Shape& shape) {
-  return need(w, name, shape).to_f32_vector();
-}
-
-std::string layer_name(int i, const char* rest) {
-  return "layers." + std::to_string(i) + "." + rest;
 }
 
 // A two-layer MUDD head: out = (gelu(x W1^T) W2^T + b2) * scale, deltas = gelu(x W1^T) W2g^T *
@@ -120,24 +90,25 @@ class Gpt final : public Family {
     DEG_CHECK(V < (int64_t(1) << 24), "gpt: vocab {} does not fit the f32 id lane", V);
     nm_ = cfg.mudd_coefs();
     ng_ = cfg.mudd_gate_coefs();
-    embed_ = need(w, "embed", {V, C});
-    head_ = need(w, "lm_head", {V, C});
-    const Tensor& ve = need(w, "value_embeds", {int64_t(cfg.value_embed_layers.size()), V, C});
+    embed_ = weight_need(w, "embed", {V, C});
+    head_ = weight_need(w, "lm_head", {V, C});
+    const Tensor& ve =
+        weight_need(w, "value_embeds", {int64_t(cfg.value_embed_layers.size()), V, C});
     for (size_t j = 0; j < cfg.value_embed_layers.size(); ++j) ve_.push_back(ve.select(0, j));
-    ngram_ = need(w, "ngram_table", {cfg.ngram_vocab, cfg.ngram_dim});
-    sign_pool_ = small(w, "ngram_sign_pool", {cfg.ngram_sign_rows, cfg.ngram_dim});
-    smear_ = small(w, "smear_gate", {1, cfg.smear_channels});
-    ve_gate_ =
-        small(w, "ve_gate",
-              {int64_t(cfg.value_embed_gate_layers.size()), H, 2 * cfg.value_embed_gate_channels});
-    scalars_ = small(w, "scalars", {2 * L + 2});
-    resid_ = small(w, "resid_lambdas", {L, 2});
-    post_ = small(w, "post_lambdas", {L, 2});
+    ngram_ = weight_need(w, "ngram_table", {cfg.ngram_vocab, cfg.ngram_dim});
+    sign_pool_ = weight_f32(w, "ngram_sign_pool", {cfg.ngram_sign_rows, cfg.ngram_dim});
+    smear_ = weight_f32(w, "smear_gate", {1, cfg.smear_channels});
+    ve_gate_ = weight_f32(
+        w, "ve_gate",
+        {int64_t(cfg.value_embed_gate_layers.size()), H, 2 * cfg.value_embed_gate_channels});
+    scalars_ = weight_f32(w, "scalars", {2 * L + 2});
+    resid_ = weight_f32(w, "resid_lambdas", {L, 2});
+    post_ = weight_f32(w, "post_lambdas", {L, 2});
     for (const char* kind : {"narrow", "wide"}) {
       const int64_t dq = std::string(kind) == "wide" ? cfg.head_dim : cfg.narrow_head_dim;
       const std::string pre = std::string("rotary.") + kind;
-      freq_.push_back(small(w, pre + ".freq", {dq}));
-      attn_scale_.push_back(small(w, pre + ".attn_scale", {1})[0]);
+      freq_.push_back(weight_f32(w, pre + ".freq", {dq}));
+      attn_scale_.push_back(weight_f32(w, pre + ".attn_scale", {1})[0]);
     }
     const int64_t F = cfg.mlp_hidden;
     spec_ = {.family = "gpt", .hidden = C, .vocab = V, .stream = 0, .history = kHistory};
@@ -150,9 +121,9 @@ class Gpt final : public Family {
         a.dq = cfg.qk_dim(i);
         a.dv = cfg.v_dim(i);
         a.d = std::max(a.dq, a.dv);
-        a.qk = need(w, layer_name(i, "attn.qk"), {2 * H * a.dq, C});
-        a.v = need(w, layer_name(i, "attn.v"), {H * a.dv, C});
-        a.o = need(w, layer_name(i, "attn.o"), {C, H * a.dv});
+        a.qk = weight_need(w, layer_name(i, "attn.qk"), {2 * H * a.dq, C});
+        a.v = weight_need(w, layer_name(i, "attn.v"), {H * a.dv, C});
+        a.o = weight_need(w, layer_name(i, "attn.o"), {C, H * a.dv});
         a.paired = cfg.paired(i);
         a.key_offset = cfg.long_window(i);
         a.window = cfg.long_window(i) ? cfg.window_long : cfg.window_short;
@@ -165,24 +136,24 @@ class Gpt final : public Family {
         spec_.layers.push_back({.kind = LayerKind::recurrent, .conv_kernel = 1});
       }
       if (l.mlp) {
-        l.fc = need(w, layer_name(i, "mlp.fc"), {F, C});
-        l.proj = need(w, layer_name(i, "mlp.proj"), {F, C}).transpose(0, 1).contiguous();
+        l.fc = weight_need(w, layer_name(i, "mlp.fc"), {F, C});
+        l.proj = weight_need(w, layer_name(i, "mlp.proj"), {F, C}).transpose(0, 1).contiguous();
       }
       layers_.push_back(std::move(l));
     }
     if (cfg.parallel_mlp_layer >= 0) {
-      par_fc_ = need(w, "parallel_mlp.fc", {F, C});
-      par_proj_ = need(w, "parallel_mlp.proj", {F, C}).transpose(0, 1).contiguous();
+      par_fc_ = weight_need(w, "parallel_mlp.fc", {F, C});
+      par_proj_ = weight_need(w, "parallel_mlp.proj", {F, C}).transpose(0, 1).contiguous();
     }
     const int64_t M = cfg.mudd_dim, G = cfg.mudd_groups, Mg = cfg.mudd_gate_dim;
-    const Tensor& w1 = need(w, "mudd_w1", {2, M, C});
-    const Tensor& w2 = need(w, "mudd_w2", {2, nm_, M});
-    const std::vector<float> b2 = small(w, "mudd_b2", {2, nm_});
-    const Tensor& w2g = need(w, "mudd_w2g", {nm_, G, M});
-    const Tensor& gw1 = need(w, "mudd_gate_w1", {2, Mg, C});
-    const Tensor& gw2 = need(w, "mudd_gate_w2", {2, ng_, Mg});
-    const std::vector<float> gb2 = small(w, "mudd_gate_b2", {2, ng_});
-    const float gate_scale = small(w, "mudd_gate_scale", {1})[0];
+    const Tensor& w1 = weight_need(w, "mudd_w1", {2, M, C});
+    const Tensor& w2 = weight_need(w, "mudd_w2", {2, nm_, M});
+    const std::vector<float> b2 = weight_f32(w, "mudd_b2", {2, nm_});
+    const Tensor& w2g = weight_need(w, "mudd_w2g", {nm_, G, M});
+    const Tensor& gw1 = weight_need(w, "mudd_gate_w1", {2, Mg, C});
+    const Tensor& gw2 = weight_need(w, "mudd_gate_w2", {2, ng_, Mg});
+    const std::vector<float> gb2 = weight_f32(w, "mudd_gate_b2", {2, ng_});
+    const float gate_scale = weight_f32(w, "mudd_gate_scale", {1})[0];
     for (int id = 0; id < 2; ++id) {
       mudd_[id] = {.w1 = w1.select(0, id),
                    .w2 = w2.select(0, id),
