@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <set>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -577,39 +578,20 @@ std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& 
 }
 
 TensorMap gemma4_random_weights(const Gemma4Config& cfg, DType dtype, uint64_t seed) {
-  TensorMap out;
-  uint64_t index = 0;
-  for (const auto& [name, shape] : gemma4_tensor_table(cfg)) {
-    const bool vec = shape.size() == 1;
-    Tensor t = Tensor::empty(shape, vec ? DType::f32 : dtype);
-    const uint64_t tensor_seed = seed * 1000003u + index++;
-    parallel_for(
-        t.numel(),
-        [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) {
-            // Uniform from a counter-based hash (fast, parallel, reproducible).
-            uint64_t z = tensor_seed * 0x9e3779b97f4a7c15ull + uint64_t(i) * 0xbf58476d1ce4e5b9ull;
-            z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-            z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-            z ^= z >> 31;
-            const float unit = float(z >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-            float x = (unit - 0.5f) * 0.0693f;                         // std 0.02
-            if (name.ends_with("layer_scalar")) {
-              x = 0.5f + unit;
-            } else if (vec) {
-              x = 1.0f + (unit - 0.5f) * 0.2f;  // norm weights (plain `w` scale) near 1
-            }
-            if (t.dtype() == DType::bf16) {
-              t.mutable_data<bf16>()[i] = f32_to_bf16(x);
-            } else {
-              t.mutable_data<float>()[i] = x;
-            }
-          }
-        },
-        65536);
-    out.emplace(name, std::move(t));
-  }
-  return out;
+  const auto table = gemma4_tensor_table(cfg);
+  std::set<std::string> vectors;  // norm weights (plain `w` scale) and layer scalars
+  for (const auto& [name, shape] : table)
+    if (shape.size() == 1) vectors.insert(name);
+  return random_weights({.table = &table,
+                         .dtype = dtype,
+                         .seed = seed,
+                         .f32 = [](const std::string&, const Shape& s) { return s.size() == 1; },
+                         .adjust =
+                             [&vectors](const std::string& name, float unit, float x) {
+                               if (name.ends_with("layer_scalar")) return 0.5f + unit;
+                               if (vectors.contains(name)) return 1.0f + (unit - 0.5f) * 0.2f;
+                               return x;
+                             }});
 }
 
 }  // namespace deg
