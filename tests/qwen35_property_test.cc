@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "backbone_test_util.h"
 #include "kernels/delta_rule.h"
 #include "model/load.h"
 #include "test_util.h"
@@ -15,48 +16,15 @@
 namespace deg {
 namespace {
 
+using testing::bitwise_equal;
+using testing::concat;
+using testing::random_ids;
+using testing::rel_max_error;
+using testing::row_of;
+using testing::span_of;
+
 std::unique_ptr<Backbone> open_fixture(const std::string& name, BackboneOptions opts = {}) {
   return backbone_open(testing::fixture_path("qwen35/" + name), opts);
-}
-
-std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (auto& id : ids) id = int32_t(rng() % uint32_t(vocab));
-  return ids;
-}
-
-std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// Row b, positions [0, n) of a [B, L, C] hidden tensor.
-std::vector<float> row_of(const Tensor& h, int64_t b, int64_t n) {
-  const int64_t L = h.dim(1), C = h.dim(2);
-  const float* p = h.data<float>() + b * L * C;
-  return std::vector<float>(p, p + n * C);
-}
-
-// Positions [from, from + n) of a [1, T, C] (or [T, C]) hidden tensor.
-std::vector<float> span_of(const Tensor& h, int64_t from, int64_t n) {
-  const int64_t C = h.dim(-1);
-  const float* p = h.data<float>() + from * C;
-  return std::vector<float>(p, p + n * C);
-}
-
-double rel_max_error(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    err = std::max(err, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return err / scale;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {

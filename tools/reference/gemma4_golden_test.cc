@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "backbone_test_util.h"
 #include "deg/model_info.h"
 #include "io/json.h"
 #include "io/npy.h"
@@ -20,27 +21,13 @@
 namespace deg {
 namespace {
 
+using testing::rel_max_error;
+
 const char* kFixtures[] = {"ssf_shared_f32", "sssf_wide_bf16", "sfssf_multimodal",
                            "ssf_plain_untied"};
 
 std::vector<int32_t> fixture_ids(const std::string& name) {
-  Tensor t = npy_read(testing::fixture_path("gemma4/" + name + "/ids.npy")).to(DType::i64);
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < t.numel(); ++i) ids.push_back(int32_t(t.data<int64_t>()[i]));
-  return ids;
-}
-
-// max |a - b| / max |b|
-double rel_max_error(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  if (a.shape() != b.shape()) return INFINITY;
-  std::vector<float> x = a.to_f32_vector(), y = b.to_f32_vector();
-  double err = 0, scale = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    err = std::max(err, std::fabs(double(x[i]) - double(y[i])));
-    scale = std::max(scale, std::fabs(double(y[i])));
-  }
-  return err / scale;
+  return testing::npy_ids(testing::fixture_path("gemma4/" + name + "/ids.npy"));
 }
 
 class Gemma4Golden : public ::testing::TestWithParam<const char*> {};
