@@ -59,23 +59,31 @@ void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>
       grain);
 }
 
+void rms_norm_parallel(const RmsNormArgs& a) {
+  parallel_for(
+      a.rows,
+      [&](int64_t b, int64_t e) {
+        RmsNormArgs part = a;
+        part.x = a.x + b * a.ldx;
+        part.y = a.y + b * a.ldy;
+        part.rows = e - b;
+        rms_norm(part);
+      },
+      16);
+}
+
 void rms_norm_rows(const float* x, float* y, int64_t n, int64_t dim, const std::vector<float>& w,
                    float eps, NormScale scale) {
   DEG_CHECK(int64_t(w.size()) == dim, "norm weight of {} for rows of {}", w.size(), dim);
-  parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        rms_norm({.x = x + b * dim,
-                  .ldx = dim,
-                  .y = y + b * dim,
-                  .ldy = dim,
-                  .rows = e - b,
-                  .dim = dim,
-                  .w = w.data(),
-                  .eps = eps,
-                  .scale = scale});
-      },
-      16);
+  rms_norm_parallel({.x = x,
+                     .ldx = dim,
+                     .y = y,
+                     .ldy = dim,
+                     .rows = n,
+                     .dim = dim,
+                     .w = w.data(),
+                     .eps = eps,
+                     .scale = scale});
 }
 
 void gather_embeddings(const Tensor& table, const int32_t* ids, int64_t n, float* h, int64_t ldh) {

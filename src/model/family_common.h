@@ -32,6 +32,9 @@ std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const
 // fn(i) for i in [0, n) over the pool, at least `grain` items per thread (1 for coarse tasks).
 void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn);
 
+// kernels' rms_norm with its rows spread over the pool (strides as in `a`).
+void rms_norm_parallel(const RmsNormArgs& a);
+
 // y[i] = rms_norm(x[i]) for n rows of dim floats (contiguous), parallel over rows.
 void rms_norm_rows(const float* x, float* y, int64_t n, int64_t dim, const std::vector<float>& w,
                    float eps, NormScale scale);

@@ -206,21 +206,15 @@ class Gemma4 final : public Family {
   // y[r] = norm(x[r]) * w over n rows of C at strides ldx / ldy.
   void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n,
                  const float* w) const {
-    const int64_t C = cfg_.hidden;
-    parallel_for(
-        n,
-        [&](int64_t b, int64_t e) {
-          rms_norm({.x = x + b * ldx,
-                    .ldx = ldx,
-                    .y = y + b * ldy,
-                    .ldy = ldy,
-                    .rows = e - b,
-                    .dim = C,
-                    .w = w,
-                    .eps = cfg_.eps,
-                    .scale = NormScale::w});
-        },
-        16);
+    rms_norm_parallel({.x = x,
+                       .ldx = ldx,
+                       .y = y,
+                       .ldy = ldy,
+                       .rows = n,
+                       .dim = cfg_.hidden,
+                       .w = w,
+                       .eps = cfg_.eps,
+                       .scale = NormScale::w});
   }
 
   // h[:, :C] += norm(x) * w for x [N, C] (normed in place).

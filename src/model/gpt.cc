@@ -311,21 +311,15 @@ class Gpt final : public Family {
 
   // y [n, C] at stride ldy = RMS norm of x [n, C] at stride ldx (no weight).
   void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n) const {
-    const int64_t C = cfg_.model_dim;
-    parallel_for(
-        n,
-        [&](int64_t b, int64_t e) {
-          rms_norm({.x = x + b * ldx,
-                    .ldx = ldx,
-                    .y = y + b * ldy,
-                    .ldy = ldy,
-                    .rows = e - b,
-                    .dim = C,
-                    .w = ones_.data(),
-                    .eps = cfg_.norm_eps,
-                    .scale = NormScale::w});
-        },
-        16);
+    rms_norm_parallel({.x = x,
+                       .ldx = ldx,
+                       .y = y,
+                       .ldy = ldy,
+                       .rows = n,
+                       .dim = cfg_.model_dim,
+                       .w = ones_.data(),
+                       .eps = cfg_.norm_eps,
+                       .scale = NormScale::w});
   }
 
   // x0_ngram [Dn] of the token at `pos` with id x after p1, p2 (train ngram_hash per token).
