@@ -51,11 +51,13 @@ CONFIGS = {
         vocab_size=192, hidden_size=48, intermediate_size=64, num_attention_heads=4,
         num_key_value_heads=1, layer_types=[A, C, C], conv_L_cache=4,
         block_auto_adjust_ff_dim=False, tie_word_embeddings=False, rope_theta=1e4, tokens=100),
-    # conv layers only; kernel 2; FFN adjusted without a multiplier: int(2 * 64 / 3) = 42.
+    # conv layers only; kernel 2; FFN adjusted with multiplier 1 and multiple 1:
+    # int(2 * 64 / 3) = 42. (transformers 5.x refuses a None multiplier.)
     "cc_conv2": dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_attention_heads=2,
         num_key_value_heads=2, layer_types=[C, C], conv_L_cache=2,
-        block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=None, tie_word_embeddings=True,
+        block_auto_adjust_ff_dim=True, block_ffn_dim_multiplier=1.0, block_multiple_of=1,
+        tie_word_embeddings=True,
         tokens=60),
     # attention only, MHA (2 heads of 16); default multiplier 1.0: int(2 * 80 / 3) = 53 ->
     # rounded up to a multiple of 64 = 64.
