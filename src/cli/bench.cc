@@ -1,5 +1,5 @@
-// deg bench: CPU throughput of a backbone family at a real model's dimensions (Qwen3.5-0.8B, or
-// LFM2.5-1.2B with --family lfm2) with random bf16 weights built in memory — trunk prefill at
+// deg bench: CPU throughput of a backbone family at a real model's dimensions (Qwen3.5-0.8B,
+// LFM2.5-1.2B with --family lfm2, Gemma 4 E2B with --family gemma4) with random bf16 weights built in memory — trunk prefill at
 // several lengths, a fork pass (many short rows over one long prefix), decode steps — next to this
 // machine's peak dot-product FLOP/s measured in the same run, so figures read as ratios. Not a
 // test: nothing here asserts on time.
@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "io/json.h"
 #include "kernels/gemm.h"
+#include "model/gemma4.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 
@@ -108,6 +109,27 @@ BenchModel bench_model(const BenchOpts& o) {
                          "layers.0.linear_attn.out_proj.weight",
                          "layers.0.mlp.gate_proj.weight",
                          "layers.0.mlp.up_proj.weight",
+                         "layers.0.mlp.down_proj.weight"};
+  } else if (o.family == "gemma4") {
+    Gemma4Config cfg = Gemma4Config::preset("e2b");
+    if (o.layers > int64_t(cfg.layers.size())) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("--layers: Gemma 4 E2B has {} layers", cfg.layers.size()));
+    }
+    // The first `layers` layers (K/V-sharing layers read earlier ones, so any prefix is whole).
+    if (o.layers > 0) cfg.layers.resize(size_t(o.layers));
+    m.title = "Gemma 4 E2B";
+    m.vocab = cfg.vocab;
+    m.layers = int64_t(cfg.layers.size());
+    m.table = gemma4_tensor_table(cfg);
+    m.make = [cfg] { return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1)); };
+    Gemma4Config one = cfg;
+    one.vocab = one.ple_vocab = 16;
+    one.layers = {cfg.layers[0]};
+    m.one_layer = gemma4_random_weights(one, DType::bf16, 2);
+    m.one_layer_names = {"layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+                         "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+                         "layers.0.mlp.gate_proj.weight",    "layers.0.mlp.up_proj.weight",
                          "layers.0.mlp.down_proj.weight"};
   } else {
     Lfm2Config cfg = Lfm2Config::preset("1.2b");
@@ -274,10 +296,10 @@ void run(const BenchOpts& o) {
 void add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench",
-      "CPU throughput of a backbone at a real model's size (Qwen3.5-0.8B, LFM2.5-1.2B; random "
-      "weights) against this machine's measured peak FLOP/s.");
+      "CPU throughput of a backbone at a real model's size (Qwen3.5-0.8B, LFM2.5-1.2B, Gemma 4 "
+      "E2B; random weights) against this machine's measured peak FLOP/s.");
   auto o = std::make_shared<BenchOpts>();
-  cmd->add_option("--family", o->family, "qwen3_5 (Qwen3.5-0.8B) or lfm2 (LFM2.5-1.2B)")
+  cmd->add_option("--family", o->family, "qwen3_5 (Qwen3.5-0.8B), lfm2 (LFM2.5-1.2B) or gemma4 (Gemma 4 E2B)")
       ->capture_default_str();
   cmd->add_option("--prefill", o->prefill, "Prefill lengths")
       ->delimiter(',')
@@ -288,7 +310,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--fork-tokens", o->fork_tokens, "Tokens per fork row")->capture_default_str();
   cmd->add_option("--decode-steps", o->decode_steps, "Decode steps")->capture_default_str();
   cmd->add_option("--layers", o->layers,
-                  "Layers, the real model's pattern repeated (0: the real model's count)")
+                  "Layers, the real model's pattern repeated (gemma4: its first N layers; 0: the "
+                  "real model's count)")
       ->capture_default_str();
   cmd->add_option("--gemm", o->gemm, "bf16 (bf16 dot products) or exact")->capture_default_str();
   cmd->add_option("--peak-seconds", o->peak_seconds, "Time spent measuring the peak")
@@ -298,8 +321,8 @@ void add_bench_command(CLI::App& app) {
     if (o->gemm != "bf16" && o->gemm != "exact") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be bf16 or exact");
     }
-    if (o->family != "qwen3_5" && o->family != "lfm2") {
-      throw Error(ErrorKind::invalid_argument, "--family must be qwen3_5 or lfm2");
+    if (o->family != "qwen3_5" && o->family != "lfm2" && o->family != "gemma4") {
+      throw Error(ErrorKind::invalid_argument, "--family must be qwen3_5, lfm2 or gemma4");
     }
     run(*o);
   });

@@ -365,6 +365,38 @@ class Gemma4 final : public Family {
 
 }  // namespace
 
+Gemma4Config Gemma4Config::preset(const std::string& size) {
+  if (size != "e2b") {
+    throw Error(ErrorKind::invalid_argument, "unknown Gemma 4 size \"" + size + "\" (known: e2b)");
+  }
+  // Gemma 4 E2B's text decoder as publicly described: 35 layers of 4 sliding (window 512, head
+  // dim 256) : 1 global (head dim 512, proportional rotary 0.25); 8 query heads over 1 K/V head;
+  // width 1536, MLP 6144 (double on the 20 K/V-sharing layers); per-layer embeddings of 256;
+  // vocabulary 262144; final soft-cap 30.
+  Json types = Json::array();
+  for (int i = 0; i < 35; ++i) types.push_back(i % 5 == 4 ? kGlobal : kSliding);
+  const Json text = {
+      {"vocab_size", 262144},
+      {"hidden_size", 1536},
+      {"intermediate_size", 6144},
+      {"num_hidden_layers", 35},
+      {"layer_types", types},
+      {"num_attention_heads", 8},
+      {"num_key_value_heads", 1},
+      {"head_dim", 256},
+      {"global_head_dim", 512},
+      {"sliding_window", 512},
+      {"num_kv_shared_layers", 20},
+      {"use_double_wide_mlp", true},
+      {"hidden_size_per_layer_input", 256},
+      {"final_logit_softcapping", 30.0},
+      {"rope_parameters",
+       {{kSliding, {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+        {kGlobal,
+         {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}}}}};
+  return from_json(JsonConfig(text, "<gemma4 preset e2b>"));
+}
+
 bool gemma4_handles(const std::string& model_type) {
   return model_type == "gemma4" || model_type == "gemma4_text";
 }

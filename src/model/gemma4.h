@@ -53,6 +53,9 @@ struct Gemma4Config {
   // head dim comes from per_layer_config (transformers >= 5.15) or global_head_dim. Throws
   // deg::Error naming the file and JSON pointer of a missing or unsupported setting.
   static Gemma4Config from_json(const JsonConfig& root);
+  // A real model's dimensions, for benchmarks with random weights: "e2b" (Gemma 4 E2B's text
+  // decoder). Throws deg::Error (invalid_argument) for another size.
+  static Gemma4Config preset(const std::string& size);
 };
 
 bool gemma4_handles(const std::string& model_type);
