@@ -1,8 +1,8 @@
 // deg bench: CPU throughput of a backbone family at a real model's dimensions (Qwen3.5-0.8B,
-// LFM2.5-1.2B with --family lfm2, Gemma 4 E2B with --family gemma4) with random bf16 weights built in memory — trunk prefill at
-// several lengths, a fork pass (many short rows over one long prefix), decode steps — next to this
-// machine's peak dot-product FLOP/s measured in the same run, so figures read as ratios. Not a
-// test: nothing here asserts on time.
+// LFM2.5-1.2B with --family lfm2, Gemma 4 E2B with --family gemma4) with random bf16 weights built
+// in memory — trunk prefill at several lengths, a fork pass (many short rows over one long prefix),
+// decode steps — next to this machine's peak dot-product FLOP/s measured in the same run, so
+// figures read as ratios. Not a test: nothing here asserts on time.
 #include <fmt/format.h>
 #include <sys/resource.h>
 
@@ -299,7 +299,8 @@ void add_bench_command(CLI::App& app) {
       "CPU throughput of a backbone at a real model's size (Qwen3.5-0.8B, LFM2.5-1.2B, Gemma 4 "
       "E2B; random weights) against this machine's measured peak FLOP/s.");
   auto o = std::make_shared<BenchOpts>();
-  cmd->add_option("--family", o->family, "qwen3_5 (Qwen3.5-0.8B), lfm2 (LFM2.5-1.2B) or gemma4 (Gemma 4 E2B)")
+  cmd->add_option("--family", o->family,
+                  "qwen3_5 (Qwen3.5-0.8B), lfm2 (LFM2.5-1.2B) or gemma4 (Gemma 4 E2B)")
       ->capture_default_str();
   cmd->add_option("--prefill", o->prefill, "Prefill lengths")
       ->delimiter(',')
