@@ -98,3 +98,47 @@ TEST(Gemma4GoldenMeta, ParameterCountsMatchPyTorch) {
 
 }  // namespace
 }  // namespace deg
+
+namespace deg {
+namespace {
+
+// Soft tokens: media given as embeddings where HF's placeholders stand, against HF
+// Gemma4ForConditionalGeneration merging the same features (tools/reference/
+// gemma4_soft_fixtures.py: two images and an audio clip, the text pad id 5, window 16).
+SoftTokens placeholder_soft(const Backbone& bb, const std::vector<int32_t>& ids, Tensor emb) {
+  SoftTokens soft{.rows = std::vector<int32_t>(ids.size(), -1), .embeddings = std::move(emb)};
+  int32_t next = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (const BackboneSpec::Media& m : bb.spec().media)
+      if (ids[t] == m.placeholder) soft.rows[t] = next++;
+  }
+  EXPECT_EQ(next, soft.embeddings.dim(0)) << "one embedding row per placeholder";
+  return soft;
+}
+
+TEST(Gemma4GoldenSoft, MediaEmbeddingsMatchHfMerge) {
+  const auto dir = testing::fixture_path("gemma4/soft_media");
+  auto bb = backbone_open(dir, {.read_chunk = 64});  // the second image crosses a read
+  ASSERT_EQ(bb->spec().soft_id, 5);
+  ASSERT_EQ(bb->spec().media.size(), 2u);
+  const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
+  const SoftTokens soft = placeholder_soft(*bb, ids, npy_read(dir / "soft.npy"));
+  const Tensor want = npy_read(dir / "logits.npy");
+  Tensor logits = backbone_forward(*bb, ids, true, 0, &soft);
+  const double err = rel_max_error(logits, want);
+  EXPECT_LT(err, 1e-4);
+  RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
+  // Forks over trunks that end before, inside and after the media.
+  for (int64_t k : {int64_t(10), int64_t(27), int64_t(60), int64_t(ids.size() - 1)}) {
+    EXPECT_LT(rel_max_error(backbone_forward(*bb, ids, true, k, &soft), want), 1e-4)
+        << "fork at " << k;
+  }
+  // One read of the whole input: bitwise the same.
+  bb->set_options({.read_chunk = 4096});
+  EXPECT_EQ(rel_max_error(backbone_forward(*bb, ids, true, 0, &soft), logits), 0.0);
+  // The placeholders read as plain tokens give other logits: the embeddings mattered.
+  EXPECT_GT(rel_max_error(backbone_forward(*bb, ids, true), want), 1e-2);
+}
+
+}  // namespace
+}  // namespace deg

@@ -67,6 +67,35 @@ void keep_window(const Tensor& t, const LayerSpec& l, const std::vector<int64_t>
   }
 }
 
+void check_soft(const TokenBatch& batch, const BackboneSpec& spec) {
+  const SoftTokens& soft = batch.soft;
+  if (soft.empty()) return;
+  if (spec.soft_id < 0) {
+    throw Error(ErrorKind::unsupported,
+                "the " + spec.family +
+                    " backbone reads no media (soft tokens); use a model whose family does "
+                    "(gemma4)");
+  }
+  if (int64_t(soft.rows.size()) != batch.rows * batch.tokens) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("soft-token rows: {} entries for a [{}, {}] batch", soft.rows.size(),
+                            batch.rows, batch.tokens));
+  }
+  const Tensor& e = soft.embeddings;
+  const int64_t n = e.rank() == 2 ? e.dim(0) : 0;
+  if (e.rank() != 2 || e.dtype() != DType::f32 || e.dim(1) != spec.hidden) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("soft-token embeddings must be f32 [n, {}] (the model's hidden size)",
+                            spec.hidden));
+  }
+  for (int32_t r : soft.rows) {
+    if (r < -1 || r >= n) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("soft-token row {} outside the {} embeddings given", r, n));
+    }
+  }
+}
+
 void check_batch(const TokenBatch& batch, int64_t vocab) {
   if (int64_t(batch.ids.size()) != batch.rows * batch.tokens ||
       int64_t(batch.lengths.size()) != batch.rows) {
@@ -177,12 +206,27 @@ void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < count; ++t)
       ids[size_t(b * count + t)] = batch.ids[size_t(b * batch.tokens + offset + t)];
+  // Soft tokens: their embedding rows, and the family's soft id in place of the placeholder.
+  std::vector<const float*> soft;
+  if (!batch.soft.empty()) {
+    soft.assign(size_t(B * count), nullptr);
+    const float* e = batch.soft.embeddings.data<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < count; ++t) {
+        const int32_t r = batch.soft.rows[size_t(b * batch.tokens + offset + t)];
+        if (r < 0) continue;
+        soft[size_t(b * count + t)] = e + int64_t(r) * C;
+        ids[size_t(b * count + t)] = spec().soft_id;
+      }
+    }
+  }
   family_->embed_rows({.ids = ids.data(),
                        .rows = B,
                        .tokens = count,
                        .positions = positions,
                        .history = history,
-                       .h = h.data()});
+                       .h = h.data(),
+                       .soft = soft.empty() ? nullptr : soft.data()});
   for (size_t i = 0; i < spec().layers.size(); ++i) {
     LayerCall call{.h = h.data(),
                    .rows = B,
@@ -205,6 +249,7 @@ void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count
 
 Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
   check_batch(batch, spec().vocab);
+  check_soft(batch, spec());
   if (state.rows() != batch.rows) {
     throw Error(ErrorKind::invalid_argument,
                 fmt::format("state has {} rows, the batch {}", state.rows(), batch.rows));
@@ -336,6 +381,7 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
 Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
                               bool /*decode*/) const {
   check_batch(batch, spec().vocab);
+  check_soft(batch, spec());
   if (batch.rows != fs.rows()) {
     throw Error(ErrorKind::invalid_argument,
                 fmt::format("fork state has {} rows, the batch {}", fs.rows(), batch.rows));
@@ -446,7 +492,7 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
 }
 
 Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
-                        int64_t fork_at) {
+                        int64_t fork_at, const SoftTokens* soft) {
   const int64_t T = int64_t(ids.size()), C = backbone.spec().hidden;
   if (fork_at < 0 || fork_at >= std::max<int64_t>(T, 1)) {
     if (fork_at != 0) {
@@ -457,14 +503,26 @@ Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& id
   }
   State state = backbone.empty_state(1);
   Tensor hidden;
+  // ids [from, to) as one row, with their soft tokens.
+  auto piece = [&](int64_t from, int64_t to) {
+    TokenBatch b = TokenBatch::single({ids.begin() + from, ids.begin() + to});
+    if (soft && !soft->empty()) {
+      if (int64_t(soft->rows.size()) != T) {
+        throw Error(ErrorKind::invalid_argument,
+                    fmt::format("{} soft-token rows for {} ids", soft->rows.size(), T));
+      }
+      b.soft = {.rows = {soft->rows.begin() + from, soft->rows.begin() + to},
+                .embeddings = soft->embeddings};
+    }
+    return b;
+  };
   if (fork_at == 0) {
-    hidden = backbone.prefill(TokenBatch::single(ids), state).view({T, C});
+    hidden = backbone.prefill(piece(0, T), state).view({T, C});
   } else {
-    std::vector<int32_t> trunk(ids.begin(), ids.begin() + fork_at),
-        rest(ids.begin() + fork_at, ids.end());
-    Tensor head = backbone.prefill(TokenBatch::single(trunk), state);
-    ForkState fs = backbone.fork({{.state = &state, .row = 0}}, {0}, int64_t(rest.size()));
-    Tensor tail = backbone.fork_forward(TokenBatch::single(rest), fs, /*keep=*/false);
+    const TokenBatch rest = piece(fork_at, T);
+    Tensor head = backbone.prefill(piece(0, fork_at), state);
+    ForkState fs = backbone.fork({{.state = &state, .row = 0}}, {0}, T - fork_at);
+    Tensor tail = backbone.fork_forward(rest, fs, /*keep=*/false);
     hidden = Tensor::empty({T, C}, DType::f32);
     std::memcpy(hidden.mutable_data<float>(), head.data<float>(), head.nbytes());
     std::memcpy(hidden.mutable_data<float>() + fork_at * C, tail.data<float>(), tail.nbytes());

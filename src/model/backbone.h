@@ -68,6 +68,17 @@ struct BackboneSpec {
   int64_t history = 0;
   std::vector<LayerSpec> layers;
   float logit_softcap = 0;  // > 0: lm_logits returns cap * tanh(logits / cap)
+  // Soft tokens (media read as precomputed embeddings, TokenBatch::soft): the id that stands at a
+  // soft position, which the family's embedding may still read (HF Gemma 4: the text pad id, for
+  // the per-layer embedding lookup); -1: the family reads no soft tokens.
+  int32_t soft_id = -1;
+  // The media kinds the family reads as soft tokens, with the ids its prompt wraps them in and
+  // the placeholder id HF marks their positions with.
+  struct Media {
+    std::string kind;  // "image", "audio"
+    int32_t open = -1, placeholder = -1, close = -1;
+  };
+  std::vector<Media> media;
 
   int64_t stream_width() const { return stream > 0 ? stream : hidden; }
 };
@@ -121,12 +132,22 @@ struct ForkState {
   int64_t rows() const { return int64_t(prow.size()); }
 };
 
+// Soft tokens of a batch: position p = b * L + t reads row rows[p] of `embeddings` (f32 [n, C])
+// instead of its id's embedding when rows[p] >= 0. Empty rows: every position is a token id.
+struct SoftTokens {
+  std::vector<int32_t> rows;  // [B * L]: -1, or a row of embeddings
+  Tensor embeddings;          // f32 [n, C]
+
+  bool empty() const { return rows.empty(); }
+};
+
 // Token ids [B, L] right-padded, with each row's real length.
 struct TokenBatch {
   std::vector<int32_t> ids;      // [B * L]
   int64_t rows = 0;              // B
   int64_t tokens = 0;            // L
   std::vector<int64_t> lengths;  // [B], each in [0, L]
+  SoftTokens soft;               // media positions (spec().soft_id >= 0 only)
 
   static TokenBatch single(const std::vector<int32_t>& ids);
   static TokenBatch padded(const std::vector<std::vector<int32_t>>& rows, int32_t pad_id = 0);
@@ -163,6 +184,9 @@ struct EmbedCall {
   const int32_t* history = nullptr;    // [B, spec.history] ids before it, oldest first (only the
                                        // last min(position, history) are real)
   float* h = nullptr;                  // [B, L, S]
+  // [B, L] or null: non-null entries are soft tokens, that position's embedding [C] (its id is
+  // spec().soft_id). Only families with spec().soft_id >= 0 see them.
+  const float* const* soft = nullptr;
 };
 
 struct LayerCall {
@@ -240,7 +264,8 @@ class Backbone {
 // One token sequence end to end (the `deg forward` door): final-norm hidden [T, C], or logits
 // [T, V] when `logits`. fork_at K in (0, T): the first K ids are prefilled as a trunk and the rest
 // run as one fork row over it; the result must equal the plain forward (to rounding).
+// soft: the sequence's soft tokens (rows [T]), or null.
 Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
-                        int64_t fork_at = 0);
+                        int64_t fork_at = 0, const SoftTokens* soft = nullptr);
 
 }  // namespace deg

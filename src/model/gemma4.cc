@@ -99,7 +99,12 @@ class Gemma4 final : public Family {
              .vocab = V,
              .stream = P > 0 ? C + NL * P : 0,
              .layers = {},
-             .logit_softcap = cfg.softcap};
+             .logit_softcap = cfg.softcap,
+             .soft_id = cfg.pad_id,
+             .media = cfg.media};
+    if (cfg.media_bidirectional) {  // images would attend both ways in HF: not read here
+      std::erase_if(spec_.media, [](const BackboneSpec::Media& m) { return m.kind == "image"; });
+    }
     if (P > 0) {
       ple_table_ = weight_need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
       ple_model_proj_ = weight_need(w, "per_layer_model_projection.weight", {NL * P, C});
@@ -149,10 +154,23 @@ class Gemma4 final : public Family {
   const Tensor& lm_head() const override { return head_; }
 
   void embed(const int32_t* ids, int64_t n, float* h) const override {
+    embed_soft(ids, nullptr, n, h);
+  }
+  void embed_rows(const EmbedCall& call) const override {
+    embed_soft(call.ids, call.soft, call.rows * call.tokens, call.h);
+  }
+
+  // As HF's Gemma4Model merges media: a soft token's embedding replaces the scaled token
+  // embedding as given, its per-layer inputs project that embedding and look up the pad id.
+  void embed_soft(const int32_t* ids, const float* const* soft, int64_t n, float* h) const {
     const int64_t C = cfg_.hidden, S = spec_.stream_width(), P = cfg_.ple_dim;
     const auto scale = float(std::sqrt(double(C)));
     for_each(n, 16, [&](int64_t i) {
       float* x = h + i * S;
+      if (soft && soft[i]) {
+        std::copy(soft[i], soft[i] + C, x);
+        return;
+      }
       std::fill(x, x + C, 0.0f);
       add_row(embed_, ids[i], scale, 0.0f, 1.0f, x);
     });
@@ -440,6 +458,21 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
                         "bidirectional text attention is not "
                         "supported");
     }
+    c.media_bidirectional = it->is_string() && *it == "vision";
+  }
+  // Media ids live at the multimodal config's root (HF's defaults when absent).
+  c.pad_id = int32_t(t.get_or<int64_t>("pad_token_id", 0));
+  auto media_id = [&](const char* key, int64_t fallback) {
+    return int32_t(root.get_or<int64_t>(key, fallback));
+  };
+  for (BackboneSpec::Media m :
+       {BackboneSpec::Media{"image", media_id("boi_token_id", 255999),
+                            media_id("image_token_id", 258880), media_id("eoi_token_id", 258882)},
+        BackboneSpec::Media{"audio", media_id("boa_token_id", 256000),
+                            media_id("audio_token_id", 258881),
+                            media_id("eoa_token_index", media_id("eoa_token_id", 258883))}}) {
+    const auto in_vocab = [&](int32_t id) { return id >= 0 && id < c.vocab; };
+    if (in_vocab(m.open) && in_vocab(m.placeholder) && in_vocab(m.close)) c.media.push_back(m);
   }
   if (!t.has("layer_types")) {
     throw unsupported("layer_types",
