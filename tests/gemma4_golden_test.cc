@@ -105,24 +105,13 @@ namespace {
 // Soft tokens: media given as embeddings where HF's placeholders stand, against HF
 // Gemma4ForConditionalGeneration merging the same features (tools/reference/
 // gemma4_soft_fixtures.py: two images and an audio clip, the text pad id 5, window 16).
-SoftTokens placeholder_soft(const Backbone& bb, const std::vector<int32_t>& ids, Tensor emb) {
-  SoftTokens soft{.rows = std::vector<int32_t>(ids.size(), -1), .embeddings = std::move(emb)};
-  int32_t next = 0;
-  for (size_t t = 0; t < ids.size(); ++t) {
-    for (const BackboneSpec::Media& m : bb.spec().media)
-      if (ids[t] == m.placeholder) soft.rows[t] = next++;
-  }
-  EXPECT_EQ(next, soft.embeddings.dim(0)) << "one embedding row per placeholder";
-  return soft;
-}
-
 TEST(Gemma4GoldenSoft, MediaEmbeddingsMatchHfMerge) {
   const auto dir = testing::fixture_path("gemma4/soft_media");
   auto bb = backbone_open(dir, {.read_chunk = 64});  // the second image crosses a read
   ASSERT_EQ(bb->spec().soft_id, 5);
   ASSERT_EQ(bb->spec().media.size(), 2u);
   const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
-  const SoftTokens soft = placeholder_soft(*bb, ids, npy_read(dir / "soft.npy"));
+  const SoftTokens soft = soft_at_placeholders(bb->spec(), ids, npy_read(dir / "soft.npy"));
   const Tensor want = npy_read(dir / "logits.npy");
   Tensor logits = backbone_forward(*bb, ids, true, 0, &soft);
   const double err = rel_max_error(logits, want);

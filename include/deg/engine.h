@@ -24,6 +24,23 @@ struct EngineOptions {
   int64_t fork_tokens = 16384;  // padded fork tokens per batched pass (memory, not results)
 };
 
+// One part of a document given in parts: text, or a media part read as soft tokens — embeddings
+// made beforehand by the model's own vision / audio encoder (deg does not run encoders yet),
+// placed where the part stands inside the model's media markers. Spans count the code points of
+// the text parts only: a media part is zero-width, so no span ever addresses it.
+struct DocumentPart {
+  std::string text;               // a text part (when `media` is empty)
+  std::string media;              // "image" or "audio": a media part
+  std::vector<float> embeddings;  // media: [rows, hidden size] row-major
+  int64_t rows = 0;
+
+  static DocumentPart of_text(std::string text) { return {.text = std::move(text)}; }
+  static DocumentPart of_media(std::string kind, std::vector<float> embeddings, int64_t rows) {
+    return {.media = std::move(kind), .embeddings = std::move(embeddings), .rows = rows};
+  }
+};
+using DocumentParts = std::vector<DocumentPart>;
+
 struct FillOptions {
   bool keep_nulls = false;  // keep optional fields whose answer is null (as JSON null)
 };
@@ -57,6 +74,15 @@ class Engine {
   std::vector<FillResult> fill(const nlohmann::ordered_json& schema,
                                const std::vector<std::string>& documents,
                                const FillOptions& options = {}) const;
+  // The same for documents given in parts (text and media); a document of one text part fills
+  // exactly as that text does. A media part this model cannot read fails its document alone.
+  std::vector<FillResult> fill(const nlohmann::ordered_json& schema,
+                               const std::vector<DocumentParts>& documents,
+                               const FillOptions& options = {}) const;
+  // The media kinds this model reads as soft tokens ("image", "audio"; empty: text only) and
+  // the width their embeddings must have.
+  std::vector<std::string> media_kinds() const;
+  int64_t hidden_size() const;
 
   const std::string& backbone_name() const;
 

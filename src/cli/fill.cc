@@ -2,13 +2,16 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "deg/engine.h"
 #include "io/json.h"
+#include "io/npy.h"
 
 namespace deg::cli {
 
@@ -22,27 +25,93 @@ struct FillArgs {
   bool report = false;
   bool keep_nulls = false;
   bool jsonl = false;
+  bool parts = false;
   int64_t fork_tokens = 16384;
 };
 
-// Documents from stdin, one per line: a JSON string or {"document": "..."}.
-std::vector<std::string> read_jsonl_documents() {
-  std::vector<std::string> docs;
+namespace fs = std::filesystem;
+
+// A document in parts: {"parts": [{"text": "..."}, {"text_file": "p1.txt"}, {"image": "a.npy"},
+// {"audio": "b.npy"}, ...]}; files are relative to `dir`; .npy files hold f32 [rows, hidden].
+DocumentParts parts_of(const Json& j, const fs::path& dir, const std::string& where) {
+  if (!j.is_object() || !j.contains("parts") || !j["parts"].is_array()) {
+    throw Error(ErrorKind::format,
+                "a document in parts is {\"parts\": [{\"text\": ...} | {\"text_file\": F} | "
+                "{\"image\": F.npy} | {\"audio\": F.npy}, ...]}",
+                {.path = where});
+  }
+  DocumentParts parts;
+  for (const Json& p : j["parts"]) {
+    const auto str = [&](const char* key) -> std::optional<std::string> {
+      if (!p.is_object() || !p.contains(key)) return std::nullopt;
+      if (!p[key].is_string()) {
+        throw Error(ErrorKind::format,
+                    fmt::format("part {}: \"{}\" must be a string", parts.size(), key),
+                    {.path = where});
+      }
+      return p[key].get<std::string>();
+    };
+    if (auto t = str("text")) {
+      parts.push_back(DocumentPart::of_text(*t));
+    } else if (auto f = str("text_file")) {
+      parts.push_back(DocumentPart::of_text(read_file(dir / *f)));
+    } else if (auto kind = p.is_object() && p.contains("image")   ? std::string("image")
+                           : p.is_object() && p.contains("audio") ? std::string("audio")
+                                                                  : std::string();
+               !kind.empty()) {
+      const fs::path file = dir / *str(kind.c_str());
+      Tensor e = npy_read(file);
+      if (e.rank() != 2 || e.dtype() != DType::f32) {
+        throw Error(ErrorKind::format, "media embeddings must be a float32 [rows, hidden] .npy",
+                    {.path = file.string()});
+      }
+      const std::vector<float> values = e.to_f32_vector();
+      parts.push_back(DocumentPart::of_media(kind, values, e.dim(0)));
+    } else {
+      throw Error(ErrorKind::format,
+                  fmt::format("part {} is none of text, text_file, image, audio", parts.size()),
+                  {.path = where});
+    }
+  }
+  return parts;
+}
+
+// One document to fill, or why it could not be read (it then fails alone).
+struct InputDoc {
+  std::string name;
+  DocumentParts parts;
+  std::string error;
+};
+
+// Documents from stdin, one per line: a JSON string, {"document": "..."} or {"parts": [...]}
+// (files relative to the working directory).
+std::vector<InputDoc> read_jsonl_documents() {
+  std::vector<InputDoc> docs;
   std::string line;
   int64_t n = 0;
   while (std::getline(std::cin, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    Json j = json_parse(line, fmt::format("stdin line {}", n));
+    const std::string where = fmt::format("stdin line {}", n);
+    Json j = json_parse(line, where);
+    InputDoc d{.name = fmt::format("stdin document {}", docs.size() + 1)};
     if (j.is_string()) {
-      docs.push_back(j.get<std::string>());
+      d.parts = {DocumentPart::of_text(j.get<std::string>())};
     } else if (j.is_object() && j.contains("document") && j["document"].is_string()) {
-      docs.push_back(j["document"].get<std::string>());
+      d.parts = {DocumentPart::of_text(j["document"].get<std::string>())};
+    } else if (j.is_object() && j.contains("parts")) {
+      try {
+        d.parts = parts_of(j, fs::current_path(), where);
+      } catch (const Error& e) {
+        d.error = e.what();
+      }
     } else {
       throw Error(ErrorKind::format,
-                  "expected a JSON string or {\"document\": \"...\"} on each line",
-                  {.path = fmt::format("stdin line {}", n)});
+                  "expected a JSON string, {\"document\": \"...\"} or {\"parts\": [...]} on "
+                  "each line",
+                  {.path = where});
     }
+    docs.push_back(std::move(d));
   }
   return docs;
 }
@@ -66,16 +135,22 @@ void run_fill(const FillArgs& args) {
   if (schema.is_discarded()) {
     throw Error(ErrorKind::format, "the schema is not valid JSON", {.path = args.schema});
   }
-  std::vector<std::string> docs;
-  std::vector<std::string> names;
+  std::vector<InputDoc> docs;
   if (args.jsonl) {
     docs = read_jsonl_documents();
-    for (size_t i = 0; i < docs.size(); ++i)
-      names.push_back(fmt::format("stdin document {}", i + 1));
   } else {
     for (const std::string& path : args.docs) {
-      docs.push_back(read_file(path));
-      names.push_back(path);
+      InputDoc d{.name = path};
+      if (args.parts) {
+        try {
+          d.parts = parts_of(json_load(path), fs::path(path).parent_path(), path);
+        } catch (const Error& e) {
+          d.error = e.what();
+        }
+      } else {
+        d.parts = {DocumentPart::of_text(read_file(path))};
+      }
+      docs.push_back(std::move(d));
     }
   }
   if (docs.empty()) {
@@ -89,7 +164,19 @@ void run_fill(const FillArgs& args) {
   }
   Engine engine =
       Engine::open({.model = args.model, .base = args.base, .fork_tokens = args.fork_tokens});
-  std::vector<FillResult> results = engine.fill(schema, docs, {.keep_nulls = args.keep_nulls});
+  // Documents that could not be read fail alone; the rest are filled together.
+  std::vector<DocumentParts> readable;
+  for (const InputDoc& d : docs)
+    if (d.error.empty()) readable.push_back(d.parts);
+  std::vector<FillResult> filled = engine.fill(schema, readable, {.keep_nulls = args.keep_nulls});
+  std::vector<FillResult> results;
+  for (size_t i = 0, k = 0; i < docs.size(); ++i) {
+    if (docs[i].error.empty()) {
+      results.push_back(std::move(filled[k++]));
+    } else {
+      results.push_back({.error = docs[i].error});
+    }
+  }
   const bool many = results.size() > 1 || args.jsonl;
   int failed = 0;
   for (size_t i = 0; i < results.size(); ++i) {
@@ -97,7 +184,7 @@ void run_fill(const FillArgs& args) {
     OrderedJson out;
     if (!r.ok()) {
       ++failed;
-      std::fprintf(stderr, "deg: %s: %s\n", names[i].c_str(), r.error.c_str());
+      std::fprintf(stderr, "deg: %s: %s\n", docs[i].name.c_str(), r.error.c_str());
       out = {{"error", r.error}};
     } else {
       out = args.report ? report_json(r) : r.value;
@@ -123,7 +210,14 @@ void add_fill_command(CLI::App& app) {
       "Examples:\n"
       "  deg fill --model ckpt --schema invoice.schema.json invoice.txt\n"
       "  deg fill --model ckpt --schema s.json --report a.txt b.txt\n"
-      "  cat docs.jsonl | deg fill --model ckpt --schema s.json --jsonl");
+      "  cat docs.jsonl | deg fill --model ckpt --schema s.json --jsonl\n"
+      "  deg fill --model gemma-ckpt --schema s.json --parts scan.parts.json\n"
+      "Documents in parts (--parts, or {\"parts\": [...]} lines with --jsonl) mix text with\n"
+      "media read as soft tokens: embeddings [rows, hidden] from the model's own vision or\n"
+      "audio encoder, as float32 .npy files (Gemma 4 reads image and audio):\n"
+      "  {\"parts\": [{\"text\": \"Receipt:\\n\"}, {\"image\": \"photo.npy\"},\n"
+      "             {\"text_file\": \"ocr.txt\"}, {\"audio\": \"call.npy\"}]}\n"
+      "Spans count the text parts' code points; media parts are zero-width.");
   auto a = std::make_shared<FillArgs>();
   cmd->add_option("--schema", a->schema, "JSON Schema file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--model", a->model, "deg checkpoint directory (default: the embedded model)");
@@ -134,7 +228,11 @@ void add_fill_command(CLI::App& app) {
                 "spans are [start, end) in code points of the document");
   cmd->add_flag("--keep-nulls", a->keep_nulls, "Keep optional fields whose answer is null");
   cmd->add_flag("--jsonl", a->jsonl,
-                "Read documents from stdin, one per line: a JSON string or {\"document\": ...}");
+                "Read documents from stdin, one per line: a JSON string, {\"document\": ...} or "
+                "{\"parts\": [...]}");
+  cmd->add_flag("--parts", a->parts,
+                "Each DOC is a JSON file {\"parts\": [...]} of text and media parts (paths "
+                "relative to it)");
   cmd->add_option("--fork-tokens", a->fork_tokens,
                   "Padded tokens per batched fork pass (memory only; results do not change)")
       ->capture_default_str();

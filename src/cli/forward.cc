@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cctype>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -68,7 +69,7 @@ void add_forward_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "forward", "Raw LM logits [T, V] float32 (.npy) of one token sequence (a conformance door).");
   struct Opts {
-    std::string model, ids, out, gemm = "exact";
+    std::string model, ids, out, soft, gemm = "exact";
     bool hidden = false;
     int64_t fork_at = 0, read_chunk = 512;
   };
@@ -80,6 +81,9 @@ void add_forward_command(CLI::App& app) {
   cmd->add_flag("--hidden", o->hidden, "Write the final-norm hidden states [T, C] instead");
   cmd->add_option("--fork-at", o->fork_at,
                   "Read the first K ids as the trunk and the rest as one fork row over it");
+  cmd->add_option("--soft", o->soft,
+                  "Media embeddings f32 [n, hidden] (.npy) read as soft tokens where the ids hold "
+                  "the model's image / audio placeholder ids, in order (Gemma 4)");
   cmd->add_option("--read-chunk", o->read_chunk, "Prefill tokens per pass (multiple of 64)")
       ->capture_default_str();
   cmd->add_option("--gemm", o->gemm,
@@ -97,7 +101,9 @@ void add_forward_command(CLI::App& app) {
     auto backbone = backbone_open(
         o->model, {.precision = o->gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact,
                    .read_chunk = o->read_chunk});
-    Tensor out = backbone_forward(*backbone, ids, !o->hidden, o->fork_at);
+    std::optional<SoftTokens> soft;
+    if (!o->soft.empty()) soft = soft_at_placeholders(backbone->spec(), ids, npy_read(o->soft));
+    Tensor out = backbone_forward(*backbone, ids, !o->hidden, o->fork_at, soft ? &*soft : nullptr);
     npy_write(o->out, out);
   });
 }

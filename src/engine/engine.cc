@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/assemble.h"
+#include "engine/context.h"
 #include "engine/decode.h"
 #include "engine/model.h"
 #include "schema/render.h"
@@ -53,7 +54,7 @@ namespace {
 
 // One document being filled.
 struct Document {
-  std::string text;
+  DocumentParts parts;
   engine::ContextText context;  // code points + context token ranges
   int64_t ctx_start = 0;        // first context token in the trunk ids
   State state;                  // trunk state after reading it
@@ -404,35 +405,40 @@ int64_t max_document_tokens(const Backbone& bb) {
 }
 
 void prepare(const DegModel& model, Document& doc) {
-  std::optional<std::u32string> cps = schema::utf8_to_code_points(doc.text);
-  if (!cps) {
-    doc.error = "the document is not valid UTF-8; convert it (e.g. iconv -t UTF-8) and retry";
-    return;
-  }
-  if (doc.text.find_first_not_of(" \t\r\n") == std::string::npos) {
+  bool blank = true;
+  for (const DocumentPart& p : doc.parts)
+    blank = blank && p.media.empty() && p.text.find_first_not_of(" \t\r\n") == std::string::npos;
+  if (blank) {
     doc.error = "the document is empty";
     return;
   }
   const Backbone& bb = model.backbone();
-  text::Encoding enc = model.tokenizer().encode(doc.text);
-  if (int64_t(enc.ids.size()) > max_document_tokens(bb)) {
+  engine::DocumentContext ctx =
+      engine::document_context(model.tokenizer(), bb.spec(), model.name(), doc.parts);
+  if (int64_t(ctx.ids.size()) > max_document_tokens(bb)) {
     doc.error = fmt::format(
         "the document has {} tokens, more than this machine's memory holds "
         "for {} ({}); split it",
-        enc.ids.size(), model.name(), max_document_tokens(bb));
+        ctx.ids.size(), model.name(), max_document_tokens(bb));
     return;
   }
   std::vector<int32_t> ids = model.encode(model.layout().bos + model.layout().prefix);
   doc.ctx_start = int64_t(ids.size());
-  ids.insert(ids.end(), enc.ids.begin(), enc.ids.end());
+  ids.insert(ids.end(), ctx.ids.begin(), ctx.ids.end());
   std::vector<int32_t> suffix = model.encode("\n");
   ids.insert(ids.end(), suffix.begin(), suffix.end());
-  std::vector<schema::CharRange> ranges;
-  for (const auto& [s, e] : enc.offsets) ranges.push_back({s, e});
-  doc.context = {std::move(*cps), schema::TokenOffsets(std::move(ranges))};
+  TokenBatch batch = TokenBatch::single(ids);
+  if (!ctx.embeddings.empty()) {
+    batch.soft.rows.assign(ids.size(), -1);
+    std::copy(ctx.soft_rows.begin(), ctx.soft_rows.end(), batch.soft.rows.begin() + doc.ctx_start);
+    const int64_t C = bb.spec().hidden;
+    batch.soft.embeddings =
+        Tensor::from_vector(ctx.embeddings, {int64_t(ctx.embeddings.size()) / C, C});
+  }
+  const auto T = int64_t(ctx.ids.size());
+  doc.context = {std::move(ctx.text), schema::TokenOffsets(std::move(ctx.ranges))};
   doc.state = bb.empty_state(1);
-  Tensor hidden = bb.prefill(TokenBatch::single(ids), doc.state);  // [1, L, C]
-  const int64_t T = int64_t(enc.ids.size());
+  Tensor hidden = bb.prefill(batch, doc.state);  // [1, L, C]
   doc.ctx_hidden = hidden.select(0, 0).slice(0, doc.ctx_start, doc.ctx_start + T).contiguous();
 }
 
@@ -441,12 +447,31 @@ void prepare(const DegModel& model, Document& doc) {
 std::vector<FillResult> Engine::fill(const OrderedJson& schema,
                                      const std::vector<std::string>& documents,
                                      const FillOptions& options) const {
+  std::vector<DocumentParts> parts;
+  parts.reserve(documents.size());
+  for (const std::string& d : documents) parts.push_back({DocumentPart::of_text(d)});
+  return fill(schema, parts, options);
+}
+
+std::vector<std::string> Engine::media_kinds() const {
+  std::vector<std::string> kinds;
+  for (const auto& m : impl_->model->backbone().spec().media) kinds.push_back(m.kind);
+  return kinds;
+}
+
+int64_t Engine::hidden_size() const {
+  return impl_->model->backbone().spec().hidden;
+}
+
+std::vector<FillResult> Engine::fill(const OrderedJson& schema,
+                                     const std::vector<DocumentParts>& documents,
+                                     const FillOptions& options) const {
   schema::PlanOptions plan_options;
   plan_options.array_mode = impl_->model->array_mode();
   const schema::Plan plan = schema::plan_compile(schema, plan_options);
   std::vector<Document> docs(documents.size());
   for (size_t i = 0; i < documents.size(); ++i) {
-    docs[i].text = documents[i];
+    docs[i].parts = documents[i];
     try {
       prepare(*impl_->model, docs[i]);
     } catch (const Error& e) {

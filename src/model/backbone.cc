@@ -491,6 +491,26 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
   return logits;
 }
 
+SoftTokens soft_at_placeholders(const BackboneSpec& spec, const std::vector<int32_t>& ids,
+                                Tensor embeddings) {
+  if (spec.media.empty()) {
+    throw Error(ErrorKind::unsupported, "the " + spec.family + " backbone reads no media");
+  }
+  SoftTokens soft{.rows = std::vector<int32_t>(ids.size(), -1),
+                  .embeddings = std::move(embeddings)};
+  int32_t next = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    for (const BackboneSpec::Media& m : spec.media)
+      if (ids[t] == m.placeholder) soft.rows[t] = next++;
+  }
+  const int64_t n = soft.embeddings.rank() == 2 ? soft.embeddings.dim(0) : -1;
+  if (next != n) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("{} media placeholder ids but {} embedding rows", next, n));
+  }
+  return soft;
+}
+
 Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
                         int64_t fork_at, const SoftTokens* soft) {
   const int64_t T = int64_t(ids.size()), C = backbone.spec().hidden;

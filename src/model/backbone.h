@@ -264,6 +264,12 @@ class Backbone {
 // One token sequence end to end (the `deg forward` door): final-norm hidden [T, C], or logits
 // [T, V] when `logits`. fork_at K in (0, T): the first K ids are prefilled as a trunk and the rest
 // run as one fork row over it; the result must equal the plain forward (to rounding).
+// Soft tokens where `ids` hold a media placeholder of `spec` (HF's layout: a run of image /
+// audio placeholder ids per media part), reading the rows of `embeddings` (f32 [n, C]) in
+// order. Throws deg::Error when the counts differ or the family reads no media.
+SoftTokens soft_at_placeholders(const BackboneSpec& spec, const std::vector<int32_t>& ids,
+                                Tensor embeddings);
+
 // soft: the sequence's soft tokens (rows [T]), or null.
 Tensor backbone_forward(const Backbone& backbone, const std::vector<int32_t>& ids, bool logits,
                         int64_t fork_at = 0, const SoftTokens* soft = nullptr);
