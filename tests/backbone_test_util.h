@@ -1,5 +1,6 @@
 // Helpers the backbone family tests share (golden and property tests of each family): fixture
-// ids, error metrics, bitwise comparison, slices of [B, L, C] hidden tensors, random ids.
+// ids, error metrics, the golden checks against HF fixtures, bitwise comparison, slices of
+// [B, L, C] hidden tensors, random ids.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,10 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 #include "io/npy.h"
+#include "model/load.h"
 
 namespace deg::testing {
 
@@ -72,6 +76,42 @@ inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) 
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (auto& id : ids) id = int32_t(rng() % uint32_t(vocab));
   return ids;
+}
+
+// The golden checks every family's HF fixture gets (`dir` holds ids.npy, logits.npy and
+// hidden.npy): logits and final-norm hidden states within 1e-4 of HF's when the input is read in
+// 64-token pieces; one read of the whole input gives the same logits bitwise; a fork at each of
+// `forks` (trunk = the first K ids, the rest one fork row) stays within 1e-4. Returns the logits'
+// error.
+inline double expect_matches_hf(const std::filesystem::path& dir,
+                                const std::vector<int64_t>& forks) {
+  const std::string name = dir.filename().string();
+  auto backbone = backbone_open(dir, {.read_chunk = 64});
+  const std::vector<int32_t> ids = npy_ids(dir / "ids.npy");
+  const Tensor expected = npy_read(dir / "logits.npy");
+  const Tensor logits = backbone_forward(*backbone, ids, /*logits=*/true);
+  const double err = rel_max_error(logits, expected);
+  EXPECT_LT(err, 1e-4) << name << " logits";
+  const Tensor hidden = backbone_forward(*backbone, ids, /*logits=*/false);
+  EXPECT_LT(rel_max_error(hidden, npy_read(dir / "hidden.npy")), 1e-4) << name << " hidden";
+  for (int64_t k : forks) {
+    EXPECT_LT(rel_max_error(backbone_forward(*backbone, ids, true, k), expected), 1e-4)
+        << name << " fork at " << k;
+  }
+  backbone->set_options({.read_chunk = 4096});
+  EXPECT_EQ(rel_max_error(backbone_forward(*backbone, ids, true), logits), 0.0)
+      << name << ": one read differs from 64-token reads";
+  return err;
+}
+
+// A bf16 fixture read with bf16 dot products: {deg's distance to HF fp32 (on the same
+// bf16-rounded weights), HF's own bf16 run's distance to it (logits_native_bf16.npy)}.
+inline std::pair<double, double> bf16_distances(const std::filesystem::path& dir) {
+  auto backbone = backbone_open(dir, {.precision = GemmPrecision::bf16});
+  const Tensor fp32 = npy_read(dir / "logits.npy");
+  const Tensor logits = backbone_forward(*backbone, npy_ids(dir / "ids.npy"), true);
+  return {rel_max_error(logits, fp32),
+          rel_max_error(npy_read(dir / "logits_native_bf16.npy"), fp32)};
 }
 
 inline std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {

@@ -28,33 +28,13 @@ std::vector<int32_t> fixture_ids(const std::string& name) {
 
 class Gemma4Golden : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(Gemma4Golden, LogitsAndHiddenMatchHf) {
-  const std::string name = GetParam();
-  const auto dir = testing::fixture_path("gemma4/" + name);
-  auto backbone = backbone_open(dir, {.read_chunk = 64});  // several reads: tails cross chunks
-  std::vector<int32_t> ids = fixture_ids(name);
-  Tensor logits = backbone_forward(*backbone, ids, /*logits=*/true);
-  double err = rel_max_error(logits, npy_read(dir / "logits.npy"));
-  EXPECT_LT(err, 1e-4) << name << " logits";
+TEST_P(Gemma4Golden, LogitsHiddenAndForksMatchHf) {
+  // Forks over prefixes shorter and longer than the sliding window; 64-token reads make the
+  // sliding tails cross reads.
+  const auto dir = testing::fixture_path(std::string("gemma4/") + GetParam());
+  const auto T = int64_t(fixture_ids(GetParam()).size());
+  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1});
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
-  Tensor hidden = backbone_forward(*backbone, ids, /*logits=*/false);
-  EXPECT_LT(rel_max_error(hidden, npy_read(dir / "hidden.npy")), 1e-4) << name << " hidden";
-  // One read of the whole input gives the same logits bitwise (chunked == dense).
-  backbone->set_options({.read_chunk = 4096});
-  EXPECT_EQ(rel_max_error(backbone_forward(*backbone, ids, true), logits), 0.0) << name;
-}
-
-TEST_P(Gemma4Golden, ForkAtMatchesHf) {
-  // Forks over prefixes shorter and longer than the sliding window.
-  const std::string name = GetParam();
-  const auto dir = testing::fixture_path("gemma4/" + name);
-  auto backbone = backbone_open(dir);
-  std::vector<int32_t> ids = fixture_ids(name);
-  Tensor expected = npy_read(dir / "logits.npy");
-  for (int64_t k : {int64_t(1), int64_t(ids.size() / 2), int64_t(ids.size() - 1)}) {
-    Tensor logits = backbone_forward(*backbone, ids, true, k);
-    EXPECT_LT(rel_max_error(logits, expected), 1e-4) << name << " fork at " << k;
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden, ::testing::ValuesIn(kFixtures));
@@ -64,16 +44,11 @@ TEST(Gemma4GoldenBf16, DotProductsStayCloseToHfBf16) {
   // everything in bf16 (the residual stream too). Both sit well away from the fp32 reference on
   // this 8-layer fixture (a 1e-7 weight change moves its logits ~1e-5: ~100x amplification), and
   // deg's bf16 path must stay closer to it than HF's own bf16 run.
-  const auto dir = testing::fixture_path("gemma4/sssf_wide_bf16");
-  auto backbone = backbone_open(dir, {.precision = GemmPrecision::bf16});
-  Tensor logits = backbone_forward(*backbone, fixture_ids("sssf_wide_bf16"), true);
-  double vs_fp32 = rel_max_error(logits, npy_read(dir / "logits.npy"));
-  double hf_vs_fp32 =
-      rel_max_error(npy_read(dir / "logits_native_bf16.npy"), npy_read(dir / "logits.npy"));
-  EXPECT_LT(vs_fp32, 1e-1);
-  EXPECT_LT(vs_fp32, hf_vs_fp32) << "deg bf16 " << vs_fp32 << " vs HF bf16 " << hf_vs_fp32;
-  RecordProperty("bf16_rel_max_error",
-                 fmt::format("{:.3g} (HF bf16: {:.3g})", vs_fp32, hf_vs_fp32));
+  const auto [deg_bf16, hf_bf16] =
+      testing::bf16_distances(testing::fixture_path("gemma4/sssf_wide_bf16"));
+  EXPECT_LT(deg_bf16, 1e-1);
+  EXPECT_LT(deg_bf16, hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
+  RecordProperty("bf16_rel_max_error", fmt::format("{:.3g} (HF bf16: {:.3g})", deg_bf16, hf_bf16));
 }
 
 TEST(Gemma4GoldenMeta, ParameterCountsMatchPyTorch) {

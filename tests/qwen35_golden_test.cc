@@ -26,34 +26,11 @@ std::vector<int32_t> fixture_ids(const std::string& name) {
 
 class Qwen35Golden : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(Qwen35Golden, LogitsAndHiddenMatchHf) {
-  const std::string name = GetParam();
-  const auto dir = testing::fixture_path("qwen35/" + name);
-  auto backbone = backbone_open(dir, {.read_chunk = 64});  // several reads: crosses chunks too
-  std::vector<int32_t> ids = fixture_ids(name);
-  Tensor expected = npy_read(dir / "logits.npy");
-  Tensor logits = backbone_forward(*backbone, ids, /*logits=*/true);
-  double err = rel_max_error(logits, expected);
-  EXPECT_LT(err, 1e-4) << name << " logits";
+TEST_P(Qwen35Golden, LogitsHiddenAndForksMatchHf) {
+  const auto dir = testing::fixture_path(std::string("qwen35/") + GetParam());
+  const auto T = int64_t(testing::npy_ids(dir / "ids.npy").size());
+  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1});
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
-  Tensor hidden = backbone_forward(*backbone, ids, /*logits=*/false);
-  EXPECT_LT(rel_max_error(hidden, npy_read(dir / "hidden.npy")), 1e-4) << name << " hidden";
-  // One read of the whole input gives the same logits bitwise (chunked == dense).
-  backbone->set_options({.read_chunk = 4096});
-  Tensor dense = backbone_forward(*backbone, ids, true);
-  EXPECT_EQ(rel_max_error(dense, logits), 0.0) << name;
-}
-
-TEST_P(Qwen35Golden, ForkAtMiddleMatchesHf) {
-  const std::string name = GetParam();
-  const auto dir = testing::fixture_path("qwen35/" + name);
-  auto backbone = backbone_open(dir);
-  std::vector<int32_t> ids = fixture_ids(name);
-  Tensor expected = npy_read(dir / "logits.npy");
-  for (int64_t k : {int64_t(1), int64_t(ids.size() / 2), int64_t(ids.size() - 1)}) {
-    Tensor logits = backbone_forward(*backbone, ids, true, k);
-    EXPECT_LT(rel_max_error(logits, expected), 1e-4) << name << " fork at " << k;
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden, ::testing::ValuesIn(kFixtures));
@@ -61,15 +38,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden, ::testing::ValuesIn(kFixtures))
 TEST(Qwen35Golden, Bf16DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection, as HF's bf16 model
   // does; both sit about 1e-2 from the fp32 reference, not 1e-4.
-  const auto dir = testing::fixture_path("qwen35/lllf_bf16");
-  auto backbone = backbone_open(dir, {.precision = GemmPrecision::bf16});
-  std::vector<int32_t> ids = fixture_ids("lllf_bf16");
-  Tensor logits = backbone_forward(*backbone, ids, true);
-  double vs_fp32 = rel_max_error(logits, npy_read(dir / "logits.npy"));
-  double hf_vs_fp32 =
-      rel_max_error(npy_read(dir / "logits_native_bf16.npy"), npy_read(dir / "logits.npy"));
-  EXPECT_LT(vs_fp32, 3e-2);
-  EXPECT_LT(vs_fp32, 4 * hf_vs_fp32) << "deg bf16 " << vs_fp32 << " vs HF bf16 " << hf_vs_fp32;
+  const auto [deg_bf16, hf_bf16] =
+      testing::bf16_distances(testing::fixture_path("qwen35/lllf_bf16"));
+  EXPECT_LT(deg_bf16, 3e-2);
+  EXPECT_LT(deg_bf16, 4 * hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
 }
 
 TEST(Qwen35Golden, MetaParameterCountMatchesTensors) {
