@@ -51,22 +51,21 @@ DocumentParts parts_of(const Json& j, const fs::path& dir, const std::string& wh
       }
       return p[key].get<std::string>();
     };
+    std::string media;
+    for (const char* kind : {"image", "audio"})
+      if (p.is_object() && p.contains(kind)) media = kind;
     if (auto t = str("text")) {
       parts.push_back(DocumentPart::of_text(*t));
     } else if (auto f = str("text_file")) {
       parts.push_back(DocumentPart::of_text(read_file(dir / *f)));
-    } else if (auto kind = p.is_object() && p.contains("image")   ? std::string("image")
-                           : p.is_object() && p.contains("audio") ? std::string("audio")
-                                                                  : std::string();
-               !kind.empty()) {
-      const fs::path file = dir / *str(kind.c_str());
+    } else if (!media.empty()) {
+      const fs::path file = dir / *str(media.c_str());
       Tensor e = npy_read(file);
       if (e.rank() != 2 || e.dtype() != DType::f32) {
         throw Error(ErrorKind::format, "media embeddings must be a float32 [rows, hidden] .npy",
                     {.path = file.string()});
       }
-      const std::vector<float> values = e.to_f32_vector();
-      parts.push_back(DocumentPart::of_media(kind, values, e.dim(0)));
+      parts.push_back(DocumentPart::of_media(media, e.to_f32_vector(), e.dim(0)));
     } else {
       throw Error(ErrorKind::format,
                   fmt::format("part {} is none of text, text_file, image, audio", parts.size()),

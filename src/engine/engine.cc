@@ -54,7 +54,6 @@ namespace {
 
 // One document being filled.
 struct Document {
-  DocumentParts parts;
   engine::ContextText context;  // code points + context token ranges
   int64_t ctx_start = 0;        // first context token in the trunk ids
   State state;                  // trunk state after reading it
@@ -404,9 +403,9 @@ int64_t max_document_tokens(const Backbone& bb) {
   return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));
 }
 
-void prepare(const DegModel& model, Document& doc) {
+void prepare(const DegModel& model, const DocumentParts& parts, Document& doc) {
   bool blank = true;
-  for (const DocumentPart& p : doc.parts)
+  for (const DocumentPart& p : parts)
     blank = blank && p.media.empty() && p.text.find_first_not_of(" \t\r\n") == std::string::npos;
   if (blank) {
     doc.error = "the document is empty";
@@ -414,7 +413,7 @@ void prepare(const DegModel& model, Document& doc) {
   }
   const Backbone& bb = model.backbone();
   engine::DocumentContext ctx =
-      engine::document_context(model.tokenizer(), bb.spec(), model.name(), doc.parts);
+      engine::document_context(model.tokenizer(), bb.spec(), model.name(), parts);
   if (int64_t(ctx.ids.size()) > max_document_tokens(bb)) {
     doc.error = fmt::format(
         "the document has {} tokens, more than this machine's memory holds "
@@ -471,9 +470,8 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
   const schema::Plan plan = schema::plan_compile(schema, plan_options);
   std::vector<Document> docs(documents.size());
   for (size_t i = 0; i < documents.size(); ++i) {
-    docs[i].parts = documents[i];
     try {
-      prepare(*impl_->model, docs[i]);
+      prepare(*impl_->model, documents[i], docs[i]);
     } catch (const Error& e) {
       docs[i].error = e.what();
     }
