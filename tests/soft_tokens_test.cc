@@ -41,6 +41,9 @@ void write_tiny_gemma4_media(const std::filesystem::path& dir, uint64_t seed) {
   config["boa_token_id"] = kBoa;
   config["audio_token_id"] = kAudio;
   config["eoa_token_index"] = kEoa;
+  // The encoders' own settings do not matter to deg; their presence offers the media kinds.
+  config["vision_config"] = {{"hidden_size", 16}};
+  config["audio_config"] = {{"hidden_size", 16}};
   testing::write_text(dir / "config.json", config.dump(2));
 }
 
@@ -130,9 +133,26 @@ TEST(SoftTokens, FamiliesWithoutMediaRefuseSoftRows) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("reads no media"), std::string::npos) << e.what();
   }
-  // Gemma 4's own snapshot without media ids in its vocabulary reads none either.
+  // Gemma 4 reads a media kind only where the snapshot configures its encoder: a text snapshot
+  // none, a multimodal one without an audio tower images only.
   testing::write_tiny_gemma4(tmp / "g", 1);
   EXPECT_TRUE(backbone_open(tmp / "g")->spec().media.empty());
+  write_tiny_gemma4_media(tmp / "v", 1);
+  Json config = json_load(tmp / "v" / "config.json");
+  config.erase("audio_config");
+  testing::write_text(tmp / "v" / "config.json", config.dump());
+  const auto media = backbone_open(tmp / "v")->spec().media;
+  ASSERT_EQ(media.size(), 1u);
+  EXPECT_EQ(media[0].kind, "image");
+  // A pad id outside the vocabulary is refused by name.
+  config["text_config"]["pad_token_id"] = 100000;
+  testing::write_text(tmp / "v" / "config.json", config.dump());
+  try {
+    backbone_open(tmp / "v");
+    FAIL() << "pad id 100000 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pad_token_id"), std::string::npos) << e.what();
+  }
 }
 
 TEST(SoftTokens, ContextPlacesMediaZeroWidthBetweenTheTextParts) {

@@ -27,7 +27,8 @@ struct EngineOptions {
 // One part of a document given in parts: text, or a media part read as soft tokens — embeddings
 // made beforehand by the model's own vision / audio encoder (deg does not run encoders yet),
 // placed where the part stands inside the model's media markers. Spans count the code points of
-// the text parts only: a media part is zero-width, so no span ever addresses it.
+// the text parts only, joined as given (end a part with a space or newline where words must not
+// run together): a media part is zero-width, so no span ever addresses it.
 struct DocumentPart {
   std::string text;               // a text part (when `media` is empty)
   std::string media;              // "image" or "audio": a media part

@@ -52,8 +52,18 @@ DocumentParts parts_of(const Json& j, const fs::path& dir, const std::string& wh
       return p[key].get<std::string>();
     };
     std::string media;
-    for (const char* kind : {"image", "audio"})
-      if (p.is_object() && p.contains(kind)) media = kind;
+    int kinds = 0;
+    for (const char* kind : {"text", "text_file", "image", "audio"}) {
+      if (!p.is_object() || !p.contains(kind)) continue;
+      ++kinds;
+      if (kind[0] == 'i' || kind[0] == 'a') media = kind;
+    }
+    if (kinds > 1) {
+      throw Error(
+          ErrorKind::format,
+          fmt::format("part {} has more than one of text, text_file, image, audio", parts.size()),
+          {.path = where});
+    }
     if (auto t = str("text")) {
       parts.push_back(DocumentPart::of_text(*t));
     } else if (auto f = str("text_file")) {
@@ -165,8 +175,8 @@ void run_fill(const FillArgs& args) {
       Engine::open({.model = args.model, .base = args.base, .fork_tokens = args.fork_tokens});
   // Documents that could not be read fail alone; the rest are filled together.
   std::vector<DocumentParts> readable;
-  for (const InputDoc& d : docs)
-    if (d.error.empty()) readable.push_back(d.parts);
+  for (InputDoc& d : docs)
+    if (d.error.empty()) readable.push_back(std::move(d.parts));
   std::vector<FillResult> filled = engine.fill(schema, readable, {.keep_nulls = args.keep_nulls});
   std::vector<FillResult> results;
   for (size_t i = 0, k = 0; i < docs.size(); ++i) {
@@ -226,15 +236,17 @@ void add_fill_command(CLI::App& app) {
                 "Print {value, fields: [{path, kind, value, confidence, span}]} per document; "
                 "spans are [start, end) in code points of the document");
   cmd->add_flag("--keep-nulls", a->keep_nulls, "Keep optional fields whose answer is null");
-  cmd->add_flag("--jsonl", a->jsonl,
-                "Read documents from stdin, one per line: a JSON string, {\"document\": ...} or "
-                "{\"parts\": [...]}");
-  cmd->add_flag("--parts", a->parts,
-                "Each DOC is a JSON file {\"parts\": [...]} of text and media parts (paths "
-                "relative to it)");
+  auto* jsonl = cmd->add_flag(
+      "--jsonl", a->jsonl,
+      "Read documents from stdin, one per line: a JSON string, {\"document\": ...} or "
+      "{\"parts\": [...]}");
+  auto* parts = cmd->add_flag("--parts", a->parts,
+                              "Each DOC is a JSON file {\"parts\": [...]} of text and media parts "
+                              "(paths relative to it)");
   cmd->add_option("--fork-tokens", a->fork_tokens,
                   "Padded tokens per batched fork pass (memory only; results do not change)")
       ->capture_default_str();
+  parts->excludes(jsonl);  // --jsonl lines say {"parts": ...} themselves
   cmd->callback([a] { run_fill(*a); });
 }
 

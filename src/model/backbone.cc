@@ -83,7 +83,7 @@ void check_soft(const TokenBatch& batch, const BackboneSpec& spec) {
   }
   const Tensor& e = soft.embeddings;
   const int64_t n = e.rank() == 2 ? e.dim(0) : 0;
-  if (e.rank() != 2 || e.dtype() != DType::f32 || e.dim(1) != spec.hidden) {
+  if (e.rank() != 2 || e.dtype() != DType::f32 || e.dim(1) != spec.hidden || !e.is_contiguous()) {
     throw Error(ErrorKind::invalid_argument,
                 fmt::format("soft-token embeddings must be f32 [n, {}] (the model's hidden size)",
                             spec.hidden));
@@ -165,6 +165,9 @@ State State::clone() const {
 Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
     : family_(std::move(family)), options_(options) {
   DEG_CHECK(family_ != nullptr, "backbone without a family");
+  // Soft positions' ids are replaced for the embedding only; a history would keep the originals.
+  DEG_CHECK(spec().soft_id < 0 || spec().history == 0,
+            "a family reading soft tokens keeps no token history");
   const auto& layers = spec().layers;
   for (size_t i = 0; i < layers.size(); ++i) {
     const int src = layers[i].kv_source;
@@ -503,10 +506,19 @@ SoftTokens soft_at_placeholders(const BackboneSpec& spec, const std::vector<int3
     for (const BackboneSpec::Media& m : spec.media)
       if (ids[t] == m.placeholder) soft.rows[t] = next++;
   }
-  const int64_t n = soft.embeddings.rank() == 2 ? soft.embeddings.dim(0) : -1;
-  if (next != n) {
-    throw Error(ErrorKind::invalid_argument,
-                fmt::format("{} media placeholder ids but {} embedding rows", next, n));
+  const Tensor& e = soft.embeddings;
+  if (e.rank() != 2 || e.dim(1) != spec.hidden) {
+    throw Error(
+        ErrorKind::invalid_argument,
+        fmt::format("media embeddings must be [n, {}] (the model's hidden size)", spec.hidden));
+  }
+  if (next != e.dim(0)) {
+    std::string kinds;
+    for (const BackboneSpec::Media& m : spec.media)
+      kinds += fmt::format("{}{} {}", kinds.empty() ? "" : ", ", m.kind, m.placeholder);
+    throw Error(
+        ErrorKind::invalid_argument,
+        fmt::format("{} media placeholder ids ({}) but {} embedding rows", next, kinds, e.dim(0)));
   }
   return soft;
 }

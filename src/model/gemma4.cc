@@ -460,20 +460,34 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
     }
     c.media_bidirectional = it->is_string() && *it == "vision";
   }
-  // Media ids live at the multimodal config's root (HF's defaults when absent).
-  c.pad_id = int32_t(t.get_or<int64_t>("pad_token_id", 0));
-  auto media_id = [&](const char* key, int64_t fallback) {
-    return int32_t(root.get_or<int64_t>(key, fallback));
-  };
-  for (BackboneSpec::Media m :
-       {BackboneSpec::Media{"image", media_id("boi_token_id", 255999),
-                            media_id("image_token_id", 258880), media_id("eoi_token_id", 258882)},
-        BackboneSpec::Media{"audio", media_id("boa_token_id", 256000),
-                            media_id("audio_token_id", 258881),
-                            media_id("eoa_token_index", media_id("eoa_token_id", 258883))}}) {
-    const auto in_vocab = [&](int32_t id) { return id >= 0 && id < c.vocab; };
-    if (in_vocab(m.open) && in_vocab(m.placeholder) && in_vocab(m.close)) c.media.push_back(m);
+  // The text pad id stands at soft positions (the per-layer embedding reads it there).
+  const int64_t pad = t.get_or<int64_t>("pad_token_id", 0);
+  if (pad < 0 || pad >= c.vocab) {
+    throw unsupported("pad_token_id",
+                      fmt::format("pad_token_id {} outside the vocabulary of {}", pad, c.vocab));
   }
+  c.pad_id = int32_t(pad);
+  // Media kinds: those whose encoder the multimodal snapshot configures, with the ids at its
+  // root (HF's defaults when absent); a kind with an id outside the vocabulary is left out.
+  auto media_id = [&](const char* key, int64_t fallback) {
+    return root.get_or<int64_t>(key, fallback);
+  };
+  const auto in_vocab = [&](int64_t id) { return id >= 0 && id < c.vocab; };
+  struct Kind {
+    const char* name;
+    const char* encoder;
+    int64_t open, placeholder, close;
+  };
+  for (const Kind& k : {Kind{"image", "vision_config", media_id("boi_token_id", 255999),
+                             media_id("image_token_id", 258880), media_id("eoi_token_id", 258882)},
+                        Kind{"audio", "audio_config", media_id("boa_token_id", 256000),
+                             media_id("audio_token_id", 258881),
+                             media_id("eoa_token_index", media_id("eoa_token_id", 258883))}}) {
+    if (!root.has("text_config") || !root.has(k.encoder)) continue;  // gemma4_text: no encoders
+    if (in_vocab(k.open) && in_vocab(k.placeholder) && in_vocab(k.close))
+      c.media.push_back({k.name, int32_t(k.open), int32_t(k.placeholder), int32_t(k.close)});
+  }
+
   if (!t.has("layer_types")) {
     throw unsupported("layer_types",
                       "layer_types is missing: list \"sliding_attention\" / "

@@ -74,9 +74,17 @@ def main():
     perturb(lm, 78)
     vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=2, head_dim=8)
-    mcfg = Gemma4Config(text_config=cfg.to_dict(), vision_config=vision, audio_config=None,
-                        tie_word_embeddings=cfg.tie_word_embeddings, **TOKENS)
-    mm = Gemma4ForConditionalGeneration(mcfg).eval()
+    # A tiny audio tower too, so the saved config names both encoders (deg offers a media kind
+    # only when the snapshot has its encoder's config).
+    audio = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                 subsampling_conv_channels=[8, 4], conv_kernel_size=3, output_proj_dims=16)
+    try:
+        mcfg = Gemma4Config(text_config=cfg.to_dict(), vision_config=vision, audio_config=audio,
+                            tie_word_embeddings=cfg.tie_word_embeddings, **TOKENS)
+        mm = Gemma4ForConditionalGeneration(mcfg).eval()
+    except Exception as e:
+        print("tiny audio tower failed:", repr(e), flush=True)
+        raise
     missing = mm.model.language_model.load_state_dict(lm.model.state_dict(), strict=False)
     assert not missing.missing_keys, missing
     mm = eager(mm)
