@@ -11,6 +11,7 @@
 
 #include "backbone_test_util.h"
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "io/json.h"
 #include "kernels/gemm.h"
 #include "model/gemma4.h"
@@ -253,6 +254,24 @@ TEST_P(Gemma4Property, DecodeWithKeepEqualsFullForward) {
         << "step " << t;
   }
   EXPECT_EQ(fs.own_len[0], int64_t(tail.size()));
+}
+
+TEST_P(Gemma4Property, ForkRowsAreBitwiseTheSameWhateverThePoolSize) {
+  // With few work units (one row, 2 KV heads) a larger pool splits query heads among threads;
+  // a 1-thread pool never does. The bits must not change.
+  const Doc& d = docs_[1];
+  auto run = [&](int threads) {
+    set_thread_count(threads);
+    ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 24);
+    Tensor h = bb_->fork_forward(TokenBatch::single(rows_[0]), fs, true);
+    Tensor step = bb_->fork_forward(TokenBatch::single({rows_[0][0]}), fs, true, true);
+    std::vector<float> bits = h.to_f32_vector(), s = step.to_f32_vector();
+    bits.insert(bits.end(), s.begin(), s.end());
+    return bits;
+  };
+  const std::vector<float> one = run(1), eight = run(8);
+  set_thread_count(available_cores());
+  EXPECT_TRUE(bitwise_equal(one, eight));
 }
 
 TEST_P(Gemma4Property, IdleRowInADecodeBatchKeepsItsState) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "kernels/attention.h"
@@ -133,6 +134,46 @@ TEST(KernelsAttention, MatchesReferenceWithPrefixAndOwnKeys) {
     for (int64_t i = 0; i < G * D; ++i)
       EXPECT_EQ(changed[size_t(t * G * D + i)], out[size_t(t * G * D + i)]) << "query " << t;
   EXPECT_NE(changed[size_t(6 * G * D)], out[size_t(6 * G * D)]);
+}
+
+TEST(KernelsAttention, QueryHeadsAloneEqualTheirGroupBitwise) {
+  // attend_rows splits a KV head's query heads among threads when there are few work units (a
+  // decode step): a head computed alone must give its bits in the group.
+  const int64_t G = 8, D = 24, P = 300, before = 3, n = 2;
+  auto q = randn(size_t(n * G * D), 11), pk = randn(size_t(P * D), 12),
+       pv = randn(size_t(P * D), 13);
+  auto ok = randn(size_t((before + n) * D), 14), ov = randn(size_t((before + n) * D), 15);
+  for (int64_t window : {int64_t(0), int64_t(100)}) {
+    std::vector<float> group(size_t(n * G * D)), alone(size_t(n * G * D), -1.0f);
+    AttentionArgs a{.t0 = 0,
+                    .t1 = n,
+                    .group = G,
+                    .d = D,
+                    .q = q.data(),
+                    .ldq = G * D,
+                    .prefix_k = pk.data(),
+                    .prefix_v = pv.data(),
+                    .prefix_len = P,
+                    .own_k = ok.data(),
+                    .own_v = ov.data(),
+                    .own_before = before,
+                    .scale = 0.7f,
+                    .window = window,
+                    .out = group.data(),
+                    .ldo = G * D};
+    attention(a);
+    for (int64_t g0 = 0; g0 < G;) {  // pieces of 1, 2, 3 and 2 heads
+      const int64_t g1 = std::min(G, g0 + 1 + g0 % 3);
+      AttentionArgs part = a;
+      part.group = g1 - g0;
+      part.q = q.data() + g0 * D;
+      part.out = alone.data() + g0 * D;
+      attention(part);
+      g0 = g1;
+    }
+    EXPECT_EQ(std::memcmp(group.data(), alone.data(), group.size() * sizeof(float)), 0)
+        << "window " << window;
+  }
 }
 
 TEST(KernelsAttention, SlidingWindowMatchesReferenceAndIgnoresKeysBeyondIt) {

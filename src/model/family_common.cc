@@ -119,7 +119,7 @@ void attend_rows(const AttendRowsArgs& a) {
     for (int64_t t = c.lengths[b]; t < L; ++t)
       std::memset(a.out + (b * L + t) * a.ldo, 0, size_t(width) * sizeof(float));
   struct Task {
-    int64_t b, h, t0, t1;
+    int64_t b, h, t0, t1, g0, g1;  // row, KV head, queries [t0, t1), query heads [g0, g1)
   };
   std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b)
@@ -128,16 +128,27 @@ void attend_rows(const AttendRowsArgs& a) {
         // Cheap and costly blocks alternate (0, last, 1, last - 1, ...), so the pool's
         // contiguous shares carry similar work.
         const int64_t t = (i % 2 ? nb - 1 - i / 2 : i / 2) * kQueryBlock;
-        tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
+        tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock), 0, G});
       }
+  const auto threads = int64_t(thread_pool().size());
+  if (!tasks.empty() && int64_t(tasks.size()) < threads && G > 1) {
+    const int64_t pieces =
+        std::min(G, (threads + int64_t(tasks.size()) - 1) / int64_t(tasks.size()));
+    std::vector<Task> split;
+    for (const Task& tk : tasks)
+      for (int64_t p = 0; p < pieces; ++p)
+        split.push_back({tk.b, tk.h, tk.t0, tk.t1, G * p / pieces, G * (p + 1) / pieces});
+    tasks = std::move(split);
+  }
   for_each_index(int64_t(tasks.size()), 1, [&](int64_t i) {
     const Task& tk = tasks[size_t(i)];
     const RowView& rv = c.views[tk.b];
+    const int64_t head = tk.h * G + tk.g0;  // first query head of the task
     attention({.t0 = tk.t0,
                .t1 = tk.t1,
-               .group = G,
+               .group = tk.g1 - tk.g0,
                .d = D,
-               .q = a.q + tk.b * L * a.ldq + tk.h * G * D,
+               .q = a.q + tk.b * L * a.ldq + head * D,
                .ldq = a.ldq,
                .prefix_k = rv.prefix_k ? rv.prefix_k + tk.h * rv.prefix_stride : nullptr,
                .prefix_v = rv.prefix_v ? rv.prefix_v + tk.h * rv.prefix_stride : nullptr,
@@ -146,7 +157,8 @@ void attend_rows(const AttendRowsArgs& a) {
                .own_v = rv.own_v + tk.h * rv.own_stride,
                .own_before = rv.own_before,
                .scale = a.scale,
-               .out = a.out + tk.b * L * a.ldo + tk.h * G * D,
+               .window = a.window,
+               .out = a.out + tk.b * L * a.ldo + head * D,
                .ldo = a.ldo});
   });
 }

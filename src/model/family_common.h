@@ -71,7 +71,11 @@ struct AttendRowsArgs {
   int64_t group = 1;     // query heads per KV head
   int64_t head_dim = 0;  // D
   float scale = 1;
+  int64_t window = 0;  // > 0: sliding attention over the last `window` positions
 };
+// Work units are (row, KV head, block of queries); when there are fewer than threads (a decode
+// step over few KV heads) each unit's query heads are split among more units. A query head's
+// output is computed the same way in any split, so results do not depend on it.
 void attend_rows(const AttendRowsArgs& a);
 
 // Random weights for benchmarks: every tensor of `table` filled from a counter-based hash

@@ -29,7 +29,6 @@ namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;  // attention work unit (queries)
 constexpr const char* kSliding = "sliding_attention";
 constexpr const char* kGlobal = "full_attention";
 
@@ -295,42 +294,17 @@ class Gemma4 final : public Family {
         std::memcpy(rv.own_v + at, vi + h * D, size_t(D) * sizeof(float));
       }
     });
-    // Attention per (row, KV head, block of queries); cheap and costly blocks alternate.
     float* o = scratch_floats(kLayerSlots + 5, size_t(N * QW));
-    for (int64_t b = 0; b < B; ++b)  // padded rows
-      std::memset(o + (b * L + c.lengths[b]) * QW, 0,
-                  size_t((L - c.lengths[b]) * QW) * sizeof(float));
-    struct Task {
-      int64_t b, h, t0, t1;
-    };
-    std::vector<Task> tasks;
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hkv; ++h)
-        for (int64_t i = 0, nb = (c.lengths[b] + kQueryBlock - 1) / kQueryBlock; i < nb; ++i) {
-          const int64_t t = (i % 2 ? nb - 1 - i / 2 : i / 2) * kQueryBlock;
-          tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
-        }
-    const int64_t window = g.sliding ? cfg_.window : 0;
-    for_each(int64_t(tasks.size()), 1, [&](int64_t i) {
-      const Task& tk = tasks[size_t(i)];
-      const RowView& rv = c.views[tk.b];
-      attention({.t0 = tk.t0,
-                 .t1 = tk.t1,
-                 .group = G,
-                 .d = D,
-                 .q = q + tk.b * L * QW + tk.h * G * D,
+    attend_rows({.call = &c,
+                 .q = q,
                  .ldq = QW,
-                 .prefix_k = rv.prefix_k ? rv.prefix_k + tk.h * rv.prefix_stride : nullptr,
-                 .prefix_v = rv.prefix_v ? rv.prefix_v + tk.h * rv.prefix_stride : nullptr,
-                 .prefix_len = rv.prefix_len,
-                 .own_k = rv.own_k + tk.h * rv.own_stride,
-                 .own_v = rv.own_v + tk.h * rv.own_stride,
-                 .own_before = rv.own_before,
+                 .out = o,
+                 .ldo = QW,
+                 .kv_heads = Hkv,
+                 .group = G,
+                 .head_dim = D,
                  .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
-                 .window = window,
-                 .out = o + tk.b * L * QW + tk.h * G * D,
-                 .ldo = QW});
-    });
+                 .window = g.sliding ? cfg_.window : 0});
     GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
     gemm({.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});
   }
