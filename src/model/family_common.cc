@@ -111,6 +111,27 @@ void swiglu_mlp(const SwigluMlpArgs& a) {
   gemm({.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = a.precision});
 }
 
+void norm_heads(float* x, int64_t heads, int64_t d, const float* w, float eps, NormScale scale) {
+  rms_norm({.x = x,
+            .ldx = d,
+            .y = x,
+            .ldy = d,
+            .rows = heads,
+            .dim = d,
+            .w = w,
+            .eps = eps,
+            .scale = scale});
+}
+
+void store_kv(const RowView& rv, int64_t t, const float* k, const float* v, int64_t kv_heads,
+              int64_t d) {
+  for (int64_t h = 0; h < kv_heads; ++h) {
+    const int64_t at = h * rv.own_stride + (rv.own_before + t) * d;
+    std::memcpy(rv.own_k + at, k + h * d, size_t(d) * sizeof(float));
+    std::memcpy(rv.own_v + at, v + h * d, size_t(d) * sizeof(float));
+  }
+}
+
 void attend_rows(const AttendRowsArgs& a) {
   const LayerCall& c = *a.call;
   const int64_t B = c.rows, L = c.tokens, G = a.group, D = a.head_dim;

@@ -61,6 +61,14 @@ void swiglu_mlp(const SwigluMlpArgs& a);
 // already written into the rows' own buffers). Query head g of KV head h sits at
 // q[(b * L + t) * ldq + (h * group + g) * D]; the output has the same layout in `out`, and
 // padded positions of `out` are zeroed. One task per (row, KV head, block of 16 queries).
+// RMSNorm in place of `heads` contiguous head vectors of `d` floats (q/k/v norms).
+void norm_heads(float* x, int64_t heads, int64_t d, const float* w, float eps, NormScale scale);
+
+// One token's K and V (`kv_heads` heads of `d`, contiguous) written at own position
+// rv.own_before + t of a row's buffers.
+void store_kv(const RowView& rv, int64_t t, const float* k, const float* v, int64_t kv_heads,
+              int64_t d);
+
 struct AttendRowsArgs {
   const LayerCall* call = nullptr;
   const float* q = nullptr;  // [N, ldq]

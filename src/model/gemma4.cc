@@ -263,36 +263,20 @@ class Gemma4 final : public Family {
           .ldx = C,
           .outputs = {outs, size_t(owner ? 3 : 1)},
           .precision = c.precision});
-    auto head_norm = [&](float* x, int64_t heads, const float* weight) {
-      rms_norm({.x = x,
-                .ldx = D,
-                .y = x,
-                .ldy = D,
-                .rows = heads,
-                .dim = D,
-                .w = weight,
-                .eps = cfg_.eps,
-                .scale = NormScale::w});
-    };
     for_each(N, 16, [&](int64_t i) {
       const int64_t b = i / L, t = i % L;
       float* qi = q + i * QW;
-      head_norm(qi, Hq, w.q_norm.data());
+      norm_heads(qi, Hq, D, w.q_norm.data(), cfg_.eps, NormScale::w);
       if (t >= c.lengths[b]) return;
       const int64_t pos = c.positions[b] + t;
       rope_apply(w.rope, pos, qi, Hq, D);
       if (!owner) return;
       float* ki = k + i * KW;
       float* vi = v + i * KW;
-      head_norm(ki, Hkv, w.k_norm.data());
-      head_norm(vi, Hkv, ones_.data());  // v_norm: no scale
+      norm_heads(ki, Hkv, D, w.k_norm.data(), cfg_.eps, NormScale::w);
+      norm_heads(vi, Hkv, D, ones_.data(), cfg_.eps, NormScale::w);  // v_norm: no scale
       rope_apply(w.rope, pos, ki, Hkv, D);
-      const RowView& rv = c.views[b];
-      for (int64_t h = 0; h < Hkv; ++h) {
-        const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
-        std::memcpy(rv.own_k + at, ki + h * D, size_t(D) * sizeof(float));
-        std::memcpy(rv.own_v + at, vi + h * D, size_t(D) * sizeof(float));
-      }
+      store_kv(c.views[b], t, ki, vi, Hkv, D);
     });
     float* o = scratch_floats(kLayerSlots + 5, size_t(N * QW));
     attend_rows({.call = &c,

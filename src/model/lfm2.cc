@@ -186,33 +186,12 @@ class Lfm2 final : public Family {
       if (t >= c.lengths[b]) return;
       float* qi = q + i * QW;
       float* ki = k + i * KW;
-      rms_norm({.x = qi,
-                .ldx = D,
-                .y = qi,
-                .ldy = D,
-                .rows = Hq,
-                .dim = D,
-                .w = w.q_norm.data(),
-                .eps = cfg_.eps,
-                .scale = NormScale::w});
-      rms_norm({.x = ki,
-                .ldx = D,
-                .y = ki,
-                .ldy = D,
-                .rows = Hkv,
-                .dim = D,
-                .w = w.k_norm.data(),
-                .eps = cfg_.eps,
-                .scale = NormScale::w});
+      norm_heads(qi, Hq, D, w.q_norm.data(), cfg_.eps, NormScale::w);
+      norm_heads(ki, Hkv, D, w.k_norm.data(), cfg_.eps, NormScale::w);
       const int64_t pos = c.positions[b] + t;
       rope_apply(rope_, pos, qi, Hq, D);
       rope_apply(rope_, pos, ki, Hkv, D);
-      const RowView& rv = c.views[b];
-      for (int64_t h = 0; h < Hkv; ++h) {
-        const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
-        std::memcpy(rv.own_k + at, ki + h * D, size_t(D) * sizeof(float));
-        std::memcpy(rv.own_v + at, v + i * KW + h * D, size_t(D) * sizeof(float));
-      }
+      store_kv(c.views[b], t, ki, v + i * KW, Hkv, D);
     });
     float* o = scratch_floats(kLayerSlots + 13, size_t(N * QW));
     attend_rows({.call = &c,
