@@ -144,6 +144,14 @@ TEST(SoftTokens, FamiliesWithoutMediaRefuseSoftRows) {
   const auto media = backbone_open(tmp / "v")->spec().media;
   ASSERT_EQ(media.size(), 1u);
   EXPECT_EQ(media[0].kind, "image");
+  // Images attending each other both ways ("vision") are not implemented: no image parts.
+  write_tiny_gemma4_media(tmp / "b", 1);
+  Json both = json_load(tmp / "b" / "config.json");
+  both["text_config"]["use_bidirectional_attention"] = "vision";
+  testing::write_text(tmp / "b" / "config.json", both.dump());
+  const auto audio_only = backbone_open(tmp / "b")->spec().media;
+  ASSERT_EQ(audio_only.size(), 1u);
+  EXPECT_EQ(audio_only[0].kind, "audio");
   // A pad id outside the vocabulary is refused by name.
   config["text_config"]["pad_token_id"] = 100000;
   testing::write_text(tmp / "v" / "config.json", config.dump());

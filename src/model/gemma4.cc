@@ -101,9 +101,6 @@ class Gemma4 final : public Family {
              .logit_softcap = cfg.softcap,
              .soft_id = cfg.pad_id,
              .media = cfg.media};
-    if (cfg.media_bidirectional) {  // images would attend both ways in HF: not read here
-      std::erase_if(spec_.media, [](const BackboneSpec::Media& m) { return m.kind == "image"; });
-    }
     if (P > 0) {
       ple_table_ = weight_need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
       ple_model_proj_ = weight_need(w, "per_layer_model_projection.weight", {NL * P, C});
@@ -409,6 +406,7 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
                                  "model runs in deg yet)");
     }
   }
+  bool images_bidirectional = false;  // not implemented: such a model reads no image parts
   if (auto it = t.json().find("use_bidirectional_attention"); it != t.json().end()) {
     // "vision" makes image tokens bidirectional; text stays causal. "all" / true does not.
     if ((it->is_boolean() && it->get<bool>()) || (it->is_string() && *it == "all")) {
@@ -416,7 +414,7 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
                         "bidirectional text attention is not "
                         "supported");
     }
-    c.media_bidirectional = it->is_string() && *it == "vision";
+    images_bidirectional = it->is_string() && *it == "vision";
   }
   // The text pad id stands at soft positions (the per-layer embedding reads it there).
   const int64_t pad = t.get_or<int64_t>("pad_token_id", 0);
@@ -442,6 +440,7 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
                              media_id("audio_token_id", 258881),
                              media_id("eoa_token_index", media_id("eoa_token_id", 258883))}}) {
     if (!root.has("text_config") || !root.has(k.encoder)) continue;  // gemma4_text: no encoders
+    if (images_bidirectional && std::string(k.name) == "image") continue;
     if (in_vocab(k.open) && in_vocab(k.placeholder) && in_vocab(k.close))
       c.media.push_back({k.name, int32_t(k.open), int32_t(k.placeholder), int32_t(k.close)});
   }

@@ -50,10 +50,10 @@ struct Gemma4Config {
   bool tied = true;  // LM head = embedding
   // Media read as soft tokens (HF Gemma4Config): the text pad id stands at their positions (the
   // per-layer embedding reads it there); image and audio spans are wrapped in begin/end ids and
-  // marked by a placeholder id. An id outside the vocabulary leaves that kind out.
+  // marked by a placeholder id. A kind is listed only when the snapshot configures its encoder
+  // and its ids lie in the vocabulary (images not with use_bidirectional_attention "vision").
   int32_t pad_id = 0;
   std::vector<BackboneSpec::Media> media;
-  bool media_bidirectional = false;  // use_bidirectional_attention "vision" (not supported)
 
   // From config.json: the root (`gemma4_text`) or its text_config (`gemma4`). Global layers'
   // head dim comes from per_layer_config (transformers >= 5.15) or global_head_dim. Throws
