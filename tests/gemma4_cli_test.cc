@@ -4,8 +4,6 @@
 // schema through Gemma's turn layout. Random heads: only the machinery is checked.
 #include <gtest/gtest.h>
 
-#include <sstream>
-
 #include "deg/engine.h"
 #include "io/json.h"
 #include "io/npy.h"
@@ -85,27 +83,14 @@ TEST_P(Gemma4Cli, InitThenFillAnswersTheSchema) {
   EXPECT_TRUE(
       same_bits(backbone_forward(*from_ck, ids, true), backbone_forward(*from_base, ids, true)));
 
-  const std::string schema = testing::source_path("examples/support.schema.json").string();
-  const std::string doc = testing::source_path("examples/support.txt").string();
-  r = testing::run_deg({"fill", "--model", (t / "ck").string(), "--schema", schema, doc});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  Json one = Json::parse(r.out);
-  EXPECT_TRUE(one.contains("category"));  // required choice: always answered
-  r = testing::run_deg(
-      {"fill", "--model", (t / "ck").string(), "--schema", schema, "--report", doc, doc});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::string l1, l2;
-  std::getline(lines, l1);
-  std::getline(lines, l2);
-  EXPECT_EQ(l1, l2);  // the same document twice in one batch: the same report
-  EXPECT_TRUE(Json::parse(l1)["fields"].is_array());
+  testing::expect_fill_support_example(t / "ck");
 
   // The library agrees with the CLI, and a field's report does not depend on the batch.
   Engine engine = Engine::open({.model = t / "ck"});
   EXPECT_EQ(engine.backbone_name(), "gemma4");
-  OrderedJson s = schema::schema_load(schema);
-  const std::string text = testing::read_text(doc);
+  OrderedJson s =
+      schema::schema_load(testing::source_path("examples/support.schema.json").string());
+  const std::string text = testing::read_text(testing::source_path("examples/support.txt"));
   std::vector<FillResult> alone = engine.fill(s, {text});
   std::vector<FillResult> batch = engine.fill(s, {"refund for order AB-123456 please", text});
   ASSERT_TRUE(alone[0].ok()) << alone[0].error;

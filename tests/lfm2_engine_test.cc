@@ -5,8 +5,6 @@
 // machinery on this family.
 #include <gtest/gtest.h>
 
-#include <sstream>
-
 #include "backbone_test_util.h"
 #include "deg/engine.h"
 #include "engine/model.h"
@@ -85,21 +83,7 @@ TEST_F(Lfm2Engine, CliInitAndFill) {
             testing::read_text(*dir_ / "ckpt" / "heads.safetensors"));
   Json meta = json_load(t / "ck" / "deg.json");
   EXPECT_EQ(meta["backbone"], "lfm2");
-  const std::string schema = testing::source_path("examples/support.schema.json").string();
-  const std::string doc = testing::source_path("examples/support.txt").string();
-  r = testing::run_deg({"fill", "--model", (t / "ck").string(), "--schema", schema, doc});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  Json one = Json::parse(r.out);
-  EXPECT_TRUE(one.contains("category"));  // required choice: always answered
-  r = testing::run_deg(
-      {"fill", "--model", (t / "ck").string(), "--schema", schema, "--report", doc, doc});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::string l1, l2;
-  std::getline(lines, l1);
-  std::getline(lines, l2);
-  EXPECT_EQ(l1, l2);
-  EXPECT_TRUE(Json::parse(l1)["fields"].is_array());
+  testing::expect_fill_support_example(t / "ck");
 }
 
 TEST_F(Lfm2Engine, CliForwardOnTheSnapshotMatchesTheLibrary) {

@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -7,6 +8,8 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+
+#include "io/json.h"
 
 namespace deg::testing {
 
@@ -61,6 +64,25 @@ CommandResult run_deg(const std::vector<std::string>& args, const std::string& s
   r.out = read_text(dir / "stdout");
   r.err = read_text(dir / "stderr");
   return r;
+}
+
+std::string expect_fill_support_example(const std::filesystem::path& ck) {
+  const std::string schema = source_path("examples/support.schema.json").string();
+  const std::string doc = source_path("examples/support.txt").string();
+  CommandResult r = run_deg({"fill", "--model", ck.string(), "--schema", schema, doc});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json one = Json::parse(r.out, nullptr, false);
+  EXPECT_TRUE(one.is_object() && one.contains("category")) << r.out;  // required: answered
+  r = run_deg({"fill", "--model", ck.string(), "--schema", schema, "--report", doc, doc});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string l1, l2;
+  std::getline(lines, l1);
+  std::getline(lines, l2);
+  EXPECT_EQ(l1, l2);  // the same document twice in one batch: the same report
+  const Json report = Json::parse(l1, nullptr, false);
+  EXPECT_TRUE(report.is_object() && report["fields"].is_array()) << l1;
+  return l1;
 }
 
 }  // namespace deg::testing

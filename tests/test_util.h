@@ -38,4 +38,9 @@ struct CommandResult {
 // Runs the built `deg` binary with `args`, feeding `stdin_text` on standard input.
 CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "");
 
+// `deg fill` with checkpoint `ck` on examples/support.{schema.json,txt}: one document prints an
+// object that answers the required choice; the document twice with --report prints the same
+// report twice (gtest failures otherwise). Returns that report line.
+std::string expect_fill_support_example(const std::filesystem::path& ck);
+
 }  // namespace deg::testing
