@@ -2,11 +2,11 @@
 // validate against their schemas (valijson), fields are bitwise independent of each other, a
 // document's report is the same alone and in a batch, spans hold their values, bad documents fail
 // alone. The answers of random heads are meaningless; these are properties of the machinery.
+#include "deg/engine.h"
+
 #include <gtest/gtest.h>
 
-
 #include "core/error.h"
-#include "deg/engine.h"
 #include "engine/decode.h"
 #include "io/json.h"
 #include "model/checkpoint.h"
@@ -56,8 +56,7 @@ const std::vector<std::string>& documents() {
 
 void expect_valid(const OrderedJson& schema, const OrderedJson& value) {
   const auto why = schema::schema_violations(schema, value);
-  EXPECT_TRUE(why.empty()) << value.dump() << "
-" << fmt::format("{}", fmt::join(why, "; "));
+  EXPECT_TRUE(why.empty()) << value.dump() << "\n" << fmt::format("{}", fmt::join(why, "; "));
 }
 
 TEST_F(EngineTest, OutputsValidateAgainstTheirSchemas) {

@@ -242,7 +242,8 @@ TEST_P(Gemma4Property, DecodeWithKeepEqualsFullForward) {
   const Doc& d = docs_[1];
   const std::vector<int32_t>& tail = rows_[0];  // 24 tokens: a header of 8, then 16 decode steps
   Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
-  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 4);  // grows on demand
+  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0},
+                           int64_t(tail.size()));  // static: decode never reallocates
   std::vector<int32_t> header(tail.begin(), tail.begin() + 8);
   Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
   EXPECT_LT(rel_max_error(row_of(h, 0, 8), span_of(full, int64_t(d.prefix.size()), 8)),
@@ -262,7 +263,7 @@ TEST_P(Gemma4Property, ForkRowsAreBitwiseTheSameWhateverThePoolSize) {
   const Doc& d = docs_[1];
   auto run = [&](int threads) {
     set_thread_count(threads);
-    ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 24);
+    ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 32);
     Tensor h = bb_->fork_forward(TokenBatch::single(rows_[0]), fs, true);
     Tensor step = bb_->fork_forward(TokenBatch::single({rows_[0][0]}), fs, true, true);
     std::vector<float> bits = h.to_f32_vector(), s = step.to_f32_vector();
@@ -275,7 +276,7 @@ TEST_P(Gemma4Property, ForkRowsAreBitwiseTheSameWhateverThePoolSize) {
 }
 
 TEST_P(Gemma4Property, IdleRowInADecodeBatchKeepsItsState) {
-  ForkState fs = bb_->fork(prefixes(), {0, 1}, 8);
+  ForkState fs = bb_->fork(prefixes(), {0, 1}, 32);  // room for a row and a step
   bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
   const int64_t before = fs.own_len[1];
   std::vector<float> k_before = kv_of(fs.own[0].k, 1, before);

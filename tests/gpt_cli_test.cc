@@ -4,7 +4,6 @@
 // `deg fill` a small schema whose output validates against it (valijson).
 #include <gtest/gtest.h>
 
-
 #include <cmath>
 
 #include "io/json.h"
@@ -47,8 +46,7 @@ std::string corpus(int docs, int seed) {
 
 void expect_valid(const std::string& schema_text, const Json& value) {
   const auto why = schema::schema_violations(Json::parse(schema_text), value);
-  EXPECT_TRUE(why.empty()) << value.dump() << "
-" << fmt::format("{}", fmt::join(why, "; "));
+  EXPECT_TRUE(why.empty()) << value.dump() << "\n" << fmt::format("{}", fmt::join(why, "; "));
 }
 
 TEST(GptCli, ShardPretrainForwardInitFill) {

@@ -321,7 +321,8 @@ TEST_F(GptProperty, DecodeWithKeepEqualsFullForward) {
   const Doc& d = docs_[1];
   const std::vector<int32_t>& tail = rows_[0];  // 40 tokens: a header of 3, then decode steps
   Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
-  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 2);  // grows on demand
+  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0},
+                           int64_t(tail.size()));  // static: decode never reallocates
   std::vector<int32_t> header(tail.begin(), tail.begin() + 3);
   Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
   EXPECT_TRUE(bitwise_equal(row_of(h, 0, 3), span_of(full, int64_t(d.prefix.size()), 3)));

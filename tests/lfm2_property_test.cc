@@ -222,7 +222,8 @@ TEST_P(Lfm2Property, DecodeWithKeepEqualsFullForward) {
     const Doc& d = docs_[size_t(p)];
     const std::vector<int32_t>& tail = rows_[0];  // 24 tokens: a header of 8, then 16 steps
     Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
-    ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 4);  // grows on demand
+    ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0},
+                             int64_t(tail.size()));  // static: decode never reallocates
     std::vector<int32_t> header(tail.begin(), tail.begin() + 8);
     Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
     EXPECT_LT(rel_max_error(row_of(h, 0, 8), span_of(full, int64_t(d.prefix.size()), 8)), tol());
@@ -237,7 +238,7 @@ TEST_P(Lfm2Property, DecodeWithKeepEqualsFullForward) {
 }
 
 TEST_P(Lfm2Property, IdleRowInADecodeBatchKeepsItsTail) {
-  ForkState fs = bb_->fork(prefixes(), {0, 1}, 8);
+  ForkState fs = bb_->fork(prefixes(), {0, 1}, 32);  // room for a row and a step
   bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
   const int64_t before = fs.own_len[1];
   std::vector<float> tail_before = row_slice(fs.own[0].tail, 1, INT64_MAX);

@@ -194,7 +194,10 @@ TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
   const Doc& d = docs_[1];
   const std::vector<int32_t>& tail = rows_[0];  // 24 tokens: a header of 8, then 16 decode steps
   Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
-  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0}, 4);  // grows on demand
+  ForkState fs = bb_->fork({{.state = &d.state, .row = 0}}, {0},
+                           int64_t(tail.size()));  // static: decode never reallocates
+  std::vector<const std::byte*> kv;  // each attention layer's own K, fixed at fork time
+  for (const LayerState& l : fs.own) kv.push_back(l.k.defined() ? l.k.raw() : nullptr);
   std::vector<int32_t> header(tail.begin(), tail.begin() + 8);
   Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
   const double tol = GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2;
@@ -206,11 +209,18 @@ TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
         << "step " << t;
   }
   EXPECT_EQ(fs.own_len[0], int64_t(tail.size()));
+  for (size_t i = 0; i < kv.size(); ++i) {
+    if (kv[i]) {
+      EXPECT_EQ(fs.own[i].k.raw(), kv[i]) << "layer " << i << " K/V moved";
+    }
+  }
+  // The forks were made for tail.size() tokens: one more is refused, not grown into.
+  EXPECT_THROW(bb_->fork_forward(TokenBatch::single({tail[0]}), fs, true, true), Error);
 }
 
 TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
   // Two rows decode; row 1 is idle (length 0) for one step and must not move.
-  ForkState fs = bb_->fork(prefixes(), {0, 1}, 8);
+  ForkState fs = bb_->fork(prefixes(), {0, 1}, 32);  // room for a row and a step
   bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
   const int64_t before = fs.own_len[1];
   TokenBatch step{.ids = {3, 0}, .rows = 2, .tokens = 1, .lengths = {1, 0}};

@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
 
 namespace deg {
 
@@ -129,6 +128,14 @@ void history_append(int32_t* hist, int64_t n_hist, const int32_t* ids, int64_t n
 
 }  // namespace
 
+Exec Backbone::call_exec() const {
+  // This thread's scratch for calls on the backbone's device, kept between calls so that its
+  // memory is reused (a decode step allocates nothing once the first step has run).
+  thread_local Arena host_arena(Device::cpu);
+  DEG_CHECK(ops_->device() == Device::cpu, "backbone: no arena for device {}", ops_->name());
+  return {.ops = *ops_, .arena = host_arena};
+}
+
 TokenBatch TokenBatch::single(const std::vector<int32_t>& ids) {
   return TokenBatch{
       .ids = ids, .rows = 1, .tokens = int64_t(ids.size()), .lengths = {int64_t(ids.size())}};
@@ -163,7 +170,7 @@ State State::clone() const {
 }
 
 Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
-    : family_(std::move(family)), options_(options) {
+    : family_(std::move(family)), options_(options), ops_(&cpu_ops()) {
   DEG_CHECK(family_ != nullptr, "backbone without a family");
   // Soft positions' ids are replaced for the embedding only; a history would keep the originals.
   DEG_CHECK(spec().soft_id < 0 || spec().history == 0,
@@ -199,54 +206,47 @@ State Backbone::empty_state(int64_t rows) const {
   return s;
 }
 
-void Backbone::run_layers(const TokenBatch& batch, int64_t offset, int64_t count,
-                          const int64_t* lengths, const int64_t* positions, const int32_t* history,
+void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset,
+                          const RowTable& rows, const int32_t* history,
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
                           int64_t out_tokens) const {
-  const int64_t B = batch.rows, C = spec().hidden, S = spec().stream_width();
-  std::vector<float> h(size_t(B * count * S));
+  const int64_t B = rows.rows, count = rows.tokens, C = spec().hidden, S = spec().stream_width();
+  std::vector<float> stream(size_t(B * count * S));
+  float* h = stream.data();
+  x.arena.reset();
   std::vector<int32_t> ids(size_t(B * count));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < count; ++t)
       ids[size_t(b * count + t)] = batch.ids[size_t(b * batch.tokens + offset + t)];
   // Soft tokens: their embedding rows, and the family's soft id in place of the placeholder.
-  std::vector<const float*> soft;
+  std::vector<int32_t> soft;
   if (!batch.soft.empty()) {
-    soft.assign(size_t(B * count), nullptr);
-    const float* e = batch.soft.embeddings.data<float>();
+    soft.assign(size_t(B * count), -1);
     for (int64_t b = 0; b < B; ++b) {
       for (int64_t t = 0; t < count; ++t) {
         const int32_t r = batch.soft.rows[size_t(b * batch.tokens + offset + t)];
         if (r < 0) continue;
-        soft[size_t(b * count + t)] = e + int64_t(r) * C;
+        soft[size_t(b * count + t)] = r;
         ids[size_t(b * count + t)] = spec().soft_id;
       }
     }
   }
-  family_->embed_rows({.ids = ids.data(),
-                       .rows = B,
-                       .tokens = count,
-                       .positions = positions,
-                       .history = history,
-                       .h = h.data(),
-                       .soft = soft.empty() ? nullptr : soft.data()});
+  family_->embed_rows(x, {.ids = ids.data(),
+                          .rows = rows,
+                          .history = history,
+                          .h = h,
+                          .soft_rows = soft.empty() ? nullptr : soft.data(),
+                          .soft = soft.empty() ? nullptr : batch.soft.embeddings.data<float>()});
   for (size_t i = 0; i < spec().layers.size(); ++i) {
-    LayerCall call{.h = h.data(),
-                   .rows = B,
-                   .tokens = count,
-                   .lengths = lengths,
-                   .positions = positions,
-                   .views = views[i].data(),
-                   .precision = options_.precision};
-    family_->layer(int(i), call);
+    x.arena.reset();  // a layer's scratch lives until the next layer starts
+    family_->layer(
+        x, int(i),
+        {.h = h, .rows = rows, .views = views[i].data(), .precision = options_.precision});
   }
-  if (S != C) {  // drop the side streams: lanes [0, C) of each token, packed
-    for (int64_t i = 1; i < B * count; ++i)
-      std::memmove(h.data() + i * C, h.data() + i * S, size_t(C) * sizeof(float));
-  }
+  x.arena.reset();
+  if (S != C) x.ops.copy_rows(h, S, h, C, B * count, C);  // drop the side streams
   for (int64_t b = 0; b < B; ++b) {
-    family_->final_norm(h.data() + b * count * C, hidden_out + (b * out_tokens + offset) * C,
-                        count);
+    family_->final_norm(x, h + b * count * C, hidden_out + (b * out_tokens + offset) * C, count);
   }
 }
 
@@ -285,6 +285,7 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
   }
   state.capacity = std::max(state.capacity, needed);
   Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  const Exec exec = call_exec();
   std::vector<int64_t> lens(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
   std::vector<std::vector<RowView>> views(layers.size(), std::vector<RowView>(size_t(B)));
   for (int64_t s = 0; s < std::max<int64_t>(L, 1); s += R) {
@@ -313,8 +314,9 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
         }
       }
     }
-    run_layers(batch, s, c, lens.data(), pos.data(), state.history.data(), views,
-               hidden.mutable_data<float>(), L);
+    run_layers(exec, batch, s,
+               {.rows = B, .tokens = c, .lengths = lens.data(), .positions = pos.data()},
+               state.history.data(), views, hidden.mutable_data<float>(), L);
     for (size_t i = 0; i < layers.size(); ++i) {
       if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
       for (int64_t b = 0; b < B; ++b)
@@ -391,15 +393,15 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   }
   const int64_t B = batch.rows, L = batch.tokens, C = spec().hidden;
   const auto& layers = spec().layers;
-  int64_t needed = 0;
-  for (int64_t b = 0; b < B; ++b) needed = std::max(needed, fs.own_len[size_t(b)] + L);
-  if (needed > fs.capacity) {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (!owns_kv(layers[i])) continue;
-      grow_kv(fs.own[i].k, needed, fs.own_len);
-      grow_kv(fs.own[i].v, needed, fs.own_len);
+  // Fork state is static (DESIGN.md §4b): its K/V never move, so a decode step can be replayed
+  // over the same buffers.
+  for (int64_t b = 0; b < B; ++b) {
+    if (fs.own_len[size_t(b)] + batch.lengths[size_t(b)] > fs.capacity) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("fork row {} would hold {} own tokens, more than the {} its forks "
+                              "were made for (Backbone::fork capacity)",
+                              b, fs.own_len[size_t(b)] + batch.lengths[size_t(b)], fs.capacity));
     }
-    fs.capacity = needed;
   }
   // Recurrent state after this pass: the rows' own (kept) buffers, or one scratch shared by
   // every layer when nothing is kept.
@@ -455,9 +457,11 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
     std::copy(from, from + Hn, hist.begin() + b * Hn);
   }
   Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  const Exec exec = call_exec();
   if (L > 0) {
-    run_layers(batch, 0, L, batch.lengths.data(), pos.data(), hist.data(), views,
-               hidden.mutable_data<float>(), L);
+    run_layers(exec, batch, 0,
+               {.rows = B, .tokens = L, .lengths = batch.lengths.data(), .positions = pos.data()},
+               hist.data(), views, hidden.mutable_data<float>(), L);
   }
   if (keep) {
     for (int64_t b = 0; b < B; ++b) {
@@ -480,17 +484,18 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
   const int64_t M = hidden.numel() / C;
   const Tensor& head = family_->lm_head();
   Tensor logits = Tensor::empty({M, head.dim(0)}, DType::f32);
-  linear(hidden.data<float>(), M, C, head, logits.mutable_data<float>(), false, options_.precision);
+  const Exec exec = call_exec();
+  GemmOutput out{.w = &head, .y = logits.mutable_data<float>(), .ldy = head.dim(0)};
+  exec.ops.gemm({.x = hidden.data<float>(),
+                 .m = M,
+                 .k = C,
+                 .ldx = C,
+                 .outputs = {&out, 1},
+                 .precision = options_.precision});
   if (const float cap = spec().logit_softcap; cap > 0) {
-    float* z = logits.mutable_data<float>();
-    parallel_for(
-        logits.numel(),
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) z[i] = std::tanh(z[i] / cap) * cap;
-        },
-        4096);
+    exec.ops.softcap({.y = logits.mutable_data<float>(), .n = logits.numel(), .cap = cap});
   }
-  family_->finish_logits(logits.mutable_data<float>(), logits.numel());
+  family_->finish_logits(exec, logits.mutable_data<float>(), logits.numel());
   return logits;
 }
 

@@ -38,6 +38,7 @@
 
 #include "core/tensor.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 
 namespace deg {
 
@@ -153,71 +154,43 @@ struct TokenBatch {
   static TokenBatch padded(const std::vector<std::vector<int32_t>>& rows, int32_t pad_id = 0);
 };
 
-// What one layer call sees of row b's state. Recurrent layers: start from rec_in/tail_in, write
-// rec_out (always; it may equal rec_in) and tail_out (when non-null). Attention layers: keys are
-// prefix [0, prefix_len) then own [0, own_before + t]; this call's K/V are written into own at
-// own_before. Strides are per KV head, in floats (capacity * D). Sliding layers see only the keys
-// a window can reach: prefix_len is the prefix's kept tail (positions [length - prefix_len,
-// length)), own_before counts the own keys kept before this call; K/V-sharing layers see their
-// source layer's view (and must not write it).
-struct RowView {
-  const float* rec_in = nullptr;
-  float* rec_out = nullptr;
-  const float* tail_in = nullptr;
-  float* tail_out = nullptr;
-  const float* prefix_k = nullptr;
-  const float* prefix_v = nullptr;
-  int64_t prefix_len = 0;
-  int64_t prefix_stride = 0;
-  float* own_k = nullptr;
-  float* own_v = nullptr;
-  int64_t own_before = 0;
-  int64_t own_stride = 0;
-};
-
 // What embed_rows sees: B rows of L ids, each row's position and the ids before it.
 struct EmbedCall {
-  const int32_t* ids = nullptr;  // [B, L] right-padded
-  int64_t rows = 0;
-  int64_t tokens = 0;
-  const int64_t* positions = nullptr;  // [B] position of each row's first token
-  const int32_t* history = nullptr;    // [B, spec.history] ids before it, oldest first (only the
-                                       // last min(position, history) are real)
-  float* h = nullptr;                  // [B, L, S]
-  // [B, L] or null: non-null entries are soft tokens, that position's embedding [C] (its id is
-  // spec().soft_id). Only families with spec().soft_id >= 0 see them.
-  const float* const* soft = nullptr;
+  const int32_t* ids = nullptr;      // [B, L] right-padded
+  RowTable rows;                     // lengths and positions of the call's rows
+  const int32_t* history = nullptr;  // [B, spec.history] ids before each row, oldest first (only
+                                     // the last min(position, history) are real)
+  float* h = nullptr;                // [B, L, S]
+  // [B, L] or null: entries >= 0 are soft tokens, that row of `soft` ([n, C]) is the position's
+  // embedding (its id is spec().soft_id). Only families with spec().soft_id >= 0 see them.
+  const int32_t* soft_rows = nullptr;
+  const float* soft = nullptr;
 };
 
 struct LayerCall {
   float* h = nullptr;  // [B, L, S] residual stream (spec().stream_width()), updated in place
-  int64_t rows = 0;
-  int64_t tokens = 0;
-  const int64_t* lengths = nullptr;    // [B] real tokens of this call
-  const int64_t* positions = nullptr;  // [B] position of each row's first token
-  const RowView* views = nullptr;      // [B]
+  RowTable rows;       // B, L, each row's real tokens and first position
+  const RowView* views = nullptr;  // [B] the rows' state for this layer
   GemmPrecision precision = GemmPrecision::exact;
 };
 
+// A family's math, written once over the op interface (kernels/ops.h): every method gets the
+// call's Exec (backend ops + scratch arena) and loops over nothing itself.
 class Family {
  public:
   virtual ~Family() = default;
   virtual const BackboneSpec& spec() const = 0;
-  virtual void embed(const int32_t* ids, int64_t n, float* h) const = 0;  // -> h [n, S]
-  // The embedding of a call. Families whose embedding reads earlier tokens (spec().history > 0)
-  // override it; by default every id is embedded alone.
-  virtual void embed_rows(const EmbedCall& call) const {
-    embed(call.ids, call.rows * call.tokens, call.h);
-  }
+  // The embedding of a call -> call.h [B, L, S].
+  virtual void embed_rows(const Exec& x, const EmbedCall& call) const = 0;
   // One layer (mixer + MLP, both residual) over call.h; padded positions' outputs are zeros or
   // finite garbage, never read back into state.
-  virtual void layer(int index, const LayerCall& call) const = 0;
+  virtual void layer(const Exec& x, int index, const LayerCall& call) const = 0;
   // h: n tokens [n, C] (lanes [0, C) of the stream, contiguous) -> out [n, C]
-  virtual void final_norm(const float* h, float* out, int64_t n) const = 0;
+  virtual void final_norm(const Exec& x, const float* h, float* out, int64_t n) const = 0;
   virtual const Tensor& lm_head() const = 0;  // [V, C]
   // Logits as the family's loss sees them, in place over n values of h lm_head^T (e.g. a soft
   // cap); the default keeps the plain linear head.
-  virtual void finish_logits(float* /*logits*/, int64_t /*n*/) const {}
+  virtual void finish_logits(const Exec& /*x*/, float* /*logits*/, int64_t /*n*/) const {}
 };
 
 struct BackboneOptions {
@@ -239,8 +212,8 @@ class Backbone {
   // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time.
   Tensor prefill(const TokenBatch& batch, State& state) const;
 
-  // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens (grown on
-  // demand).
+  // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens of each row,
+  // fixed here (a pass that would exceed it throws): decode never reallocates.
   ForkState fork(const std::vector<PrefixRef>& prefixes, const std::vector<int64_t>& prow,
                  int64_t capacity) const;
   // The rows' next tokens -> final-norm hidden [B, L, C]. keep: store each row's state after its
@@ -252,13 +225,15 @@ class Backbone {
   Tensor lm_logits(const Tensor& hidden) const;
 
  private:
-  void run_layers(const TokenBatch& batch, int64_t offset, int64_t count, const int64_t* lengths,
-                  const int64_t* positions, const int32_t* history,
-                  const std::vector<std::vector<RowView>>& views, float* hidden_out,
-                  int64_t out_tokens) const;
+  void run_layers(const Exec& x, const TokenBatch& batch, int64_t offset, const RowTable& rows,
+                  const int32_t* history, const std::vector<std::vector<RowView>>& views,
+                  float* hidden_out, int64_t out_tokens) const;
+
+  Exec call_exec() const;  // the backend's ops and this thread's call arena
 
   std::unique_ptr<Family> family_;
   BackboneOptions options_;
+  const Ops* ops_;
 };
 
 // One token sequence end to end (the `deg forward` door): final-norm hidden [T, C], or logits

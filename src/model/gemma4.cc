@@ -14,15 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <set>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
-#include "kernels/attention.h"
-#include "kernels/norm.h"
-#include "kernels/rope.h"
-#include "kernels/scratch.h"
+#include "kernels/ops.h"
 #include "model/family_common.h"
 
 namespace deg {
@@ -42,35 +37,6 @@ struct LayerWeights {
   float scalar = 1.0f;
   RopeTable rope;
 };
-
-// out[j] = (out[j] * keep + t[r, j] * scale) * mix for j < t.dim(1): a row of an f32 or bf16
-// table [rows, width] (keep 0 and mix 1: a scaled copy).
-void add_row(const Tensor& t, int64_t r, float scale, float keep, float mix, float* out) {
-  const int64_t width = t.dim(1);
-  if (t.dtype() == DType::bf16) {
-    const bf16* row = t.data<bf16>() + r * width;
-    for (int64_t j = 0; j < width; ++j)
-      out[j] = (out[j] * keep + bf16_to_f32(row[j]) * scale) * mix;
-  } else {
-    const float* row = t.data<float>() + r * width;
-    for (int64_t j = 0; j < width; ++j) out[j] = (out[j] * keep + row[j] * scale) * mix;
-  }
-}
-
-// PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-inline float gelu_tanh(float x) {
-  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(inner));
-}
-
-void for_each(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
-  parallel_for(
-      n,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) fn(i);
-      },
-      grain);
-}
 
 RopeTable layer_rope(const Gemma4Rope& r, int64_t head_dim) {
   if (!r.proportional) return rope_table(head_dim, 1.0, r.theta);
@@ -106,7 +72,6 @@ class Gemma4 final : public Family {
       ple_model_proj_ = weight_need(w, "per_layer_model_projection.weight", {NL * P, C});
       ple_norm_ = weight_f32(w, "per_layer_projection_norm.weight", {P});
     }
-    int64_t widest = 0;
     for (int64_t i = 0; i < NL; ++i) {
       const Gemma4Layer& g = cfg.layers[size_t(i)];
       const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, I = g.intermediate;
@@ -135,7 +100,6 @@ class Gemma4 final : public Family {
       // A persistent buffer in HF (ones at init); snapshots that lack it mean 1.
       if (w.count(n("layer_scalar"))) l.scalar = weight_f32(w, n("layer_scalar"), {1})[0];
       l.rope = layer_rope(g.sliding ? cfg.sliding_rope : cfg.global_rope, D);
-      widest = std::max(widest, D);
       layers_.push_back(std::move(l));
       spec_.layers.push_back({.kind = LayerKind::attention,
                               .kv_heads = Hkv,
@@ -143,187 +107,201 @@ class Gemma4 final : public Family {
                               .window = g.sliding ? cfg.window : 0,
                               .kv_source = g.kv_source});
     }
-    ones_.assign(size_t(widest), 1.0f);
   }
 
   const BackboneSpec& spec() const override { return spec_; }
   const Tensor& lm_head() const override { return head_; }
 
-  void embed(const int32_t* ids, int64_t n, float* h) const override {
-    embed_soft(ids, nullptr, n, h);
-  }
-  void embed_rows(const EmbedCall& call) const override {
-    embed_soft(call.ids, call.soft, call.rows * call.tokens, call.h);
-  }
-
   // As HF's Gemma4Model merges media: a soft token's embedding replaces the scaled token
   // embedding as given, its per-layer inputs project that embedding and look up the pad id.
-  void embed_soft(const int32_t* ids, const float* const* soft, int64_t n, float* h) const {
-    const int64_t C = cfg_.hidden, S = spec_.stream_width(), P = cfg_.ple_dim;
-    const auto scale = float(std::sqrt(double(C)));
-    for_each(n, 16, [&](int64_t i) {
-      float* x = h + i * S;
-      if (soft && soft[i]) {
-        std::copy(soft[i], soft[i] + C, x);
-        return;
-      }
-      std::fill(x, x + C, 0.0f);
-      add_row(embed_, ids[i], scale, 0.0f, 1.0f, x);
-    });
+  void embed_rows(const Exec& x, const EmbedCall& e) const override {
+    const int64_t n = e.rows.n(), C = cfg_.hidden, S = spec_.stream_width(), P = cfg_.ple_dim;
+    x.ops.gather({.table = &embed_,
+                  .ids = e.ids,
+                  .n = n,
+                  .y = e.h,
+                  .ldy = S,
+                  .scale = float(std::sqrt(double(C))),
+                  .soft_rows = e.soft_rows,
+                  .soft = e.soft});
     if (P == 0) return;
     // Per-layer inputs in lanes [C, C + NL*P): (norm(h Wpᵀ C^-1/2) + table[id] sqrt(P)) 2^-1/2.
     const int64_t NL = int64_t(cfg_.layers.size());
-    GemmOutput proj{.w = &ple_model_proj_, .y = h + C, .ldy = S};
-    gemm({.x = h, .m = n, .k = C, .ldx = S, .outputs = {&proj, 1}});
-    const auto proj_scale = float(std::pow(double(C), -0.5));
-    const auto table_scale = float(std::sqrt(double(P)));
-    const auto mix = float(std::pow(2.0, -0.5));
-    for_each(n, 16, [&](int64_t i) {
-      float* side = h + i * S + C;
-      for (int64_t j = 0; j < NL * P; ++j) side[j] *= proj_scale;
-      rms_norm({.x = side,
-                .ldx = P,
-                .y = side,
-                .ldy = P,
-                .rows = NL,
-                .dim = P,
-                .w = ple_norm_.data(),
-                .eps = cfg_.eps,
-                .scale = NormScale::w});
-      add_row(ple_table_, ids[i], table_scale, 1.0f, mix, side);
-    });
+    float* side = e.h + C;
+    GemmOutput proj{.w = &ple_model_proj_, .y = side, .ldy = S};
+    x.ops.gemm({.x = e.h, .m = n, .k = C, .ldx = S, .outputs = {&proj, 1}});
+    x.ops.scale(
+        {.y = side, .ldy = S, .rows = n, .n = NL * P, .s = float(std::pow(double(C), -0.5))});
+    x.ops.rms_norm({.x = side,
+                    .ldx = S,
+                    .y = side,
+                    .ldy = S,
+                    .rows = n,
+                    .heads = NL,
+                    .dim = P,
+                    .w = ple_norm_.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::w});
+    x.ops.gather({.table = &ple_table_,
+                  .ids = e.ids,
+                  .n = n,
+                  .y = side,
+                  .ldy = S,
+                  .scale = float(std::sqrt(double(P))),
+                  .keep = true,
+                  .mix = float(std::pow(2.0, -0.5))});
   }
 
-  void final_norm(const float* h, float* out, int64_t n) const override {
-    norm_rows(h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data());
+  void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
+    norm_rows(x, h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data());
   }
 
-  void layer(int index, const LayerCall& c) const override {
+  void layer(const Exec& x, int index, const LayerCall& c) const override {
     const LayerWeights& w = layers_[size_t(index)];
     const Gemma4Layer& g = cfg_.layers[size_t(index)];
-    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, S = spec_.stream_width();
-    float* xn = scratch_floats(kLayerSlots + 0, size_t(N * C));
-    float* out = scratch_floats(kLayerSlots + 1, size_t(N * C));
-    norm_rows(c.h, S, xn, C, N, w.input_norm.data());
-    attention_block(w, g, c, xn, out);
-    add_normed(c.h, out, N, w.post_attn_norm);
-    mlp(w, g, c, xn, out);
-    if (cfg_.ple_dim > 0) per_layer_input(w, index, c, out);
-    if (w.scalar != 1.0f) {
-      for_each(N, 16, [&](int64_t i) {
-        for (int64_t j = 0; j < C; ++j) c.h[i * S + j] *= w.scalar;
-      });
-    }
+    const int64_t N = c.rows.n(), C = cfg_.hidden, S = spec_.stream_width();
+    float* xn = x.arena.floats(N * C);
+    float* out = x.arena.floats(N * C);
+    norm_rows(x, c.h, S, xn, C, N, w.input_norm.data());
+    attention_block(x, w, g, c, xn, out);
+    add_normed(x, c.h, out, N, w.post_attn_norm);
+    mlp(x, w, g, c, xn, out);
+    if (cfg_.ple_dim > 0) per_layer_input(x, w, index, c, out);
+    if (w.scalar != 1.0f) x.ops.scale({.y = c.h, .ldy = S, .rows = N, .n = C, .s = w.scalar});
   }
 
  private:
   // y[r] = norm(x[r]) * w over n rows of C at strides ldx / ldy.
-  void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n,
+  void norm_rows(const Exec& x, const float* in, int64_t ldx, float* y, int64_t ldy, int64_t n,
                  const float* w) const {
-    rms_norm_parallel({.x = x,
-                       .ldx = ldx,
-                       .y = y,
-                       .ldy = ldy,
-                       .rows = n,
-                       .dim = cfg_.hidden,
-                       .w = w,
-                       .eps = cfg_.eps,
-                       .scale = NormScale::w});
+    x.ops.rms_norm({.x = in,
+                    .ldx = ldx,
+                    .y = y,
+                    .ldy = ldy,
+                    .rows = n,
+                    .dim = cfg_.hidden,
+                    .w = w,
+                    .eps = cfg_.eps,
+                    .scale = NormScale::w});
   }
 
-  // h[:, :C] += norm(x) * w for x [N, C] (normed in place).
-  void add_normed(float* h, float* x, int64_t n, const std::vector<float>& w) const {
-    const int64_t C = cfg_.hidden, S = spec_.stream_width();
-    norm_rows(x, C, x, C, n, w.data());
-    for_each(n, 16, [&](int64_t i) {
-      for (int64_t j = 0; j < C; ++j) h[i * S + j] += x[i * C + j];
-    });
+  // h[:, :C] += norm(y) * w for y [N, C] (normed in place).
+  void add_normed(const Exec& x, float* h, float* y, int64_t n, const std::vector<float>& w) const {
+    const int64_t C = cfg_.hidden;
+    norm_rows(x, y, C, y, C, n, w.data());
+    x.ops.binary({.a = y, .lda = C, .y = h, .ldy = spec_.stream_width(), .rows = n, .n = C});
   }
 
   // out [N, C] = o_proj(attention(rope(norm(q)), rope(norm(k)), norm(v))); owner layers write
   // this call's real K/V into the rows' own buffers first.
-  void attention_block(const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
-                       const float* xn, float* out) const {
-    const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden;
-    const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, G = Hq / Hkv;
+  void attention_block(const Exec& x, const LayerWeights& w, const Gemma4Layer& g,
+                       const LayerCall& c, const float* xn, float* out) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
+    const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim;
     const int64_t QW = Hq * D, KW = Hkv * D;
     const bool owner = g.kv_source < 0;
-    float* q = scratch_floats(kLayerSlots + 2, size_t(N * QW));
-    float* k = scratch_floats(kLayerSlots + 3, size_t(owner ? N * KW : 1));
-    float* v = scratch_floats(kLayerSlots + 4, size_t(owner ? N * KW : 1));
+    float* q = x.arena.floats(N * QW);
+    float* k = owner ? x.arena.floats(N * KW) : nullptr;
+    float* v = owner ? x.arena.floats(N * KW) : nullptr;
     GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    gemm({.x = xn,
-          .m = N,
-          .k = C,
-          .ldx = C,
-          .outputs = {outs, size_t(owner ? 3 : 1)},
-          .precision = c.precision});
-    for_each(N, 16, [&](int64_t i) {
-      const int64_t b = i / L, t = i % L;
-      float* qi = q + i * QW;
-      norm_heads(qi, Hq, D, w.q_norm.data(), cfg_.eps, NormScale::w);
-      if (t >= c.lengths[b]) return;
-      const int64_t pos = c.positions[b] + t;
-      rope_apply(w.rope, pos, qi, Hq, D);
-      if (!owner) return;
-      float* ki = k + i * KW;
-      float* vi = v + i * KW;
-      norm_heads(ki, Hkv, D, w.k_norm.data(), cfg_.eps, NormScale::w);
-      norm_heads(vi, Hkv, D, ones_.data(), cfg_.eps, NormScale::w);  // v_norm: no scale
-      rope_apply(w.rope, pos, ki, Hkv, D);
-      store_kv(c.views[b], t, ki, vi, Hkv, D);
-    });
-    float* o = scratch_floats(kLayerSlots + 5, size_t(N * QW));
-    attend_rows({.call = &c,
-                 .q = q,
-                 .ldq = QW,
-                 .out = o,
-                 .ldo = QW,
-                 .kv_heads = Hkv,
-                 .group = G,
-                 .head_dim = D,
-                 .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
-                 .window = g.sliding ? cfg_.window : 0});
+    x.ops.gemm({.x = xn,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = {outs, size_t(owner ? 3 : 1)},
+                .precision = c.precision});
+    // Per head: RMSNorm of q and k (scaled), of v (no scale); q and k rotated.
+    auto norm_heads = [&](float* p, int64_t heads, const float* scale) {
+      x.ops.rms_norm({.x = p,
+                      .ldx = heads * D,
+                      .y = p,
+                      .ldy = heads * D,
+                      .rows = N,
+                      .heads = heads,
+                      .dim = D,
+                      .w = scale,
+                      .eps = cfg_.eps,
+                      .scale = NormScale::w});
+    };
+    norm_heads(q, Hq, w.q_norm.data());
+    x.ops.rope({.rows = c.rows, .table = &w.rope, .x = q, .ldx = QW, .heads = Hq, .hs = D});
+    if (owner) {
+      norm_heads(k, Hkv, w.k_norm.data());
+      norm_heads(v, Hkv, nullptr);
+      x.ops.rope({.rows = c.rows, .table = &w.rope, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
+      x.ops.kv_write({.rows = c.rows,
+                      .views = c.views,
+                      .k = k,
+                      .ldk = KW,
+                      .v = v,
+                      .ldv = KW,
+                      .kv_heads = Hkv,
+                      .dim = D});
+    }
+    float* o = x.arena.floats(N * QW);
+    x.ops.attention({.rows = c.rows,
+                     .views = c.views,
+                     .q = q,
+                     .ldq = QW,
+                     .out = o,
+                     .ldo = QW,
+                     .kv_heads = Hkv,
+                     .group = Hq / Hkv,
+                     .head_dim = D,
+                     .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
+                     .window = g.sliding ? cfg_.window : 0});
     GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
-    gemm({.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});
+    x.ops.gemm(
+        {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});
   }
 
   // h += post_ff_norm(down(gelu(gate(x)) * up(x))), x = pre_ff_norm(h).
-  void mlp(const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c, float* xn,
-           float* out) const {
-    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, I = g.intermediate;
-    norm_rows(c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data());
-    float* gate = scratch_floats(kLayerSlots + 6, size_t(N * I));
-    float* up = scratch_floats(kLayerSlots + 7, size_t(N * I));
+  void mlp(const Exec& x, const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
+           float* xn, float* out) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden, I = g.intermediate;
+    norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data());
+    float* gate = x.arena.floats(N * I);
+    float* up = x.arena.floats(N * I);
     GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
-    parallel_for(
-        N * I,
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) gate[i] = gelu_tanh(gate[i]) * up[i];
-        },
-        4096);
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    x.ops.glu({.gate = gate,
+               .ldg = I,
+               .up = up,
+               .ldu = I,
+               .out = gate,
+               .ldo = I,
+               .rows = N,
+               .n = I,
+               .act = Activation::gelu_tanh});
     GemmOutput down{.w = &w.down, .y = out, .ldy = C};
-    gemm({.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = c.precision});
-    add_normed(c.h, out, N, w.post_ff_norm);
+    x.ops.gemm(
+        {.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = c.precision});
+    add_normed(x, c.h, out, N, w.post_ff_norm);
   }
 
   // h += post_ple_norm(proj(gelu(gate(h)) * ple_layer)), ple_layer = stream lanes of `index`.
-  void per_layer_input(const LayerWeights& w, int index, const LayerCall& c, float* out) const {
-    const int64_t N = c.rows * c.tokens, C = cfg_.hidden, P = cfg_.ple_dim;
+  void per_layer_input(const Exec& x, const LayerWeights& w, int index, const LayerCall& c,
+                       float* out) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden, P = cfg_.ple_dim;
     const int64_t S = spec_.stream_width();
-    float* g = scratch_floats(kLayerSlots + 8, size_t(N * P));
+    float* g = x.arena.floats(N * P);
     GemmOutput gate{.w = &w.ple_gate, .y = g, .ldy = P};
-    gemm({.x = c.h, .m = N, .k = C, .ldx = S, .outputs = {&gate, 1}, .precision = c.precision});
-    for_each(N, 16, [&](int64_t i) {
-      const float* ple = c.h + i * S + C + int64_t(index) * P;
-      for (int64_t j = 0; j < P; ++j) g[i * P + j] = gelu_tanh(g[i * P + j]) * ple[j];
-    });
+    x.ops.gemm(
+        {.x = c.h, .m = N, .k = C, .ldx = S, .outputs = {&gate, 1}, .precision = c.precision});
+    x.ops.glu({.gate = g,
+               .ldg = P,
+               .up = c.h + C + int64_t(index) * P,
+               .ldu = S,
+               .out = g,
+               .ldo = P,
+               .rows = N,
+               .n = P,
+               .act = Activation::gelu_tanh});
     GemmOutput proj{.w = &w.ple_proj, .y = out, .ldy = C};
-    gemm({.x = g, .m = N, .k = P, .ldx = P, .outputs = {&proj, 1}, .precision = c.precision});
-    add_normed(c.h, out, N, w.post_ple_norm);
+    x.ops.gemm({.x = g, .m = N, .k = P, .ldx = P, .outputs = {&proj, 1}, .precision = c.precision});
+    add_normed(x, c.h, out, N, w.post_ple_norm);
   }
 
   Gemma4Config cfg_;
@@ -332,7 +310,6 @@ class Gemma4 final : public Family {
   Tensor ple_table_, ple_model_proj_;  // [Vp, NL*P] (mapped, never copied), [NL*P, C]
   std::vector<float> ple_norm_;        // [P]
   std::vector<float> final_norm_;      // [C]
-  std::vector<float> ones_;            // the value norm's missing scale
   std::vector<LayerWeights> layers_;
 };
 

@@ -193,25 +193,13 @@ class Gpt final : public Family {
   const BackboneSpec& spec() const override { return spec_; }
   const Tensor& lm_head() const override { return head_; }
 
-  void embed(const int32_t* ids, int64_t n, float* h) const override {
-    // Each id as the first token of its own row.
-    const std::vector<int64_t> positions(size_t(n), 0);
-    const std::vector<int32_t> history(size_t(n * kHistory), 0);
-    embed_rows({.ids = ids,
-                .rows = n,
-                .tokens = 1,
-                .positions = positions.data(),
-                .history = history.data(),
-                .h = h});
-  }
-
   // Token embedding, smear, x0 = norm(.), the n-gram embedding, the pre MUDD gate, cache 0.
-  void embed_rows(const EmbedCall& e) const override {
-    const int64_t Lc = e.tokens, N = e.rows * Lc, S = lanes_.width, C = cfg_.model_dim;
+  void embed_rows(const Exec& /*x*/, const EmbedCall& e) const override {
+    const int64_t Lc = e.rows.tokens, N = e.rows.rows * Lc, S = lanes_.width, C = cfg_.model_dim;
     const int64_t Dn = cfg_.ngram_dim, sc = cfg_.smear_channels;
     const float smear_lambda = scalars_[size_t(2 * cfg_.num_layers)];
     for_each(N, 16, [&](int64_t i) {
-      const int64_t b = i / Lc, t = i % Lc, pos = e.positions[b] + t;
+      const int64_t b = i / Lc, t = i % Lc, pos = e.rows.positions[b] + t;
       auto before = [&](int64_t k) {  // the id k tokens back
         return t >= k ? e.ids[i - k] : e.history[b * kHistory + kHistory - (k - t)];
       };
@@ -247,10 +235,10 @@ class Gpt final : public Family {
     });
   }
 
-  void layer(int index, const LayerCall& c) const override {
+  void layer(const Exec& /*x*/, int index, const LayerCall& c) const override {
     const int i = index;
-    const int64_t N = c.rows * c.tokens, S = lanes_.width, C = cfg_.model_dim;
-    Arena ar(kLayerSlots + 0, size_t(N * arena_per_token_));
+    const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
+    SlotArena ar(kLayerSlots + 0, size_t(N * arena_per_token_));
     float* h = c.h;
     if (i == cfg_.post_gate_layer) {
       head_run(gate_[1], h, S, N, h + lanes_.gate[1], S, nullptr, c.precision);
@@ -292,11 +280,11 @@ class Gpt final : public Family {
     if (lanes_.cache[size_t(i)] >= 0 && i > 0) save_cache(i, c);
   }
 
-  void final_norm(const float* h, float* out, int64_t n) const override {
+  void final_norm(const Exec& /*x*/, const float* h, float* out, int64_t n) const override {
     norm_rows(h, cfg_.model_dim, out, cfg_.model_dim, n);
   }
 
-  void finish_logits(float* logits, int64_t n) const override {
+  void finish_logits(const Exec& /*x*/, float* logits, int64_t n) const override {
     const float a = cfg_.softcap_a, b = cfg_.softcap_b, c = cfg_.softcap_c;
     parallel_for(
         n,
@@ -311,15 +299,15 @@ class Gpt final : public Family {
 
   // y [n, C] at stride ldy = RMS norm of x [n, C] at stride ldx (no weight).
   void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n) const {
-    rms_norm_parallel({.x = x,
-                       .ldx = ldx,
-                       .y = y,
-                       .ldy = ldy,
-                       .rows = n,
-                       .dim = cfg_.model_dim,
-                       .w = ones_.data(),
-                       .eps = cfg_.norm_eps,
-                       .scale = NormScale::w});
+    cpu_ops().rms_norm({.x = x,
+                        .ldx = ldx,
+                        .y = y,
+                        .ldy = ldy,
+                        .rows = n,
+                        .dim = cfg_.model_dim,
+                        .w = ones_.data(),
+                        .eps = cfg_.norm_eps,
+                        .scale = NormScale::w});
   }
 
   // x0_ngram [Dn] of the token at `pos` with id x after p1, p2 (train ngram_hash per token).
@@ -355,7 +343,7 @@ class Gpt final : public Family {
   void head_run(const HeadWeights& w, const float* x, int64_t ldx, int64_t N, float* out,
                 int64_t ldo, float* deltas, GemmPrecision precision) const {
     const int64_t M = w.w1.dim(0), n = w.w2.dim(0), C = cfg_.model_dim;
-    Arena ar(kLayerSlots + 1, size_t(N * (M + n)));
+    SlotArena ar(kLayerSlots + 1, size_t(N * (M + n)));
     float* pre = ar.take(N * M);
     GemmOutput o1{.w = &w.w1, .y = pre, .ldy = M};
     gemm({.x = x, .m = N, .k = C, .ldx = ldx, .outputs = {&o1, 1}, .precision = precision});
@@ -390,16 +378,16 @@ class Gpt final : public Family {
 
   void save_cache(int i, const LayerCall& c) const {
     const int64_t S = lanes_.width, at = lanes_.cache[size_t(i)];
-    for_each(c.rows * c.tokens, 64, [&](int64_t t) {
+    for_each(c.rows.n(), 64, [&](int64_t t) {
       std::memcpy(c.h + t * S + at, c.h + t * S, size_t(cfg_.model_dim) * sizeof(float));
     });
   }
 
   // Value embedding added to V on layer i (2 sigmoid-gated per head where gated), or null.
-  const float* value_embedding(int i, const LayerCall& c, const float* xn, Arena& ar) const {
+  const float* value_embedding(int i, const LayerCall& c, const float* xn, SlotArena& ar) const {
     const int ve = cfg_.value_embed_index(i), veg = cfg_.value_embed_gate_index(i);
     if (ve < 0) return nullptr;
-    const int64_t N = c.rows * c.tokens, S = lanes_.width, C = cfg_.model_dim;
+    const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
     const int64_t H = cfg_.num_heads, hd = cfg_.head_dim, gc = cfg_.value_embed_gate_channels;
     float* aux = ar.take(N * C);
     for_each(N, 16, [&](int64_t t) {
@@ -422,7 +410,7 @@ class Gpt final : public Family {
 
   // The attention sublayer of layer i before its output scale: y W_o^T [N, C] (padded rows 0).
   const float* attention(int i, const LayerCall& c, const float* xn, const float* aux,
-                         Arena& ar) const {
+                         SlotArena& ar) const {
     const int xsa = gl_.xsa[size_t(i)], gate = gl_.attn_gate[size_t(i)];
     return gpt_detail::attention(
         layers_[size_t(i)].at,
@@ -444,9 +432,9 @@ class Gpt final : public Family {
   // The MLP sublayer of layer i in place on the stream: x = rm x + pm mlp(norm(x)) (+ the
   // parallel MLP). MUDD layer: mu = its coefficients, x = mu12 x + mu13 mlp(norm(x)); mlp_xn
   // receives norm(x) (the post mix reads it).
-  void mlp(int i, const LayerCall& c, Arena& ar, const float* mu, float** mlp_xn) const;
+  void mlp(int i, const LayerCall& c, SlotArena& ar, const float* mu, float** mlp_xn) const;
 
-  void mudd_layer(const LayerCall& c, Arena& ar) const;
+  void mudd_layer(const LayerCall& c, SlotArena& ar) const;
 
   GptConfig cfg_;
   GptConfig::GateLanes gl_;
@@ -464,9 +452,9 @@ class Gpt final : public Family {
   int64_t arena_per_token_ = 0;
 };
 
-void Gpt::mlp(int i, const LayerCall& c, Arena& ar, const float* mu, float** mlp_xn) const {
+void Gpt::mlp(int i, const LayerCall& c, SlotArena& ar, const float* mu, float** mlp_xn) const {
   const LayerWeights& lw = layers_[size_t(i)];
-  const int64_t N = c.rows * c.tokens, S = lanes_.width, C = cfg_.model_dim, F = cfg_.mlp_hidden;
+  const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim, F = cfg_.mlp_hidden;
   float* h = c.h;
   if (!lw.mlp) {
     const float r = resid_[size_t(2 * i + 1)];
@@ -514,9 +502,9 @@ void Gpt::mlp(int i, const LayerCall& c, Arena& ar, const float* mu, float** mlp
 // x <- (1 + mu5) x + mu3 c0 + mu4 c_late, attention over norm(c_late), then
 // mu8 x + mu9 attn + mu10 c0 (+ mu11 n-gram), the MLP with mu12 / mu13, and the post-loop mix
 // x + sum_k (mu_k + delta_kg) src_k per channel group.
-void Gpt::mudd_layer(const LayerCall& c, Arena& ar) const {
+void Gpt::mudd_layer(const LayerCall& c, SlotArena& ar) const {
   const int i = cfg_.mudd_layer();
-  const int64_t N = c.rows * c.tokens, S = lanes_.width, C = cfg_.model_dim;
+  const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
   const int64_t H = cfg_.num_heads, hd = cfg_.head_dim, Dn = cfg_.ngram_dim;
   float* h = c.h;
   const int64_t late = lanes_.cache[size_t(cfg_.late_layer)];

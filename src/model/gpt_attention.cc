@@ -32,10 +32,10 @@ void rotate(const float* x, float* y, const float* freq, int64_t d, int64_t pos)
 
 }  // namespace
 
-const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar) {
+const float* attention(const AttnWeights& a, const AttnInputs& in, SlotArena& ar) {
   const LayerCall& c = *in.call;
   const float *xn = in.xn, *aux = in.aux;
-  const int64_t B = c.rows, L = c.tokens, N = B * L, C = in.model_dim, H = in.heads;
+  const int64_t B = c.rows.rows, L = c.rows.tokens, N = B * L, C = in.model_dim, H = in.heads;
   const int64_t dq = a.dq, dv = a.dv, D = a.d, rot = in.rotary_dim, hd = C / H;
   const int64_t S = in.stream, half = H / 2;
   const float sa0 = in.sa0;
@@ -49,7 +49,7 @@ const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar) {
   float* q = ar.take(N * H * dq);
   float* v = ar.take(N * H * dv);
   for_each(N, 16, [&](int64_t n) {
-    const int64_t b = n / L, t = n % L, pos = c.positions[b] + t;
+    const int64_t b = n / L, t = n % L, pos = c.rows.positions[b] + t;
     float* p = qk + n * 2 * H * dq;
     for (int64_t k = 0; k < 2 * H * dq; ++k) p[k] *= sa0;
     rms_norm({.x = p,
@@ -66,7 +66,7 @@ const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar) {
       const float* ah = aux ? aux + n * C + h * hd : nullptr;
       for (int64_t d = 0; d < dv; ++d) vh[d] = sa0 * pv[(n * H + h) * dv + d] + (ah ? ah[d] : 0.0f);
     }
-    const bool real = t < c.lengths[b];
+    const bool real = t < c.rows.lengths[b];
     const RowView& rv = c.views[b];
     for (int64_t h = 0; h < H; ++h) {
       const int64_t rpos = a.paired ? 2 * pos + h % 2 : pos;
@@ -88,11 +88,11 @@ const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar) {
   };
   std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b) {
-    std::memset(y + (b * L + c.lengths[b]) * H * dv, 0,
-                size_t((L - c.lengths[b]) * H * dv) * sizeof(float));
+    std::memset(y + (b * L + c.rows.lengths[b]) * H * dv, 0,
+                size_t((L - c.rows.lengths[b]) * H * dv) * sizeof(float));
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t t = 0; t < c.lengths[b]; t += kQueryBlock)
-        tasks.push_back({b, h, t, std::min(c.lengths[b], t + kQueryBlock)});
+      for (int64_t t = 0; t < c.rows.lengths[b]; t += kQueryBlock)
+        tasks.push_back({b, h, t, std::min(c.rows.lengths[b], t + kQueryBlock)});
   }
   for_each(int64_t(tasks.size()), 1, [&](int64_t ti) {
     const Task& tk = tasks[size_t(ti)];
@@ -105,7 +105,7 @@ const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar) {
     auto vbuf = [&](int64_t p) { return p < rv.prefix_len ? rv.prefix_v : rv.own_v; };
     float* score = scratch_floats(kScoreSlot, size_t(a.window + 2));
     for (int64_t t = tk.t0; t < tk.t1; ++t) {
-      const int64_t n = tk.b * L + t, pos = c.positions[tk.b] + t;
+      const int64_t n = tk.b * L + t, pos = c.rows.positions[tk.b] + t;
       // Query position and its keys (paired: 2 positions per token, head h at 2t + h / (H/2),
       // slot h % (H/2); key position j is token j / 2, head slot + (j % 2) (H/2)).
       const int64_t qpos = a.paired ? 2 * pos + tk.h / half : pos;

@@ -43,9 +43,9 @@ inline void for_each(int64_t n, int64_t grain, const std::function<void(int64_t)
 }
 
 // Per-call buffers carved from one per-thread scratch slot.
-class Arena {
+class SlotArena {
  public:
-  Arena(int slot, size_t size) : base_(scratch_floats(slot, size)), size_(size) {}
+  SlotArena(int slot, size_t size) : base_(scratch_floats(slot, size)), size_(size) {}
   float* take(int64_t n) {
     DEG_CHECK(used_ + size_t(n) <= size_, "gpt arena: {} + {} floats > {}", used_, n, size_);
     float* p = base_ + used_;
@@ -87,6 +87,6 @@ struct AttnInputs {
 // own buffers; causal sliding-window attention over the rows' prefix and own keys (paired heads,
 // key offset); XSA and output gates -> y W_o^T [N, C] from `ar` (padded rows 0). The output
 // scale is the caller's.
-const float* attention(const AttnWeights& a, const AttnInputs& in, Arena& ar);
+const float* attention(const AttnWeights& a, const AttnInputs& in, SlotArena& ar);
 
 }  // namespace deg::gpt_detail

@@ -10,18 +10,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "core/error.h"
-#include "kernels/conv.h"
-#include "kernels/norm.h"
-#include "kernels/rope.h"
-#include "kernels/scratch.h"
+#include "kernels/ops.h"
 
 namespace deg {
 
 namespace {
-
-constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
 
 struct ConvWeights {
   Tensor in, out;           // [3C, C] (rows: B, C, x), [C, C]
@@ -87,124 +83,132 @@ class Lfm2 final : public Family {
   const BackboneSpec& spec() const override { return spec_; }
   const Tensor& lm_head() const override { return head_; }
 
-  void embed(const int32_t* ids, int64_t n, float* h) const override {
-    gather_embeddings(embed_, ids, n, h, cfg_.hidden);
+  void embed_rows(const Exec& x, const EmbedCall& e) const override {
+    x.ops.gather({.table = &embed_, .ids = e.ids, .n = e.rows.n(), .y = e.h, .ldy = cfg_.hidden});
   }
 
-  void final_norm(const float* h, float* out, int64_t n) const override {
-    rms_norm_rows(h, out, n, cfg_.hidden, final_norm_, cfg_.eps, NormScale::w);
+  void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
+    norm_rows(x, h, out, n, final_norm_);
   }
 
-  void layer(int index, const LayerCall& c) const override {
+  void layer(const Exec& x, int index, const LayerCall& c) const override {
     const LayerWeights& w = layers_[size_t(index)];
-    const int64_t N = c.rows * c.tokens;
-    float* xn = scratch_floats(kLayerSlots + 0, size_t(N * cfg_.hidden));
-    rms_norm_rows(c.h, xn, N, cfg_.hidden, w.operator_norm, cfg_.eps, NormScale::w);
+    const int64_t N = c.rows.n();
+    float* xn = x.arena.floats(N * cfg_.hidden);
+    norm_rows(x, c.h, xn, N, w.operator_norm);
     if (w.kind == LayerKind::recurrent) {
-      short_conv(w.cv, c, xn);
+      short_conv(x, w.cv, c, xn);
     } else {
-      attention_mixer(w.at, c, xn);
+      attention_mixer(x, w.at, c, xn);
     }
-    rms_norm_rows(c.h, xn, N, cfg_.hidden, w.ffn_norm, cfg_.eps, NormScale::w);
-    swiglu_mlp({.h = c.h,
-                .xn = xn,
-                .n = N,
-                .hidden = cfg_.hidden,
-                .width = cfg_.ffn,
-                .gate = &w.w1,
-                .up = &w.w3,
-                .down = &w.w2,
-                .precision = c.precision});
+    norm_rows(x, c.h, xn, N, w.ffn_norm);
+    swiglu_mlp(x, {.h = c.h,
+                   .xn = xn,
+                   .n = N,
+                   .hidden = cfg_.hidden,
+                   .width = cfg_.ffn,
+                   .gate = &w.w1,
+                   .up = &w.w3,
+                   .down = &w.w2,
+                   .precision = c.precision});
   }
 
  private:
+  // y = norm(x) * w over n rows of C.
+  void norm_rows(const Exec& x, const float* in, float* out, int64_t n,
+                 const std::vector<float>& w) const {
+    const int64_t C = cfg_.hidden;
+    x.ops.rms_norm({.x = in,
+                    .ldx = C,
+                    .y = out,
+                    .ldy = C,
+                    .rows = n,
+                    .dim = C,
+                    .w = w.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::w});
+  }
+
   // Gated short conv: h += out_proj(C * conv(B * x)). One buffer [N, 3C] holds B | C | x: B * x
   // overwrites B, the conv output overwrites x (never its own input), then is gated by C.
-  void short_conv(const ConvWeights& w, const LayerCall& c, const float* xn) const {
-    const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden, K = cfg_.conv_kernel;
-    const int64_t W3 = 3 * C;
-    float* bcx = scratch_floats(kLayerSlots + 3, size_t(N * W3));
+  void short_conv(const Exec& x, const ConvWeights& w, const LayerCall& c, const float* xn) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden, W3 = 3 * C;
+    float* bcx = x.arena.floats(N * W3);
     GemmOutput in{.w = &w.in, .y = bcx, .ldy = W3};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&in, 1}, .precision = c.precision});
-    // Per (row, block of channels) over the row's real positions, carrying the tail; padded
-    // positions of the output are zeroed.
-    const int64_t blocks = (C + kConvChannelBlock - 1) / kConvChannelBlock;
-    for_each_index(B * blocks, 1, [&](int64_t task) {
-      const int64_t b = task / blocks, c0 = task % blocks * kConvChannelBlock;
-      const int64_t n = c.lengths[b], width = std::min(kConvChannelBlock, C - c0);
-      float* row = bcx + b * L * W3 + c0;  // B at row[t * W3], C at + C, x at + 2C
-      for (int64_t t = 0; t < n; ++t) {
-        float* bt = row + t * W3;
-        const float* xt = bt + 2 * C;
-        for (int64_t j = 0; j < width; ++j) bt[j] *= xt[j];
-      }
-      const RowView& v = c.views[b];
-      causal_conv({.n = n,
-                   .channels = width,
-                   .kernel = K,
-                   .x = row,
-                   .ldx = W3,
-                   .tail_in = v.tail_in ? v.tail_in + c0 : nullptr,
-                   .ldt = C,
-                   .w = w.conv.data() + c0 * K,
-                   .y = row + 2 * C,
-                   .ldy = W3,
-                   .tail_out = v.tail_out ? v.tail_out + c0 : nullptr});
-      for (int64_t t = 0; t < n; ++t) {
-        float* yt = row + t * W3 + 2 * C;
-        const float* ct = row + t * W3 + C;
-        for (int64_t j = 0; j < width; ++j) yt[j] *= ct[j];
-      }
-      for (int64_t t = n; t < L; ++t)
-        std::memset(row + t * W3 + 2 * C, 0, size_t(width) * sizeof(float));
-    });
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&in, 1}, .precision = c.precision});
+    x.ops.binary(
+        {.a = bcx + 2 * C, .lda = W3, .y = bcx, .ldy = W3, .rows = N, .n = C, .mul = true});
+    x.ops.causal_conv({.rows = c.rows,
+                       .views = c.views,
+                       .x = bcx,
+                       .ldx = W3,
+                       .y = bcx + 2 * C,
+                       .ldy = W3,
+                       .channels = C,
+                       .kernel = cfg_.conv_kernel,
+                       .w = w.conv.data(),
+                       .ldt = C});
+    x.ops.binary(
+        {.a = bcx + C, .lda = W3, .y = bcx + 2 * C, .ldy = W3, .rows = N, .n = C, .mul = true});
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = bcx + 2 * C,
-          .m = N,
-          .k = C,
-          .ldx = W3,
-          .outputs = {&out, 1},
-          .precision = c.precision});
+    x.ops.gemm({.x = bcx + 2 * C,
+                .m = N,
+                .k = C,
+                .ldx = W3,
+                .outputs = {&out, 1},
+                .precision = c.precision});
   }
 
   // Full attention: h += out_proj(attention(rope(norm(q)), rope(norm(k)), v)).
-  void attention_mixer(const AttentionWeights& w, const LayerCall& c, const float* xn) const {
-    const int64_t L = c.tokens, N = c.rows * L, C = cfg_.hidden;
+  void attention_mixer(const Exec& x, const AttentionWeights& w, const LayerCall& c,
+                       const float* xn) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
     const int64_t QW = Hq * D, KW = Hkv * D;
-    float* q = scratch_floats(kLayerSlots + 9, size_t(N * QW));
-    float* k = scratch_floats(kLayerSlots + 10, size_t(N * KW));
-    float* v = scratch_floats(kLayerSlots + 11, size_t(N * KW));
+    float* q = x.arena.floats(N * QW);
+    float* k = x.arena.floats(N * KW);
+    float* v = x.arena.floats(N * KW);
     GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
-    // Per token: q and k normed per head and rotated; this call's real K/V written into the
-    // row's own buffers.
-    for_each_index(N, 16, [&](int64_t i) {
-      const int64_t b = i / L, t = i % L;
-      if (t >= c.lengths[b]) return;
-      float* qi = q + i * QW;
-      float* ki = k + i * KW;
-      norm_heads(qi, Hq, D, w.q_norm.data(), cfg_.eps, NormScale::w);
-      norm_heads(ki, Hkv, D, w.k_norm.data(), cfg_.eps, NormScale::w);
-      const int64_t pos = c.positions[b] + t;
-      rope_apply(rope_, pos, qi, Hq, D);
-      rope_apply(rope_, pos, ki, Hkv, D);
-      store_kv(c.views[b], t, ki, v + i * KW, Hkv, D);
-    });
-    float* o = scratch_floats(kLayerSlots + 13, size_t(N * QW));
-    attend_rows({.call = &c,
-                 .q = q,
-                 .ldq = QW,
-                 .out = o,
-                 .ldo = QW,
-                 .kv_heads = Hkv,
-                 .group = Hq / Hkv,
-                 .head_dim = D,
-                 .scale = 1.0f / std::sqrt(float(D))});
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    // q and k normed per head and rotated; this call's real K/V into the rows' own buffers.
+    for (auto [p, heads, norm] : {std::tuple{q, Hq, &w.q_norm}, std::tuple{k, Hkv, &w.k_norm}}) {
+      x.ops.rms_norm({.x = p,
+                      .ldx = heads * D,
+                      .y = p,
+                      .ldy = heads * D,
+                      .rows = N,
+                      .heads = heads,
+                      .dim = D,
+                      .w = norm->data(),
+                      .eps = cfg_.eps,
+                      .scale = NormScale::w});
+      x.ops.rope(
+          {.rows = c.rows, .table = &rope_, .x = p, .ldx = heads * D, .heads = heads, .hs = D});
+    }
+    x.ops.kv_write({.rows = c.rows,
+                    .views = c.views,
+                    .k = k,
+                    .ldk = KW,
+                    .v = v,
+                    .ldv = KW,
+                    .kv_heads = Hkv,
+                    .dim = D});
+    float* o = x.arena.floats(N * QW);
+    x.ops.attention({.rows = c.rows,
+                     .views = c.views,
+                     .q = q,
+                     .ldq = QW,
+                     .out = o,
+                     .ldo = QW,
+                     .kv_heads = Hkv,
+                     .group = Hq / Hkv,
+                     .head_dim = D,
+                     .scale = 1.0f / std::sqrt(float(D))});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&out, 1}, .precision = c.precision});
+    x.ops.gemm(
+        {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&out, 1}, .precision = c.precision});
   }
 
   Lfm2Config cfg_;

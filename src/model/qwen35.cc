@@ -10,20 +10,11 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
-#include "kernels/activation.h"
-#include "kernels/attention.h"
-#include "kernels/conv.h"
-#include "kernels/delta_rule.h"
-#include "kernels/norm.h"
-#include "kernels/rope.h"
-#include "kernels/scratch.h"
+#include "kernels/ops.h"
 
 namespace deg {
 
 namespace {
-
-constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
 
 struct DeltaNetWeights {
   Tensor qkv, z, b, a, out;      // [Cc, C], [Hv*Dv, C], [Hv, C], [Hv, C], [C, Hv*Dv]
@@ -99,198 +90,197 @@ class Qwen35 final : public Family {
   const BackboneSpec& spec() const override { return spec_; }
   const Tensor& lm_head() const override { return head_; }
 
-  void embed(const int32_t* ids, int64_t n, float* h) const override {
-    gather_embeddings(embed_, ids, n, h, cfg_.hidden);
+  void embed_rows(const Exec& x, const EmbedCall& e) const override {
+    x.ops.gather({.table = &embed_, .ids = e.ids, .n = e.rows.n(), .y = e.h, .ldy = cfg_.hidden});
   }
 
-  void final_norm(const float* h, float* out, int64_t n) const override {
-    norm_rows(h, out, n, final_norm_);
+  void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
+    norm_rows(x, h, out, n, final_norm_);
   }
 
-  void layer(int index, const LayerCall& c) const override {
+  void layer(const Exec& x, int index, const LayerCall& c) const override {
     const LayerWeights& w = layers_[size_t(index)];
-    const int64_t N = c.rows * c.tokens;
-    float* xn = scratch_floats(kLayerSlots + 0, size_t(N * cfg_.hidden));
-    norm_rows(c.h, xn, N, w.input_norm);
+    const int64_t N = c.rows.n();
+    float* xn = x.arena.floats(N * cfg_.hidden);
+    norm_rows(x, c.h, xn, N, w.input_norm);
     if (w.kind == LayerKind::recurrent) {
-      delta_net(w.dn, c, xn);
+      delta_net(x, w.dn, c, xn);
     } else {
-      attention_mixer(w.at, c, xn);
+      attention_mixer(x, w.at, c, xn);
     }
-    mlp(w, c, xn);
+    norm_rows(x, c.h, xn, N, w.post_norm);
+    swiglu_mlp(x, {.h = c.h,
+                   .xn = xn,
+                   .n = N,
+                   .hidden = cfg_.hidden,
+                   .width = cfg_.intermediate,
+                   .gate = &w.gate,
+                   .up = &w.up,
+                   .down = &w.down,
+                   .precision = c.precision});
   }
 
  private:
-  void norm_rows(const float* x, float* y, int64_t n, const std::vector<float>& w) const {
-    rms_norm_rows(x, y, n, cfg_.hidden, w, cfg_.eps, NormScale::one_plus_w);
-  }
-
-  void mlp(const LayerWeights& w, const LayerCall& c, float* xn) const {
-    const int64_t N = c.rows * c.tokens;
-    norm_rows(c.h, xn, N, w.post_norm);
-    swiglu_mlp({.h = c.h,
-                .xn = xn,
-                .n = N,
-                .hidden = cfg_.hidden,
-                .width = cfg_.intermediate,
-                .gate = &w.gate,
-                .up = &w.up,
-                .down = &w.down,
-                .precision = c.precision});
+  // y = norm(x) * (1 + w) over n rows of C.
+  void norm_rows(const Exec& x, const float* in, float* out, int64_t n,
+                 const std::vector<float>& w) const {
+    const int64_t C = cfg_.hidden;
+    x.ops.rms_norm({.x = in,
+                    .ldx = C,
+                    .y = out,
+                    .ldy = C,
+                    .rows = n,
+                    .dim = C,
+                    .w = w.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::one_plus_w});
   }
 
   // Gated DeltaNet mixer: h += out_proj(gated_norm(delta_rule(conv(qkv)), z)).
-  void delta_net(const DeltaNetWeights& w, const LayerCall& c, const float* xn) const {
-    const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden;
+  void delta_net(const Exec& x, const DeltaNetWeights& w, const LayerCall& c,
+                 const float* xn) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hk = cfg_.lin_k_heads, Hv = cfg_.lin_v_heads, Dk = cfg_.lin_k_dim,
-                  Dv = cfg_.lin_v_dim, Cc = cfg_.conv_channels(), K = cfg_.conv_kernel;
+                  Dv = cfg_.lin_v_dim, Cc = cfg_.conv_channels();
     const int64_t KD = Hk * Dk, VD = Hv * Dv;
-    float* mixed = scratch_floats(kLayerSlots + 3, size_t(N * Cc));
-    float* z = scratch_floats(kLayerSlots + 4, size_t(N * VD));
-    float* beta = scratch_floats(kLayerSlots + 5, size_t(N * Hv));
-    float* g = scratch_floats(kLayerSlots + 6, size_t(N * Hv));
+    float* mixed = x.arena.floats(N * Cc);
+    float* z = x.arena.floats(N * VD);
+    float* beta = x.arena.floats(N * Hv);
+    float* g = x.arena.floats(N * Hv);
     GemmOutput outs[] = {{.w = &w.qkv, .y = mixed, .ldy = Cc},
                          {.w = &w.z, .y = z, .ldy = VD},
                          {.w = &w.b, .y = beta, .ldy = Hv},
                          {.w = &w.a, .y = g, .ldy = Hv}};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
-    for_each_index(N, 16, [&](int64_t i) {
-      const bool real = i % L < c.lengths[i / L];
-      float* bt = beta + i * Hv;
-      float* gt = g + i * Hv;
-      for (int64_t h = 0; h < Hv; ++h) {
-        bt[h] = real ? 1.0f / (1.0f + std::exp(-bt[h])) : 0.0f;
-        const float a = gt[h] + w.dt_bias[size_t(h)];
-        gt[h] = real ? w.neg_decay[size_t(h)] * (a > 20.0f ? a : std::log1p(std::exp(a))) : 0.0f;
-      }
-    });
-    // Causal conv + SiLU per (row, block of channels) over the row's real positions, carrying
-    // the tail; padded rows of the output are zeroed.
-    float* conv = scratch_floats(kLayerSlots + 7, size_t(N * Cc));
-    const int64_t blocks = (Cc + kConvChannelBlock - 1) / kConvChannelBlock;
-    for_each_index(B * blocks, 1, [&](int64_t task) {
-      const int64_t b = task / blocks, c0 = task % blocks * kConvChannelBlock;
-      const int64_t n = c.lengths[b], width = std::min(kConvChannelBlock, Cc - c0);
-      const RowView& v = c.views[b];
-      causal_conv_silu({.n = n,
-                        .channels = width,
-                        .kernel = K,
-                        .x = mixed + b * L * Cc + c0,
-                        .ldx = Cc,
-                        .tail_in = v.tail_in + c0,
-                        .ldt = Cc,
-                        .w = w.conv.data() + c0 * K,
-                        .y = conv + b * L * Cc + c0,
-                        .ldy = Cc,
-                        .tail_out = v.tail_out ? v.tail_out + c0 : nullptr});
-      for (int64_t t = n; t < L; ++t)
-        std::memset(conv + (b * L + t) * Cc + c0, 0, size_t(width) * sizeof(float));
-    });
+    x.ops.delta_gates({.rows = c.rows,
+                       .beta = beta,
+                       .g = g,
+                       .ld = Hv,
+                       .heads = Hv,
+                       .neg_decay = w.neg_decay.data(),
+                       .dt_bias = w.dt_bias.data()});
+    float* conv = x.arena.floats(N * Cc);
+    x.ops.causal_conv({.rows = c.rows,
+                       .views = c.views,
+                       .x = mixed,
+                       .ldx = Cc,
+                       .y = conv,
+                       .ldy = Cc,
+                       .channels = Cc,
+                       .kernel = cfg_.conv_kernel,
+                       .w = w.conv.data(),
+                       .silu = true});
     // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel.
-    const float q_scale = 1.0f / std::sqrt(float(Dk));
-    for_each_index(N, 16, [&](int64_t i) {
-      l2_norm(conv + i * Cc, Dk, Hk, Dk, 1e-6f, q_scale);
-      l2_norm(conv + i * Cc + KD, Dk, Hk, Dk, 1e-6f, 1.0f);
-    });
-    // Delta rule per (row, value head); value head h reads key head h / (Hv / Hk).
-    float* core = scratch_floats(kLayerSlots + 8, size_t(N * VD));
-    for (int64_t b = 0; b < B; ++b)  // padded rows
-      std::memset(core + (b * L + c.lengths[b]) * VD, 0,
-                  size_t((L - c.lengths[b]) * VD) * sizeof(float));
-    const int64_t per_head = Dk * Dv;
-    for_each_index(B * Hv, 1, [&](int64_t task) {
-      const int64_t b = task / Hv, h = task % Hv, kh = h / (Hv / Hk);
-      const RowView& v = c.views[b];
-      float* state = v.rec_out + h * per_head;
-      if (v.rec_in != v.rec_out) {
-        std::memcpy(state, v.rec_in + h * per_head, size_t(per_head) * sizeof(float));
-      }
-      const float* row = conv + b * L * Cc;
-      DeltaRuleArgs args{.n = c.lengths[b],
-                         .dk = Dk,
-                         .dv = Dv,
-                         .q = row + kh * Dk,
-                         .k = row + KD + kh * Dk,
-                         .ldqk = Cc,
-                         .v = row + 2 * KD + h * Dv,
-                         .ldv = Cc,
-                         .g = g + b * L * Hv + h,
-                         .beta = beta + b * L * Hv + h,
-                         .ldgb = Hv,
-                         .state = state,
-                         .out = core + b * L * VD + h * Dv,
-                         .ldo = VD};
-      if (args.n == 1) {
-        delta_rule_recurrent(args);
-      } else {
-        delta_rule_chunked(args);
-      }
-    });
+    x.ops.l2_norm({.x = conv,
+                   .ldx = Cc,
+                   .rows = N,
+                   .heads = Hk,
+                   .dim = Dk,
+                   .post_scale = 1.0f / std::sqrt(float(Dk))});
+    x.ops.l2_norm({.x = conv + KD, .ldx = Cc, .rows = N, .heads = Hk, .dim = Dk});
+    float* core = x.arena.floats(N * VD);
+    x.ops.delta_rule({.rows = c.rows,
+                      .views = c.views,
+                      .q = conv,
+                      .k = conv + KD,
+                      .v = conv + 2 * KD,
+                      .ld = Cc,
+                      .g = g,
+                      .beta = beta,
+                      .ldg = Hv,
+                      .out = core,
+                      .ldo = VD,
+                      .k_heads = Hk,
+                      .v_heads = Hv,
+                      .dk = Dk,
+                      .dv = Dv});
     // Gated RMSNorm per (token, value head) with z, then out_proj into the residual.
-    parallel_for(
-        N,
-        [&](int64_t b, int64_t e) {
-          gated_rms_norm({.x = core + b * VD,
-                          .ldx = Dv,
-                          .y = core + b * VD,
-                          .ldy = Dv,
-                          .rows = (e - b) * Hv,
-                          .dim = Dv,
-                          .w = w.norm.data(),
-                          .eps = cfg_.eps,
-                          .scale = NormScale::w},
-                         z + b * VD, Dv);
-        },
-        16);
+    x.ops.rms_norm({.x = core,
+                    .ldx = Dv,
+                    .y = core,
+                    .ldy = Dv,
+                    .rows = N * Hv,
+                    .dim = Dv,
+                    .w = w.norm.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::w,
+                    .gate = z,
+                    .ldg = Dv});
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = core, .m = N, .k = VD, .ldx = VD, .outputs = {&out, 1}, .precision = c.precision});
+    x.ops.gemm(
+        {.x = core, .m = N, .k = VD, .ldx = VD, .outputs = {&out, 1}, .precision = c.precision});
   }
 
   // Gated full attention: h += o_proj(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)).
-  void attention_mixer(const AttentionWeights& w, const LayerCall& c, const float* xn) const {
-    const int64_t B = c.rows, L = c.tokens, N = B * L, C = cfg_.hidden;
-    const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim, G = Hq / Hkv;
+  void attention_mixer(const Exec& x, const AttentionWeights& w, const LayerCall& c,
+                       const float* xn) const {
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
+    const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
     const int64_t QW = Hq * 2 * D, KW = Hkv * D, OW = Hq * D;
-    float* qg = scratch_floats(kLayerSlots + 9, size_t(N * QW));
-    float* k = scratch_floats(kLayerSlots + 10, size_t(N * KW));
-    float* v = scratch_floats(kLayerSlots + 11, size_t(N * KW));
-    float* q = scratch_floats(kLayerSlots + 12, size_t(N * OW));
+    float* qg = x.arena.floats(N * QW);
+    float* k = x.arena.floats(N * KW);
+    float* v = x.arena.floats(N * KW);
     GemmOutput outs[] = {{.w = &w.q, .y = qg, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
-    // Per token: q (first half of each head's 2D block of q_proj) and k normed per head, rotated,
-    // and this call's real K/V written into the row's own buffers.
-    for_each_index(N, 16, [&](int64_t i) {
-      const int64_t b = i / L, t = i % L;
-      float* qi = q + i * OW;
-      for (int64_t h = 0; h < Hq; ++h)
-        std::memcpy(qi + h * D, qg + i * QW + h * 2 * D, size_t(D) * sizeof(float));
-      norm_heads(qi, Hq, D, w.q_norm.data(), cfg_.eps, NormScale::one_plus_w);
-      float* ki = k + i * KW;
-      norm_heads(ki, Hkv, D, w.k_norm.data(), cfg_.eps, NormScale::one_plus_w);
-      if (t >= c.lengths[b]) return;
-      const int64_t pos = c.positions[b] + t;
-      rope_apply(rope_, pos, qi, Hq, D);
-      rope_apply(rope_, pos, ki, Hkv, D);
-      store_kv(c.views[b], t, ki, v + i * KW, Hkv, D);
-    });
-    // Attention per (row, KV head, block of queries).
-    float* o = scratch_floats(kLayerSlots + 13, size_t(N * OW));
-    attend_rows({.call = &c,
-                 .q = q,
-                 .ldq = OW,
-                 .out = o,
-                 .ldo = OW,
-                 .kv_heads = Hkv,
-                 .group = G,
-                 .head_dim = D,
-                 .scale = 1.0f / std::sqrt(float(D))});
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    // q: the first half of each head's 2D block of q_proj, normed per head into its own buffer;
+    // k normed in place; both rotated; this call's real K/V into the rows' own buffers.
+    float* q = x.arena.floats(N * OW);
+    x.ops.rms_norm({.x = qg,
+                    .ldx = QW,
+                    .hx = 2 * D,
+                    .y = q,
+                    .ldy = OW,
+                    .rows = N,
+                    .heads = Hq,
+                    .dim = D,
+                    .w = w.q_norm.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::one_plus_w});
+    x.ops.rms_norm({.x = k,
+                    .ldx = KW,
+                    .y = k,
+                    .ldy = KW,
+                    .rows = N,
+                    .heads = Hkv,
+                    .dim = D,
+                    .w = w.k_norm.data(),
+                    .eps = cfg_.eps,
+                    .scale = NormScale::one_plus_w});
+    x.ops.rope({.rows = c.rows, .table = &rope_, .x = q, .ldx = OW, .heads = Hq, .hs = D});
+    x.ops.rope({.rows = c.rows, .table = &rope_, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
+    x.ops.kv_write({.rows = c.rows,
+                    .views = c.views,
+                    .k = k,
+                    .ldk = KW,
+                    .v = v,
+                    .ldv = KW,
+                    .kv_heads = Hkv,
+                    .dim = D});
+    float* o = x.arena.floats(N * OW);
+    x.ops.attention({.rows = c.rows,
+                     .views = c.views,
+                     .q = q,
+                     .ldq = OW,
+                     .out = o,
+                     .ldo = OW,
+                     .kv_heads = Hkv,
+                     .group = Hq / Hkv,
+                     .head_dim = D,
+                     .scale = 1.0f / std::sqrt(float(D))});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
-    sigmoid_gate(o, D, qg + D, 2 * D, N * Hq, D);
+    x.ops.glu({.gate = qg + D,
+               .ldg = 2 * D,
+               .out = o,
+               .ldo = D,
+               .rows = N * Hq,
+               .n = D,
+               .act = Activation::sigmoid});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
-    gemm({.x = o, .m = N, .k = OW, .ldx = OW, .outputs = {&out, 1}, .precision = c.precision});
+    x.ops.gemm(
+        {.x = o, .m = N, .k = OW, .ldx = OW, .outputs = {&out, 1}, .precision = c.precision});
   }
 
   Qwen35Config cfg_;

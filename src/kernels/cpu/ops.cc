@@ -1,0 +1,423 @@
+// The CPU backend of the op interface (kernels/ops.h): each op spreads a call's rows, tokens or
+// heads over the process thread pool and runs the per-row kernels of kernels/cpu on them. Work is
+// split by index into fixed pieces, and every kernel's reduction order depends on its own
+// inputs' sizes only, so how the pool splits a call never changes a bit. The thread pool is used
+// here and in the kernels, nowhere above.
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/conv.h"
+#include "kernels/delta_rule.h"
+
+namespace deg {
+
+namespace {
+
+constexpr int64_t kQueryBlock = 16;         // attention work unit (queries)
+constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
+constexpr int64_t kRowGrain = 16;           // token rows per piece of a row-wise op
+
+void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
+  parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) fn(i);
+      },
+      grain);
+}
+
+bool is_real(const RowTable& r, int64_t i) {
+  return i % r.tokens < r.lengths[i / r.tokens];
+}
+
+// PyTorch's gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+inline float gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::cpu; }
+  const char* name() const override { return "cpu"; }
+
+  void gemm(const GemmArgs& a) const override { deg::gemm(a); }
+
+  void rms_norm(const NormArgs& a) const override {
+    std::vector<float> ones;
+    const float* w = a.w;
+    if (!w) {
+      ones.assign(size_t(a.dim), 1.0f);
+      w = ones.data();
+    }
+    const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hg = a.hg ? a.hg : a.dim;
+    parallel_for(
+        a.rows,
+        [&](int64_t b, int64_t e) {
+          if (a.heads == 1) {  // one kernel call over the piece's rows
+            RmsNormArgs k{.x = a.x + b * a.ldx,
+                          .ldx = a.ldx,
+                          .y = a.y + b * a.ldy,
+                          .ldy = a.ldy,
+                          .rows = e - b,
+                          .dim = a.dim,
+                          .w = w,
+                          .eps = a.eps,
+                          .scale = a.scale};
+            if (a.gate) {
+              gated_rms_norm(k, a.gate + b * a.ldg, a.ldg);
+            } else {
+              deg::rms_norm(k);
+            }
+            return;
+          }
+          for (int64_t r = b; r < e; ++r) {
+            RmsNormArgs k{.x = a.x + r * a.ldx,
+                          .ldx = hx,
+                          .y = a.y + r * a.ldy,
+                          .ldy = hy,
+                          .rows = a.heads,
+                          .dim = a.dim,
+                          .w = w,
+                          .eps = a.eps,
+                          .scale = a.scale};
+            if (a.gate) {
+              gated_rms_norm(k, a.gate + r * a.ldg, hg);
+            } else {
+              deg::rms_norm(k);
+            }
+          }
+        },
+        kRowGrain);
+  }
+
+  void l2_norm(const L2NormArgs& a) const override {
+    for_each_index(a.rows, kRowGrain, [&](int64_t i) {
+      deg::l2_norm(a.x + i * a.ldx, a.dim, a.heads, a.dim, a.eps, a.post_scale);
+    });
+  }
+
+  void rope(const RopeArgs& a) const override {
+    const RowTable& r = a.rows;
+    for_each_index(r.n(), kRowGrain, [&](int64_t i) {
+      if (!is_real(r, i)) return;
+      rope_apply(*a.table, r.positions[i / r.tokens] + i % r.tokens, a.x + i * a.ldx, a.heads,
+                 a.hs);
+    });
+  }
+
+  void kv_write(const KvWriteArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t D = a.dim;
+    for_each_index(r.n(), kRowGrain, [&](int64_t i) {
+      if (!is_real(r, i)) return;
+      const RowView& rv = a.views[i / r.tokens];
+      const int64_t t = i % r.tokens;
+      for (int64_t h = 0; h < a.kv_heads; ++h) {
+        const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
+        std::memcpy(rv.own_k + at, a.k + i * a.ldk + h * D, size_t(D) * sizeof(float));
+        std::memcpy(rv.own_v + at, a.v + i * a.ldv + h * D, size_t(D) * sizeof(float));
+      }
+    });
+  }
+
+  // Work units are (row, KV head, block of queries); when there are fewer than threads (a decode
+  // step over few KV heads) each unit's query heads are split among more units. A query head's
+  // output is computed the same way in any split, so results do not depend on it.
+  void attention(const AttendArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t B = r.rows, L = r.tokens, G = a.group, D = a.head_dim;
+    const int64_t width = a.kv_heads * G * D;
+    for (int64_t b = 0; b < B; ++b)  // padded positions
+      for (int64_t t = r.lengths[b]; t < L; ++t)
+        std::memset(a.out + (b * L + t) * a.ldo, 0, size_t(width) * sizeof(float));
+    struct Task {
+      int64_t b, h, t0, t1, g0, g1;  // row, KV head, queries [t0, t1), query heads [g0, g1)
+    };
+    std::vector<Task> tasks;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < a.kv_heads; ++h)
+        for (int64_t i = 0, nb = (r.lengths[b] + kQueryBlock - 1) / kQueryBlock; i < nb; ++i) {
+          // Cheap and costly blocks alternate (0, last, 1, last - 1, ...), so the pool's
+          // contiguous shares carry similar work.
+          const int64_t t = (i % 2 ? nb - 1 - i / 2 : i / 2) * kQueryBlock;
+          tasks.push_back({b, h, t, std::min(r.lengths[b], t + kQueryBlock), 0, G});
+        }
+    const auto threads = int64_t(thread_pool().size());
+    if (!tasks.empty() && int64_t(tasks.size()) < threads && G > 1) {
+      const int64_t pieces =
+          std::min(G, (threads + int64_t(tasks.size()) - 1) / int64_t(tasks.size()));
+      std::vector<Task> split;
+      for (const Task& tk : tasks)
+        for (int64_t p = 0; p < pieces; ++p)
+          split.push_back({tk.b, tk.h, tk.t0, tk.t1, G * p / pieces, G * (p + 1) / pieces});
+      tasks = std::move(split);
+    }
+    for_each_index(int64_t(tasks.size()), 1, [&](int64_t i) {
+      const Task& tk = tasks[size_t(i)];
+      const RowView& rv = a.views[tk.b];
+      const int64_t head = tk.h * G + tk.g0;  // first query head of the task
+      deg::attention({.t0 = tk.t0,
+                      .t1 = tk.t1,
+                      .group = tk.g1 - tk.g0,
+                      .d = D,
+                      .q = a.q + tk.b * L * a.ldq + head * D,
+                      .ldq = a.ldq,
+                      .prefix_k = rv.prefix_k ? rv.prefix_k + tk.h * rv.prefix_stride : nullptr,
+                      .prefix_v = rv.prefix_v ? rv.prefix_v + tk.h * rv.prefix_stride : nullptr,
+                      .prefix_len = rv.prefix_len,
+                      .own_k = rv.own_k + tk.h * rv.own_stride,
+                      .own_v = rv.own_v + tk.h * rv.own_stride,
+                      .own_before = rv.own_before,
+                      .scale = a.scale,
+                      .window = a.window,
+                      .out = a.out + tk.b * L * a.ldo + head * D,
+                      .ldo = a.ldo});
+    });
+  }
+
+  // Per (row, block of channels) over the row's real positions, carrying the tail.
+  void causal_conv(const ConvArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t L = r.tokens, Cc = a.channels, K = a.kernel;
+    const int64_t ldt = a.ldt ? a.ldt : Cc;
+    const int64_t blocks = (Cc + kConvChannelBlock - 1) / kConvChannelBlock;
+    for_each_index(r.rows * blocks, 1, [&](int64_t task) {
+      const int64_t b = task / blocks, c0 = task % blocks * kConvChannelBlock;
+      const int64_t n = r.lengths[b], width = std::min(kConvChannelBlock, Cc - c0);
+      const RowView& v = a.views[b];
+      const CausalConvArgs k{.n = n,
+                             .channels = width,
+                             .kernel = K,
+                             .x = a.x + b * L * a.ldx + c0,
+                             .ldx = a.ldx,
+                             .tail_in = v.tail_in ? v.tail_in + c0 : nullptr,
+                             .ldt = ldt,
+                             .w = a.w + c0 * K,
+                             .y = a.y + b * L * a.ldy + c0,
+                             .ldy = a.ldy,
+                             .tail_out = v.tail_out ? v.tail_out + c0 : nullptr};
+      if (a.silu) {
+        causal_conv_silu(k);
+      } else {
+        deg::causal_conv(k);
+      }
+      for (int64_t t = n; t < L; ++t)
+        std::memset(a.y + (b * L + t) * a.ldy + c0, 0, size_t(width) * sizeof(float));
+    });
+  }
+
+  void delta_gates(const DeltaGatesArgs& a) const override {
+    const RowTable& r = a.rows;
+    for_each_index(r.n(), kRowGrain, [&](int64_t i) {
+      const bool real = is_real(r, i);
+      float* bt = a.beta + i * a.ld;
+      float* gt = a.g + i * a.ld;
+      for (int64_t h = 0; h < a.heads; ++h) {
+        bt[h] = real ? 1.0f / (1.0f + std::exp(-bt[h])) : 0.0f;
+        const float x = gt[h] + a.dt_bias[h];
+        gt[h] = real ? a.neg_decay[h] * (x > 20.0f ? x : std::log1p(std::exp(x))) : 0.0f;
+      }
+    });
+  }
+
+  void delta_rule(const DeltaRuleOpArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t L = r.tokens, Hk = a.k_heads, Hv = a.v_heads, Dk = a.dk, Dv = a.dv;
+    for (int64_t b = 0; b < r.rows; ++b)  // padded positions
+      for (int64_t t = r.lengths[b]; t < L; ++t)
+        std::memset(a.out + (b * L + t) * a.ldo, 0, size_t(Hv * Dv) * sizeof(float));
+    const int64_t per_head = Dk * Dv;
+    for_each_index(r.rows * Hv, 1, [&](int64_t task) {
+      const int64_t b = task / Hv, h = task % Hv, kh = h / (Hv / Hk);
+      const RowView& v = a.views[b];
+      float* state = v.rec_out + h * per_head;
+      if (v.rec_in != v.rec_out) {
+        std::memcpy(state, v.rec_in + h * per_head, size_t(per_head) * sizeof(float));
+      }
+      const int64_t row = b * L;
+      DeltaRuleArgs k{.n = r.lengths[b],
+                      .dk = Dk,
+                      .dv = Dv,
+                      .q = a.q + row * a.ld + kh * Dk,
+                      .k = a.k + row * a.ld + kh * Dk,
+                      .ldqk = a.ld,
+                      .v = a.v + row * a.ld + h * Dv,
+                      .ldv = a.ld,
+                      .g = a.g + row * a.ldg + h,
+                      .beta = a.beta + row * a.ldg + h,
+                      .ldgb = a.ldg,
+                      .state = state,
+                      .out = a.out + row * a.ldo + h * Dv,
+                      .ldo = a.ldo};
+      if (k.n == 1) {
+        delta_rule_recurrent(k);
+      } else {
+        delta_rule_chunked(k);
+      }
+    });
+  }
+
+  void glu(const GluArgs& a) const override {
+    if (a.act == Activation::sigmoid && !a.up) {  // a gate applied in place
+      parallel_for(
+          a.rows,
+          [&](int64_t b, int64_t e) {
+            sigmoid_gate(a.out + b * a.ldo, a.ldo, a.gate + b * a.ldg, a.ldg, e - b, a.n);
+          },
+          kRowGrain);
+      return;
+    }
+    DEG_CHECK(a.up != nullptr, "glu: {} needs an up input", int(a.act));
+    const bool packed = a.ldg == a.n && a.ldu == a.n && a.ldo == a.n;
+    if (a.act == Activation::silu) {
+      parallel_for(
+          a.rows,
+          [&](int64_t b, int64_t e) {
+            if (packed) {
+              swiglu(a.gate + b * a.n, a.up + b * a.n, a.out + b * a.n, (e - b) * a.n);
+              return;
+            }
+            for (int64_t r = b; r < e; ++r)
+              swiglu(a.gate + r * a.ldg, a.up + r * a.ldu, a.out + r * a.ldo, a.n);
+          },
+          kRowGrain);
+      return;
+    }
+    DEG_CHECK(a.act == Activation::gelu_tanh, "glu: activation {}", int(a.act));
+    if (packed) {  // one flat range: elementwise, so any split gives the same bits
+      parallel_for(
+          a.rows * a.n,
+          [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) a.out[i] = gelu_tanh(a.gate[i]) * a.up[i];
+          },
+          4096);
+      return;
+    }
+    for_each_index(a.rows, kRowGrain, [&](int64_t r) {
+      for (int64_t j = 0; j < a.n; ++j)
+        a.out[r * a.ldo + j] = gelu_tanh(a.gate[r * a.ldg + j]) * a.up[r * a.ldu + j];
+    });
+  }
+
+  void binary(const BinaryArgs& a) const override {
+    for_each_index(a.rows, kRowGrain, [&](int64_t r) {
+      float* y = a.y + r * a.ldy;
+      const float* x = a.a + r * a.lda;
+      if (a.mul) {
+        for (int64_t j = 0; j < a.n; ++j) y[j] *= x[j];
+      } else {
+        for (int64_t j = 0; j < a.n; ++j) y[j] += x[j];
+      }
+    });
+  }
+
+  void scale(const ScaleArgs& a) const override {
+    for_each_index(a.rows, kRowGrain, [&](int64_t r) {
+      for (int64_t j = 0; j < a.n; ++j) a.y[r * a.ldy + j] *= a.s;
+    });
+  }
+
+  void gather(const GatherArgs& a) const override {
+    const Tensor& t = *a.table;
+    const int64_t C = t.dim(1);
+    for_each_index(a.n, kRowGrain, [&](int64_t i) {
+      float* y = a.y + i * a.ldy;
+      if (a.soft_rows && a.soft_rows[i] >= 0) {
+        std::memcpy(y, a.soft + int64_t(a.soft_rows[i]) * C, size_t(C) * sizeof(float));
+        return;
+      }
+      const int64_t id = a.ids[i];
+      if (!a.keep && a.scale == 1.0f && a.mix == 1.0f) {  // a plain copy (widened from bf16)
+        if (t.dtype() == DType::bf16) {
+          const bf16* row = t.data<bf16>() + id * C;
+          for (int64_t c = 0; c < C; ++c) y[c] = bf16_to_f32(row[c]);
+        } else {
+          std::memcpy(y, t.data<float>() + id * C, size_t(C) * sizeof(float));
+        }
+        return;
+      }
+      const float keep = a.keep ? 1.0f : 0.0f;
+      if (!a.keep) std::fill(y, y + C, 0.0f);
+      if (t.dtype() == DType::bf16) {
+        const bf16* row = t.data<bf16>() + id * C;
+        for (int64_t c = 0; c < C; ++c)
+          y[c] = (y[c] * keep + bf16_to_f32(row[c]) * a.scale) * a.mix;
+      } else {
+        const float* row = t.data<float>() + id * C;
+        for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + row[c] * a.scale) * a.mix;
+      }
+    });
+  }
+
+  void softcap(const SoftcapArgs& a) const override {
+    const float cap = a.cap;
+    parallel_for(
+        a.n,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) a.y[i] = std::tanh(a.y[i] / cap) * cap;
+        },
+        4096);
+  }
+
+  void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t n) const override {
+    if (y == x && ldx == ldy) return;
+    if (y <= x && ldy <= ldx) {  // packing toward the front of the same buffer: in order
+      for (int64_t r = 0; r < rows; ++r)
+        std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
+      return;
+    }
+    for_each_index(rows, kRowGrain, [&](int64_t r) {
+      std::memcpy(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
+    });
+  }
+};
+
+}  // namespace
+
+float* Arena::floats(int64_t n) {
+  DEG_CHECK(device_ == Device::cpu, "arena: only host memory is implemented");
+  const size_t want = size_t(std::max<int64_t>(n, 1) + 15) / 16 * 16;  // 64-byte steps
+  for (Block& b : blocks_) {
+    if (b.size - b.used >= want) {
+      float* p = b.data.get() + b.used;
+      b.used += want;
+      return p;
+    }
+  }
+  size_t size = want;
+  for (const Block& b : blocks_) size = std::max(size, 2 * b.size);
+  blocks_.push_back(
+      {.data = std::make_unique_for_overwrite<float[]>(size), .size = size, .used = 0});
+  blocks_.back().used = want;
+  return blocks_.back().data.get();
+}
+
+void Arena::reset() {
+  // Several blocks mean the last use outgrew the first: keep one block of their total size, so
+  // the next use of the same size takes no allocation.
+  if (blocks_.size() > 1) {
+    size_t total = 0;
+    for (const Block& b : blocks_) total += b.size;
+    blocks_.clear();
+    blocks_.push_back(
+        {.data = std::make_unique_for_overwrite<float[]>(total), .size = total, .used = 0});
+  }
+  for (Block& b : blocks_) b.used = 0;
+}
+
+const Ops& cpu_ops() {
+  static const CpuOps ops;
+  return ops;
+}
+
+}  // namespace deg
