@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "model/gpt.h"
 #include "test_util.h"
 
 namespace deg {
@@ -78,7 +79,20 @@ TEST(GptConfig, RejectsInconsistentTopology) {
   EXPECT_THROW(gpt_config_from_json(j, "cfg.json"), Error);
 }
 
-TEST(GptConfig, ParameterCountMatchesTheTensors) {
+TEST(GptConfig, ParameterCountMatchesTheTensorTable) {
+  // parameter_count() is written out by hand; the tensor table is what the loader, the saver and
+  // the trainer use. They must agree for every preset, once the table's buffers (the n-gram sign
+  // pool, the rotary frequencies and attention scales: fixed, not trained) are set aside.
+  for (const auto& name : gpt_preset_names()) {
+    const GptConfig c = gpt_preset(name);
+    int64_t n = 0;
+    for (const auto& [tensor, shape] : gpt_tensor_table(c)) n += shape_numel(shape);
+    const int64_t buffers = c.ngram_sign_rows * c.ngram_dim + c.narrow_head_dim + c.head_dim + 2;
+    EXPECT_EQ(c.parameter_count() + buffers, n) << name;
+  }
+}
+
+TEST(GptConfig, SmallTrunkHas20To30MillionParameters) {
   // `small` is our default trunk: ~20-30M parameters outside the vocabulary-sized tables.
   const GptConfig c = gpt_preset("small");
   const int64_t tables = (2 + int64_t(c.value_embed_layers.size())) * c.vocab_size * c.model_dim +

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "backbone_test_util.h"
 #include "io/json.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
 #include "model/load.h"
+#include "model/qwen35.h"
 #include "test_util.h"
 
 namespace deg {
@@ -44,15 +46,29 @@ TEST(Qwen35Golden, Bf16DotProductsStayCloseToHfBf16) {
   EXPECT_LT(deg_bf16, 4 * hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
 }
 
-TEST(Qwen35Golden, MetaParameterCountMatchesTensors) {
-  // meta.json's num_parameters (torch, tied weights once) equals the tensors in the file.
+TEST(Qwen35Golden, TensorTableCountsHfParameters) {
+  // deg's tensor table, built from the fixture's config.json, against PyTorch's parameter count
+  // (meta.json: sum of numel over the text model's parameters(), tied weights once): an entry
+  // missing, duplicated or of the wrong shape changes the sum. Every entry is in the file with its
+  // shape.
   for (const char* name : kFixtures) {
     const auto dir = testing::fixture_path(std::string("qwen35/") + name);
-    Json meta = json_load(dir / "meta.json");
+    const Qwen35Config cfg = Qwen35Config::from_json(JsonConfig::load(dir / "config.json"));
     auto store = SafetensorsFile::open(dir / "model.safetensors");
+    std::map<std::string, Shape> in_file;
+    for (const TensorInfo& t : store.tensors()) in_file[t.name] = t.shape;
     int64_t n = 0;
-    for (const TensorInfo& t : store.tensors()) n += shape_numel(t.shape);
-    EXPECT_EQ(n, meta["num_parameters"].get<int64_t>()) << name;
+    for (const auto& [tensor, shape] : qwen35_tensor_table(cfg)) {
+      n += shape_numel(shape);
+      auto it = in_file.find(tensor);  // lm_head.weight
+      for (const char* prefix : {"model.", "model.language_model."})
+        if (it == in_file.end()) it = in_file.find(prefix + tensor);
+      ASSERT_NE(it, in_file.end()) << name << ": " << tensor;
+      EXPECT_EQ(it->second, shape) << name << ": " << tensor;
+    }
+    // Multimodal snapshots count the vision tower too; meta.json then says the text model's.
+    const Json meta = json_load(dir / "meta.json");
+    EXPECT_EQ(n, meta.value("num_text_parameters", meta["num_parameters"].get<int64_t>())) << name;
   }
 }
 

@@ -49,11 +49,34 @@ TEST(SchemaSpans, TokenSpanMatchesSeed) {
   EXPECT_GT(missing, 10);
 }
 
-TEST(SchemaSpans, NonMonotoneOffsetsScanLinearly) {
-  const TokenOffsets shuffled({{4, 6}, {0, 2}, {2, 4}});
-  EXPECT_FALSE(shuffled.monotone());
-  const TokenOffsets sorted({{0, 2}, {2, 4}, {4, 6}});
-  EXPECT_TRUE(sorted.monotone());
+TEST(SchemaSpans, NonMonotoneOffsetsGiveTheSeedsSpans) {
+  // Offsets that are not sorted take the linear scan; sorted ones bisect. Both must answer what
+  // the seed's definition says for every span: the first token (in index order) ending after
+  // `start`, the last starting before `end`.
+  auto seed = [](const std::vector<CharRange>& o, int64_t start,
+                 int64_t end) -> std::optional<std::pair<int64_t, int64_t>> {
+    int64_t first = -1, last = -1;
+    for (int64_t t = 0; t < int64_t(o.size()); ++t) {
+      if (first < 0 && o[size_t(t)].end > start) first = t;
+      if (o[size_t(t)].start < end) last = t;
+    }
+    if (first < 0 || last < 0) return std::nullopt;
+    return std::pair{first, last};
+  };
+  const std::vector<CharRange> shuffled{{4, 6}, {0, 2}, {2, 4}, {8, 9}, {6, 8}};
+  const std::vector<CharRange> sorted{{0, 2}, {2, 4}, {4, 6}, {6, 8}, {8, 9}};
+  const TokenOffsets scan(shuffled), bisect(sorted);
+  EXPECT_FALSE(scan.monotone());
+  EXPECT_TRUE(bisect.monotone());
+  int checked = 0;
+  for (int64_t start = 0; start <= 10; ++start) {
+    for (int64_t end = start; end <= 10; ++end) {
+      EXPECT_EQ(token_span(scan, start, end), seed(shuffled, start, end)) << start << ".." << end;
+      EXPECT_EQ(token_span(bisect, start, end), seed(sorted, start, end)) << start << ".." << end;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 66);
 }
 
 TEST(SchemaSpans, IsSpaceFollowsPython) {

@@ -42,6 +42,7 @@ class Tensor {
   size_t nbytes() const { return size_t(numel_) * dtype_size(dtype_); }
   bool is_contiguous() const;
   bool writable() const { return buffer_ && buffer_->writable(); }
+  Device device() const { return buffer_ ? buffer_->device() : Device::cpu; }
   const std::shared_ptr<Buffer>& buffer() const { return buffer_; }
   size_t byte_offset() const { return offset_; }
 

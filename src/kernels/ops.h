@@ -268,6 +268,9 @@ class Ops {
   virtual ~Ops() = default;
   virtual Device device() const = 0;
   virtual const char* name() const = 0;
+  // Memory the backend owns (model state: K/V, recurrent state, conv tails): zero-filled, of
+  // `shape` and `dtype`, on the backend's device.
+  virtual Tensor alloc(const Shape& shape, DType dtype) const = 0;
 
   virtual void gemm(const GemmArgs& a) const = 0;
   virtual void rms_norm(const NormArgs& a) const = 0;

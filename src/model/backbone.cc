@@ -29,9 +29,9 @@ Shape row_shape(int64_t rows, const Shape& per_row) {
 
 // K/V [B, Hkv, cap, D] grown to `capacity`, keeping positions [0, keep[b]) of every row. The old
 // buffer is released when the last view of it goes (consume: peak = K/V + one layer).
-void grow_kv(Tensor& t, int64_t capacity, const std::vector<int64_t>& keep) {
+void grow_kv(const Ops& ops, Tensor& t, int64_t capacity, const std::vector<int64_t>& keep) {
   const int64_t B = t.dim(0), H = t.dim(1), old_cap = t.dim(2), D = t.dim(3);
-  Tensor grown = Tensor::empty({B, H, capacity, D}, DType::f32);
+  Tensor grown = ops.alloc({B, H, capacity, D}, DType::f32);
   if (old_cap > 0) {
     const float* src = t.data<float>();
     float* dst = grown.mutable_data<float>();
@@ -195,11 +195,11 @@ State Backbone::empty_state(int64_t rows) const {
   for (const LayerSpec& l : spec().layers) {
     LayerState ls;
     if (l.kind == LayerKind::recurrent) {
-      ls.rec = Tensor::zeros(row_shape(rows, l.rec_shape), DType::f32);
-      ls.tail = Tensor::zeros({rows, l.conv_kernel - 1, l.conv_channels}, DType::f32);
+      ls.rec = ops_->alloc(row_shape(rows, l.rec_shape), DType::f32);
+      ls.tail = ops_->alloc({rows, l.conv_kernel - 1, l.conv_channels}, DType::f32);
     } else if (owns_kv(l)) {
-      ls.k = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
-      ls.v = Tensor::zeros({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
+      ls.k = ops_->alloc({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
+      ls.v = ops_->alloc({rows, l.kv_heads, 0, l.head_dim}, DType::f32);
     }
     s.layers.push_back(std::move(ls));
   }
@@ -280,8 +280,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
       }
     }
     if (room <= state.layers[i].k.dim(2)) continue;
-    grow_kv(state.layers[i].k, room, layers[i].window > 0 ? tails : state.lengths);
-    grow_kv(state.layers[i].v, room, layers[i].window > 0 ? tails : state.lengths);
+    grow_kv(*ops_, state.layers[i].k, room, layers[i].window > 0 ? tails : state.lengths);
+    grow_kv(*ops_, state.layers[i].v, room, layers[i].window > 0 ? tails : state.lengths);
   }
   state.capacity = std::max(state.capacity, needed);
   Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
@@ -342,8 +342,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
       room = std::max(room, tails[size_t(b)]);
     }
     if (room >= state.layers[i].k.dim(2)) continue;
-    grow_kv(state.layers[i].k, room, tails);
-    grow_kv(state.layers[i].v, room, tails);
+    grow_kv(*ops_, state.layers[i].k, room, tails);
+    grow_kv(*ops_, state.layers[i].v, room, tails);
   }
   return hidden;
 }
@@ -375,8 +375,8 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   for (const LayerSpec& l : spec().layers) {
     LayerState own;
     if (owns_kv(l)) {
-      own.k = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
-      own.v = Tensor::empty({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
+      own.k = ops_->alloc({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
+      own.v = ops_->alloc({B, l.kv_heads, fs.capacity, l.head_dim}, DType::f32);
     }
     fs.own.push_back(std::move(own));
   }
@@ -409,14 +409,14 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].kind != LayerKind::recurrent) continue;
     if (keep && fs.fresh) {
-      fs.own[i].rec = Tensor::empty(row_shape(B, layers[i].rec_shape), DType::f32);
+      fs.own[i].rec = ops_->alloc(row_shape(B, layers[i].rec_shape), DType::f32);
       fs.own[i].tail =
-          Tensor::empty({B, layers[i].conv_kernel - 1, layers[i].conv_channels}, DType::f32);
+          ops_->alloc({B, layers[i].conv_kernel - 1, layers[i].conv_channels}, DType::f32);
     } else if (!keep && !scratch.defined()) {
       int64_t most = 0;
       for (const LayerSpec& l : layers)
         if (l.kind == LayerKind::recurrent) most = std::max(most, shape_numel(l.rec_shape));
-      scratch = Tensor::empty({B, std::max<int64_t>(most, 1)}, DType::f32);
+      scratch = ops_->alloc({B, std::max<int64_t>(most, 1)}, DType::f32);
     }
   }
   std::vector<int64_t> pos(static_cast<size_t>(B));

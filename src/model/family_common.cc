@@ -1,4 +1,5 @@
-// Shared family pieces (family_common.h): weight lookup, the SwiGLU MLP and benchmark weights.
+// Shared family pieces (family_common.h): weight lookup, the SwiGLU MLP, self-attention over a
+// call's rows and benchmark weights.
 #include "model/family_common.h"
 
 #include <cmath>
@@ -50,6 +51,34 @@ void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   GemmOutput down{.w = a.down, .y = a.h, .ldy = C, .accumulate = true};
   x.ops.gemm(
       {.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = a.precision});
+}
+
+float* self_attention(const Exec& x, const SelfAttentionArgs& a) {
+  const LayerCall& c = *a.call;
+  const int64_t QW = a.heads * a.head_dim, KW = a.kv_heads * a.head_dim;
+  if (a.k) {
+    x.ops.kv_write({.rows = c.rows,
+                    .views = c.views,
+                    .k = a.k,
+                    .ldk = KW,
+                    .v = a.v,
+                    .ldv = KW,
+                    .kv_heads = a.kv_heads,
+                    .dim = a.head_dim});
+  }
+  float* o = x.arena.floats(c.rows.n() * QW);
+  x.ops.attention({.rows = c.rows,
+                   .views = c.views,
+                   .q = a.q,
+                   .ldq = QW,
+                   .out = o,
+                   .ldo = QW,
+                   .kv_heads = a.kv_heads,
+                   .group = a.heads / a.kv_heads,
+                   .head_dim = a.head_dim,
+                   .scale = a.scale,
+                   .window = a.window});
+  return o;
 }
 
 TensorMap random_weights(const RandomWeightsArgs& a) {

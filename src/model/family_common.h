@@ -42,6 +42,23 @@ struct SwigluMlpArgs {
 };
 void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a);
 
+// Self-attention of a layer call: this call's real K/V written into the rows' own buffers (k
+// and v null: a K/V-sharing layer, which reads its source layer's), then causal attention over
+// each row's prefix and own keys. q, k, v are per token [H*D], [Hkv*D], [Hkv*D] contiguous
+// (already normed and rotated). Returns the attention output [N, H*D] from the call's arena.
+struct SelfAttentionArgs {
+  const LayerCall* call = nullptr;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t heads = 0;     // H
+  int64_t kv_heads = 0;  // Hkv
+  int64_t head_dim = 0;  // D
+  float scale = 1;
+  int64_t window = 0;  // > 0: sliding attention
+};
+float* self_attention(const Exec& x, const SelfAttentionArgs& a);
+
 // Random weights for benchmarks: every tensor of `table` filled from a counter-based hash
 // (uniform, std 0.02; reproducible and parallel). `f32(name, shape)` picks tensors kept in f32
 // (the rest are `dtype`); `adjust(name, unit, x)` may replace a value x drawn from unit in [0, 1)

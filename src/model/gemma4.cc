@@ -231,27 +231,16 @@ class Gemma4 final : public Family {
       norm_heads(k, Hkv, w.k_norm.data());
       norm_heads(v, Hkv, nullptr);
       x.ops.rope({.rows = c.rows, .table = &w.rope, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
-      x.ops.kv_write({.rows = c.rows,
-                      .views = c.views,
-                      .k = k,
-                      .ldk = KW,
-                      .v = v,
-                      .ldv = KW,
-                      .kv_heads = Hkv,
-                      .dim = D});
     }
-    float* o = x.arena.floats(N * QW);
-    x.ops.attention({.rows = c.rows,
-                     .views = c.views,
-                     .q = q,
-                     .ldq = QW,
-                     .out = o,
-                     .ldo = QW,
-                     .kv_heads = Hkv,
-                     .group = Hq / Hkv,
-                     .head_dim = D,
-                     .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
-                     .window = g.sliding ? cfg_.window : 0});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = owner ? k : nullptr,
+                                  .v = owner ? v : nullptr,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
+                                  .window = g.sliding ? cfg_.window : 0});
     GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});

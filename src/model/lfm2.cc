@@ -187,25 +187,14 @@ class Lfm2 final : public Family {
       x.ops.rope(
           {.rows = c.rows, .table = &rope_, .x = p, .ldx = heads * D, .heads = heads, .hs = D});
     }
-    x.ops.kv_write({.rows = c.rows,
-                    .views = c.views,
-                    .k = k,
-                    .ldk = KW,
-                    .v = v,
-                    .ldv = KW,
-                    .kv_heads = Hkv,
-                    .dim = D});
-    float* o = x.arena.floats(N * QW);
-    x.ops.attention({.rows = c.rows,
-                     .views = c.views,
-                     .q = q,
-                     .ldq = QW,
-                     .out = o,
-                     .ldo = QW,
-                     .kv_heads = Hkv,
-                     .group = Hq / Hkv,
-                     .head_dim = D,
-                     .scale = 1.0f / std::sqrt(float(D))});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f / std::sqrt(float(D))});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&out, 1}, .precision = c.precision});

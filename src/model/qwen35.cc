@@ -251,25 +251,14 @@ class Qwen35 final : public Family {
                     .scale = NormScale::one_plus_w});
     x.ops.rope({.rows = c.rows, .table = &rope_, .x = q, .ldx = OW, .heads = Hq, .hs = D});
     x.ops.rope({.rows = c.rows, .table = &rope_, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
-    x.ops.kv_write({.rows = c.rows,
-                    .views = c.views,
-                    .k = k,
-                    .ldk = KW,
-                    .v = v,
-                    .ldv = KW,
-                    .kv_heads = Hkv,
-                    .dim = D});
-    float* o = x.arena.floats(N * OW);
-    x.ops.attention({.rows = c.rows,
-                     .views = c.views,
-                     .q = q,
-                     .ldq = OW,
-                     .out = o,
-                     .ldo = OW,
-                     .kv_heads = Hkv,
-                     .group = Hq / Hkv,
-                     .head_dim = D,
-                     .scale = 1.0f / std::sqrt(float(D))});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f / std::sqrt(float(D))});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,

@@ -48,6 +48,9 @@ class CpuOps final : public Ops {
  public:
   Device device() const override { return Device::cpu; }
   const char* name() const override { return "cpu"; }
+  Tensor alloc(const Shape& shape, DType dtype) const override {
+    return Tensor::zeros(shape, dtype);
+  }
 
   void gemm(const GemmArgs& a) const override { deg::gemm(a); }
 
