@@ -1137,8 +1137,8 @@ TEST_P(OpsTable, MatchesReference) {
     std::printf("  %-34s %-9s max err %.2e (tol %.0e)  nmse %.2e (tol %.0e)\n", c.name.c_str(),
                 name.c_str(), s.max_err, c.tol.max_err, s.nmse, c.tol.nmse);
     EXPECT_EQ(s.bad, 0u) << name << ": non-finite values";
-    EXPECT_LE(s.max_err, c.tol.max_err) << name;
-    EXPECT_LE(s.nmse, c.tol.nmse) << name;
+    EXPECT_LE(s.max_err, c.tol.max_err) << c.name << " " << name << ": max error";
+    EXPECT_LE(s.nmse, c.tol.nmse) << c.name << " " << name << ": NMSE";
   }
 }
 
