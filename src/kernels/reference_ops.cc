@@ -1,0 +1,337 @@
+// The reference backend (kernels/reference_ops.h): each op written as its contract in
+// kernels/ops.h reads, one element at a time, sums in double, results rounded to f32 once. Inputs
+// that may alias outputs are read into a local copy before anything is written. Nothing here is
+// fast and nothing here is shared with kernels/cpu.
+#include "kernels/reference_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+
+namespace deg {
+
+namespace {
+
+double sigmoid(double x) {
+  return 1.0 / (1.0 + std::exp(-x));
+}
+double silu(double x) {
+  return x * sigmoid(x);
+}
+// PyTorch's gelu(approximate="tanh").
+double gelu_tanh(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+double softplus(double x) {
+  return x > 30.0 ? x : std::log1p(std::exp(x));
+}
+
+double table_at(const Tensor& t, int64_t index) {
+  if (t.dtype() == DType::bf16) return bf16_to_f32(t.data<bf16>()[index]);
+  return t.data<float>()[index];
+}
+
+bool is_real(const RowTable& r, int64_t b, int64_t t) {
+  return t < r.lengths[b];
+}
+
+// Key or value j of KV head h as a row sees them: prefix [0, prefix_len), then own.
+const float* key_row(const float* prefix, const float* own, const RowView& v, int64_t h, int64_t j,
+                     int64_t d) {
+  if (j < v.prefix_len) return prefix + h * v.prefix_stride + j * d;
+  return own + h * v.own_stride + (j - v.prefix_len) * d;
+}
+
+class ReferenceOps final : public Ops {
+ public:
+  Device device() const override { return Device::cpu; }
+  const char* name() const override { return "reference"; }
+
+  // y[m, n] (+)= Σ_k x[m, k] W[n, k]; with bf16 precision and a bf16 weight, x is rounded to
+  // bf16 first (the products are then exact in double, as in a bf16 dot product).
+  void gemm(const GemmArgs& a) const override {
+    for (const GemmOutput& o : a.outputs) {
+      const Tensor& w = *o.w;
+      DEG_CHECK(w.rank() == 2 && w.dim(1) == a.k && w.is_contiguous(),
+                "reference gemm: weight {} does not match K {}", w.describe(), a.k);
+      const bool round_x = a.precision == GemmPrecision::bf16 && w.dtype() == DType::bf16;
+      for (int64_t m = 0; m < a.m; ++m) {
+        const float* x = a.x + m * a.ldx;
+        for (int64_t n = 0; n < w.dim(0); ++n) {
+          double acc = 0;
+          for (int64_t k = 0; k < a.k; ++k) {
+            const double xv = round_x ? double(bf16_to_f32(f32_to_bf16(x[k]))) : double(x[k]);
+            acc += xv * table_at(w, n * a.k + k);
+          }
+          float* y = o.y + m * o.ldy + n;
+          *y = float(o.accumulate ? double(*y) + acc : acc);
+        }
+      }
+    }
+  }
+
+  // y = x / sqrt(mean(x²) + eps) * (w | 1 + w | 1) [* silu(gate)] per vector (r, h).
+  void rms_norm(const NormArgs& a) const override {
+    const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hg = a.hg ? a.hg : a.dim;
+    std::vector<double> out(size_t(a.dim));
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t h = 0; h < a.heads; ++h) {
+        const float* x = a.x + r * a.ldx + h * hx;
+        double ss = 0;
+        for (int64_t i = 0; i < a.dim; ++i) ss += double(x[i]) * x[i];
+        const double inv = 1.0 / std::sqrt(ss / double(a.dim) + a.eps);
+        for (int64_t i = 0; i < a.dim; ++i) {
+          double w = 1.0;
+          if (a.w) w = a.scale == NormScale::one_plus_w ? 1.0 + a.w[i] : a.w[i];
+          double v = x[i] * inv * w;
+          if (a.gate) v *= silu(a.gate[r * a.ldg + h * hg + i]);
+          out[size_t(i)] = v;
+        }
+        float* y = a.y + r * a.ldy + h * hy;
+        for (int64_t i = 0; i < a.dim; ++i) y[i] = float(out[size_t(i)]);
+      }
+  }
+
+  void l2_norm(const L2NormArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t h = 0; h < a.heads; ++h) {
+        float* x = a.x + r * a.ldx + h * a.dim;
+        double ss = 0;
+        for (int64_t i = 0; i < a.dim; ++i) ss += double(x[i]) * x[i];
+        const double f = a.post_scale / std::sqrt(ss + a.eps);
+        for (int64_t i = 0; i < a.dim; ++i) x[i] = float(x[i] * f);
+      }
+  }
+
+  // Rotate-half over the first `rot` dims: (a, b) = (x[i], x[i + rot/2]) turns by angle
+  // pos * inv_freq[i], the angle taken in f32 as HF does (kernels/rope.h), cos / sin in double.
+  void rope(const RopeArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t half = a.table->rot / 2;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.lengths[b]; ++t) {
+        const int64_t pos = r.positions[b] + t;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          float* v = a.x + (b * r.tokens + t) * a.ldx + h * a.hs;
+          for (int64_t i = 0; i < half; ++i) {
+            const float angle = float(pos) * a.table->inv_freq[size_t(i)];
+            const double c = std::cos(double(angle)), s = std::sin(double(angle));
+            const double x0 = v[i], x1 = v[i + half];
+            v[i] = float(x0 * c - x1 * s);
+            v[i + half] = float(x1 * c + x0 * s);
+          }
+        }
+      }
+  }
+
+  void kv_write(const KvWriteArgs& a) const override {
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b) {
+      const RowView& v = a.views[b];
+      for (int64_t t = 0; t < r.lengths[b]; ++t) {
+        const int64_t i = b * r.tokens + t;
+        for (int64_t h = 0; h < a.kv_heads; ++h)
+          for (int64_t d = 0; d < a.dim; ++d) {
+            const int64_t at = h * v.own_stride + (v.own_before + t) * a.dim + d;
+            v.own_k[at] = a.k[i * a.ldk + h * a.dim + d];
+            v.own_v[at] = a.v[i * a.ldv + h * a.dim + d];
+          }
+      }
+    }
+  }
+
+  // Query t of row b is key index i = prefix_len + own_before + t of the row's one key sequence
+  // (prefix, then own keys); it sees keys [0, i], or (i - window, i] when sliding. Softmax of
+  // scale q·k over those keys, weights times values. Padded positions are zero.
+  void attention(const AttendArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t D = a.head_dim, G = a.group;
+    for (int64_t b = 0; b < r.rows; ++b) {
+      const RowView& v = a.views[b];
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        float* out = a.out + (b * r.tokens + t) * a.ldo;
+        if (!is_real(r, b, t)) {
+          std::fill(out, out + a.kv_heads * G * D, 0.0f);
+          continue;
+        }
+        const int64_t nk = v.prefix_len + v.own_before + t + 1;
+        const int64_t lo = a.window > 0 ? std::max<int64_t>(0, nk - a.window) : 0;
+        std::vector<double> p(size_t(nk - lo));
+        for (int64_t h = 0; h < a.kv_heads; ++h)
+          for (int64_t g = 0; g < G; ++g) {
+            const float* q = a.q + (b * r.tokens + t) * a.ldq + (h * G + g) * D;
+            double mx = -INFINITY;
+            for (int64_t j = lo; j < nk; ++j) {
+              const float* k = key_row(v.prefix_k, v.own_k, v, h, j, D);
+              double s = 0;
+              for (int64_t d = 0; d < D; ++d) s += double(q[d]) * k[d];
+              p[size_t(j - lo)] = s * a.scale;
+              mx = std::max(mx, p[size_t(j - lo)]);
+            }
+            double total = 0;
+            for (double& x : p) total += (x = std::exp(x - mx));
+            for (int64_t d = 0; d < D; ++d) {
+              double acc = 0;
+              for (int64_t j = lo; j < nk; ++j)
+                acc += p[size_t(j - lo)] * key_row(v.prefix_v, v.own_v, v, h, j, D)[d];
+              out[(h * G + g) * D + d] = float(acc / total);
+            }
+          }
+      }
+    }
+  }
+
+  // ext = tail_in (K-1 rows) ++ the row's real x; y[t, c] = Σ_k ext[t + k, c] w[c, k] (then
+  // SiLU); tail_out = the last K-1 rows of ext. Padded positions of y are zero.
+  void causal_conv(const ConvArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t C = a.channels, K = a.kernel, ldt = a.ldt ? a.ldt : C;
+    for (int64_t b = 0; b < r.rows; ++b) {
+      const RowView& v = a.views[b];
+      const int64_t n = r.lengths[b];
+      DEG_CHECK(K == 1 || v.tail_in, "reference conv: row {} has no tail_in", b);
+      std::vector<float> ext(size_t((K - 1 + n) * C));
+      for (int64_t e = 0; e < K - 1 + n; ++e)
+        for (int64_t c = 0; c < C; ++c)
+          ext[size_t(e * C + c)] =
+              e < K - 1 ? v.tail_in[e * ldt + c] : a.x[(b * r.tokens + e - (K - 1)) * a.ldx + c];
+      for (int64_t t = 0; t < r.tokens; ++t)
+        for (int64_t c = 0; c < C; ++c) {
+          double y = 0;
+          if (t < n) {
+            for (int64_t k = 0; k < K; ++k)
+              y += double(ext[size_t((t + k) * C + c)]) * a.w[c * K + k];
+            if (a.silu) y = silu(y);
+          }
+          a.y[(b * r.tokens + t) * a.ldy + c] = float(y);
+        }
+      if (v.tail_out)
+        for (int64_t e = 0; e < K - 1; ++e)
+          for (int64_t c = 0; c < C; ++c) v.tail_out[e * ldt + c] = ext[size_t((n + e) * C + c)];
+    }
+  }
+
+  void delta_gates(const DeltaGatesArgs& a) const override {
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        const bool real = is_real(r, b, t);
+        float* beta = a.beta + (b * r.tokens + t) * a.ld;
+        float* g = a.g + (b * r.tokens + t) * a.ld;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          beta[h] = real ? float(sigmoid(beta[h])) : 0.0f;
+          g[h] = real ? float(a.neg_decay[h] * softplus(double(g[h]) + a.dt_bias[h])) : 0.0f;
+        }
+      }
+  }
+
+  // The recurrence of kernels/delta_rule.h in double, token by token:
+  //   S <- S exp(g_t);  S <- S + k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
+  void delta_rule(const DeltaRuleOpArgs& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t Dk = a.dk, Dv = a.dv, per_key = a.v_heads / a.k_heads;
+    std::vector<double> S(static_cast<size_t>(Dk * Dv)), u(static_cast<size_t>(Dv));
+    for (int64_t b = 0; b < r.rows; ++b) {
+      const RowView& view = a.views[b];
+      for (int64_t t = r.lengths[b]; t < r.tokens; ++t)
+        std::fill_n(a.out + (b * r.tokens + t) * a.ldo, a.v_heads * Dv, 0.0f);
+      for (int64_t h = 0; h < a.v_heads; ++h) {
+        const int64_t kh = h / per_key;
+        for (int64_t i = 0; i < Dk * Dv; ++i) S[size_t(i)] = view.rec_in[h * Dk * Dv + i];
+        for (int64_t t = 0; t < r.lengths[b]; ++t) {
+          const int64_t row = b * r.tokens + t;
+          const float* q = a.q + row * a.ld + kh * Dk;
+          const float* k = a.k + row * a.ld + kh * Dk;
+          const float* v = a.v + row * a.ld + h * Dv;
+          const double decay = std::exp(double(a.g[row * a.ldg + h]));
+          const double beta = a.beta[row * a.ldg + h];
+          for (double& s : S) s *= decay;
+          for (int64_t j = 0; j < Dv; ++j) {
+            double kv = 0;
+            for (int64_t i = 0; i < Dk; ++i) kv += S[size_t(i * Dv + j)] * k[i];
+            u[size_t(j)] = beta * (v[j] - kv);
+          }
+          for (int64_t i = 0; i < Dk; ++i)
+            for (int64_t j = 0; j < Dv; ++j) S[size_t(i * Dv + j)] += k[i] * u[size_t(j)];
+          for (int64_t j = 0; j < Dv; ++j) {
+            double o = 0;
+            for (int64_t i = 0; i < Dk; ++i) o += S[size_t(i * Dv + j)] * q[i];
+            a.out[row * a.ldo + h * Dv + j] = float(o);
+          }
+        }
+        for (int64_t i = 0; i < Dk * Dv; ++i) view.rec_out[h * Dk * Dv + i] = float(S[size_t(i)]);
+      }
+    }
+  }
+
+  void glu(const GluArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t i = 0; i < a.n; ++i) {
+        const double x = a.gate[r * a.ldg + i];
+        const double act = a.act == Activation::silu        ? silu(x)
+                           : a.act == Activation::gelu_tanh ? gelu_tanh(x)
+                                                            : sigmoid(x);
+        const double up = a.up ? a.up[r * a.ldu + i] : a.out[r * a.ldo + i];
+        a.out[r * a.ldo + i] = float(act * up);
+      }
+  }
+
+  void binary(const BinaryArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t i = 0; i < a.n; ++i) {
+        const double x = a.a[r * a.lda + i];
+        float& y = a.y[r * a.ldy + i];
+        y = float(a.mul ? y * x : y + x);
+      }
+  }
+
+  void scale(const ScaleArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t i = 0; i < a.n; ++i) {
+        float& y = a.y[r * a.ldy + i];
+        y = float(double(y) * a.s);
+      }
+  }
+
+  void gather(const GatherArgs& a) const override {
+    const Tensor& t = *a.table;
+    const int64_t C = t.dim(1);
+    for (int64_t i = 0; i < a.n; ++i) {
+      float* y = a.y + i * a.ldy;
+      if (a.soft_rows && a.soft_rows[i] >= 0) {
+        for (int64_t c = 0; c < C; ++c) y[c] = a.soft[int64_t(a.soft_rows[i]) * C + c];
+        continue;
+      }
+      DEG_CHECK(a.ids[i] >= 0 && a.ids[i] < t.dim(0), "reference gather: id {} of {}", a.ids[i],
+                t.dim(0));
+      for (int64_t c = 0; c < C; ++c) {
+        const double kept = a.keep ? double(y[c]) : 0.0;
+        y[c] = float((kept + table_at(t, a.ids[i] * C + c) * a.scale) * a.mix);
+      }
+    }
+  }
+
+  void softcap(const SoftcapArgs& a) const override {
+    for (int64_t i = 0; i < a.n; ++i) a.y[i] = float(a.cap * std::tanh(double(a.y[i]) / a.cap));
+  }
+
+  // Row by row in order, so packing rows toward the front of their own buffer is safe.
+  void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t n) const override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
+  }
+};
+
+}  // namespace
+
+const Ops& reference_ops() {
+  static const ReferenceOps ops;
+  return ops;
+}
+
+}  // namespace deg
