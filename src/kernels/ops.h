@@ -205,7 +205,8 @@ struct DeltaRuleOpArgs {
 enum class Activation : uint8_t { silu, gelu_tanh, sigmoid };
 
 // out[r, i] = act(gate[r, i]) * up[r, i] for `rows` rows of n (strides in elements; out may
-// alias gate or up). up null: out = act(gate) * out (a gate applied in place).
+// alias gate or up). up null: out = act(gate) * out (a gate applied in place). Backends take
+// silu and gelu_tanh with `up`, sigmoid without (the forms the families use).
 struct GluArgs {
   const float* gate = nullptr;
   int64_t ldg = 0;

@@ -50,6 +50,9 @@ class ReferenceOps final : public Ops {
  public:
   Device device() const override { return Device::cpu; }
   const char* name() const override { return "reference"; }
+  Tensor alloc(const Shape& shape, DType dtype) const override {
+    return Tensor::zeros(shape, dtype);
+  }
 
   // y[m, n] (+)= Σ_k x[m, k] W[n, k]; with bf16 precision and a bf16 weight, x is rounded to
   // bf16 first (the products are then exact in double, as in a bf16 dot product).

@@ -55,11 +55,11 @@ class CpuOps final : public Ops {
   void gemm(const GemmArgs& a) const override { deg::gemm(a); }
 
   void rms_norm(const NormArgs& a) const override {
-    std::vector<float> ones;
+    std::vector<float> unit;  // a missing weight scales by 1: w = 1, or 1 + w with w = 0
     const float* w = a.w;
     if (!w) {
-      ones.assign(size_t(a.dim), 1.0f);
-      w = ones.data();
+      unit.assign(size_t(a.dim), a.scale == NormScale::w ? 1.0f : 0.0f);
+      w = unit.data();
     }
     const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hg = a.hg ? a.hg : a.dim;
     parallel_for(
