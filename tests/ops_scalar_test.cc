@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/scalar_ops.h"
 #include "core/tensor.h"
+#include "kernels/cpu/scalar_ops.h"
 #include "kernels/ops.h"
 
 namespace deg {
@@ -34,11 +34,18 @@ TEST(OpsScalar, CombineSumsTermsLeftToRight) {
   const int64_t R = 37, n = 12, ld = 16, group = 4;
   auto y0 = randn(size_t(R * ld), 1), u = randn(size_t(R * n), 2), v = randn(size_t(R * ld), 3);
   auto lane = randn(size_t(R * 3), 4), add = randn(size_t(R * 3), 5);
-  const CombineTerm t[] = {{.s = 0.5f},
-                           {.x = u.data(), .ldx = n, .s = 2.0f, .lane = lane.data(), .ldl = 3,
-                            .gl = 1, .add = add.data(), .lda = 3, .ga = 1},
-                           {.x = v.data(), .ldx = ld, .lane = lane.data(), .ldl = 3,
-                            .offset = 1.0f}};
+  const CombineTerm t[] = {
+      {.s = 0.5f},
+      {.x = u.data(),
+       .ldx = n,
+       .s = 2.0f,
+       .lane = lane.data(),
+       .ldl = 3,
+       .gl = 1,
+       .add = add.data(),
+       .lda = 3,
+       .ga = 1},
+      {.x = v.data(), .ldx = ld, .lane = lane.data(), .ldl = 3, .offset = 1.0f}};
   std::vector<float> y = y0;
   cpu_ops().combine({.y = y.data(), .ldy = ld, .rows = R, .n = n, .group = group, .terms = t});
   for (int64_t r = 0; r < R; ++r) {
@@ -163,7 +170,8 @@ TEST(OpsScalar, NgramEmbedUsesReservedRowsAtTheStart) {
 
 TEST(OpsScalar, SigmoidGatesAndActivations) {
   const int64_t R = 5, H = 3, n = 7;
-  auto x = randn(size_t(R * n), 10), x2 = randn(size_t(R * n), 11), w = randn(size_t(H * 2 * n), 12);
+  auto x = randn(size_t(R * n), 10), x2 = randn(size_t(R * n), 11),
+       w = randn(size_t(H * 2 * n), 12);
   std::vector<float> g(size_t(R * H));
   cpu_ops().sigmoid_gates({.x = x.data(),
                            .ldx = n,
@@ -205,8 +213,10 @@ TEST(OpsScalar, SigmoidGatesAndActivations) {
       const float u = v[i];
       float want = 0;
       if (act == Activation::relu_squared) want = u > 0 ? u * u : 0.0f;
-      if (act == Activation::gelu_erf) want = 0.5f * u * (1.0f + std::erf(u * 0.70710678118654752f));
-      if (act == Activation::scaled_sigmoid) want = 30.0f * (1.0f / (1.0f + std::exp(-((u + 5.0f) / 7.5f))));
+      if (act == Activation::gelu_erf)
+        want = 0.5f * u * (1.0f + std::erf(u * 0.70710678118654752f));
+      if (act == Activation::scaled_sigmoid)
+        want = 30.0f * (1.0f / (1.0f + std::exp(-((u + 5.0f) / 7.5f))));
       EXPECT_EQ(y[i], want) << int(act) << " " << i;
     }
   }

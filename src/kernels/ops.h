@@ -210,7 +210,14 @@ struct DeltaRuleOpArgs {
 
 // silu, gelu_tanh, sigmoid: the GLU gates. relu_squared: max(x, 0)²; gelu_erf: the exact GELU
 // 0.5 x (1 + erf(x / sqrt 2)); scaled_sigmoid: a sigmoid((x + b) / c) (a sigmoid soft cap).
-enum class Activation : uint8_t { silu, gelu_tanh, sigmoid, relu_squared, gelu_erf, scaled_sigmoid };
+enum class Activation : uint8_t {
+  silu,
+  gelu_tanh,
+  sigmoid,
+  relu_squared,
+  gelu_erf,
+  scaled_sigmoid
+};
 
 // out[r, i] = act(gate[r, i]) * up[r, i] for `rows` rows of n (strides in elements; out may
 // alias gate or up). up null: out = act(gate) * out (a gate applied in place).
@@ -351,13 +358,13 @@ struct ShiftIdsArgs {
 // (u2 p2 ^ u1 p1 ^ u0 x) & (P - 1), row 0 before a hash has its ids. V table rows, P pool rows.
 struct NgramEmbedArgs {
   RowTable rows;
-  const int32_t* ids = nullptr;  // [N]
-  const int32_t* prev1 = nullptr;  // [N] ids one back (any value where the position lacks one)
-  const int32_t* prev2 = nullptr;  // [N] ids two back
-  const Tensor* table = nullptr;   // [V, dim] f32 or bf16
+  const int32_t* ids = nullptr;      // [N]
+  const int32_t* prev1 = nullptr;    // [N] ids one back (any value where the position lacks one)
+  const int32_t* prev2 = nullptr;    // [N] ids two back
+  const Tensor* table = nullptr;     // [V, dim] f32 or bf16
   const float* sign_pool = nullptr;  // [P, dim]
   int64_t sign_rows = 0;             // P, a power of two
-  std::array<int32_t, 2> bigram_rows{};  // multipliers of x, p1
+  std::array<int32_t, 2> bigram_rows{};   // multipliers of x, p1
   std::array<int32_t, 3> trigram_rows{};  // of x, p1, p2
   std::array<int32_t, 2> bigram_signs{};
   std::array<int32_t, 3> trigram_signs{};

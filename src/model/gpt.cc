@@ -250,13 +250,12 @@ class Gpt final : public Family {
     }
     const LayerWeights& lw = layers_[size_t(i)];
     if (i == cfg_.skip_layer) {  // x += sigmoid(skip scalar) gate x_source
-      const CombineTerm t[] = {
-          {},
-          {.x = h + lanes_.cache[size_t(cfg_.skip_source)],
-           .ldx = S,
-           .s = sigmoid(scalars_[size_t(2 * cfg_.num_layers + 1)]),
-           .lane = h + lanes_.gate[1] + gl_.skip,
-           .ldl = S}};
+      const CombineTerm t[] = {{},
+                               {.x = h + lanes_.cache[size_t(cfg_.skip_source)],
+                                .ldx = S,
+                                .s = sigmoid(scalars_[size_t(2 * cfg_.num_layers + 1)]),
+                                .lane = h + lanes_.gate[1] + gl_.skip,
+                                .ldl = S}};
       x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = t});
     } else if (!lw.attn) {
       mix_and_inject(x, i, c, resid_[size_t(2 * i)], nullptr, 0.0f);
@@ -368,8 +367,12 @@ class Gpt final : public Family {
     const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
     const int64_t H = cfg_.num_heads, gc = cfg_.value_embed_gate_channels;
     float* aux = x.arena.floats(N * C);
-    x.ops.gather(
-        {.table = &ve_[size_t(ve)], .n = N, .y = aux, .ldy = C, .id_lane = c.h + lanes_.id, .ld_id = S});
+    x.ops.gather({.table = &ve_[size_t(ve)],
+                  .n = N,
+                  .y = aux,
+                  .ldy = C,
+                  .id_lane = c.h + lanes_.id,
+                  .ld_id = S});
     if (veg < 0) return aux;
     // Every head's gate reads the ungated plane.
     float* gv = x.arena.floats(N * H);
@@ -386,8 +389,7 @@ class Gpt final : public Family {
                          .out = gv,
                          .ldo = H});
     const CombineTerm t[] = {{.lane = gv, .ldl = H, .gl = 1}};
-    x.ops.combine(
-        {.y = aux, .ldy = C, .rows = N, .n = C, .group = cfg_.head_dim, .terms = t});
+    x.ops.combine({.y = aux, .ldy = C, .rows = N, .n = C, .group = cfg_.head_dim, .terms = t});
     return aux;
   }
 
@@ -459,8 +461,7 @@ void Gpt::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, float**
                       .act = Activation::relu_squared});
     float* out = x.arena.floats(N * C);
     GemmOutput o2{.w = &proj, .y = out, .ldy = C};
-    x.ops.gemm(
-        {.x = act, .m = N, .k = F, .ldx = F, .outputs = {&o2, 1}, .precision = c.precision});
+    x.ops.gemm({.x = act, .m = N, .k = F, .ldx = F, .outputs = {&o2, 1}, .precision = c.precision});
     return out;
   };
   const float* out = run(lw.fc, lw.proj);
@@ -472,8 +473,7 @@ void Gpt::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, float**
   }
   const float* par = i == cfg_.parallel_mlp_layer ? run(par_fc_, par_proj_) : nullptr;
   const float rm = resid_[size_t(2 * i + 1)], pm = post_[size_t(2 * i + 1)];
-  const CombineTerm t[] = {
-      {.s = rm}, {.x = out, .ldx = C, .s = pm}, {.x = par, .ldx = C, .s = pm}};
+  const CombineTerm t[] = {{.s = rm}, {.x = out, .ldx = C, .s = pm}, {.x = par, .ldx = C, .s = pm}};
   x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = {t, size_t(par ? 3 : 2)}});
 }
 

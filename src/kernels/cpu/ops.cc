@@ -24,9 +24,9 @@ namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;         // attention work unit (queries)
-constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
-constexpr int64_t kRowGrain = 16;           // token rows per piece of a row-wise op
+constexpr int64_t kQueryBlock = 16;            // attention work unit (queries)
+constexpr int64_t kConvChannelBlock = 512;     // conv work unit (channels)
+constexpr int64_t kRowGrain = 16;              // token rows per piece of a row-wise op
 constexpr int kScoreSlot = kKernelSlots + 14;  // attention_f64 scores of one query (any thread)
 
 void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
@@ -356,8 +356,7 @@ class CpuOps final : public Ops {
       if (!a.keep) std::fill(y, y + C, 0.0f);
       if (t.dtype() == DType::bf16) {
         const bf16* row = t.data<bf16>() + id * C;
-        for (int64_t c = 0; c < C; ++c)
-          y[c] = (y[c] * keep + bf16_to_f32(row[c]) * scale) * a.mix;
+        for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + bf16_to_f32(row[c]) * scale) * a.mix;
       } else {
         const float* row = t.data<float>() + id * C;
         for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + row[c] * scale) * a.mix;
@@ -454,8 +453,7 @@ class CpuOps final : public Ops {
 
   void subtract_projection(const ProjectionArgs& a) const override {
     parallel_for(
-        a.rows.n(), [&](int64_t b, int64_t e) { subtract_projection_range(a, b, e); },
-        kRowGrain);
+        a.rows.n(), [&](int64_t b, int64_t e) { subtract_projection_range(a, b, e); }, kRowGrain);
   }
 };
 
