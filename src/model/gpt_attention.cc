@@ -42,15 +42,19 @@ float* attention(const Exec& x, const AttnWeights& a, const AttnInputs& in) {
   x.ops.combine({.y = v, .ldy = dv, .rows = N * H, .n = dv, .terms = vt});
   float* q = qk;
   float* k = qk + H * dq;
-  for (float* p : {q, k})
-    x.ops.rope_pairs({.rows = c.rows,
-                      .freq = a.freq,
-                      .x = p,
-                      .ldx = ldp,
-                      .heads = H,
-                      .hs = dq,
-                      .dims = in.rotary_dim,
-                      .paired_heads = a.paired});
+  // q and k heads apart: paired heads rotate head h (of H) at 2 p + h % 2 in both.
+  const RopePairsArgs rope{.rows = c.rows,
+                           .freq = a.freq,
+                           .x = q,
+                           .ldx = ldp,
+                           .heads = H,
+                           .hs = dq,
+                           .dims = in.rotary_dim,
+                           .paired_heads = a.paired};
+  x.ops.rope_pairs(rope);
+  RopePairsArgs rope_k = rope;
+  rope_k.x = k;
+  x.ops.rope_pairs(rope_k);
   // The real tokens' K (unshifted: the key offset is applied when keys are read) and V.
   x.ops.kv_write({.rows = c.rows,
                   .views = c.views,
