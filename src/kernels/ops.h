@@ -18,9 +18,11 @@
 // Letters: B rows, L tokens per row, N = B L token rows, H heads, D head dim, K conv kernel.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/buffer.h"
@@ -41,6 +43,7 @@ class Arena {
 
   Device device() const { return device_; }
   float* floats(int64_t n);
+  int32_t* ints(int64_t n);  // the same memory, as int32 (ids)
   void reset();
 
  private:
@@ -125,8 +128,9 @@ struct RopeArgs {
   int64_t hs = 0;
 };
 
-// The real tokens' K and V (`kv_heads` heads of `dim`, contiguous per token at strides ldk /
-// ldv) into each row's own K/V at own_before + t.
+// The real tokens' K and V (`kv_heads` heads, head h at k + i ldk + h hk, the same for v) into
+// each row's own K/V at own_before + t, whose positions are `dim` wide: k_dim floats of K and
+// v_dim of V per head (0: dim; head strides 0: the widths written).
 struct KvWriteArgs {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -136,6 +140,8 @@ struct KvWriteArgs {
   int64_t ldv = 0;
   int64_t kv_heads = 0;
   int64_t dim = 0;
+  int64_t k_dim = 0, v_dim = 0;
+  int64_t hk = 0, hv = 0;
 };
 
 // Causal softmax attention of every row over its prefix and own keys (this call's K/V already
@@ -202,7 +208,16 @@ struct DeltaRuleOpArgs {
   int64_t k_heads = 0, v_heads = 0, dk = 0, dv = 0;
 };
 
-enum class Activation : uint8_t { silu, gelu_tanh, sigmoid };
+// silu, gelu_tanh, sigmoid: the GLU gates. relu_squared: max(x, 0)²; gelu_erf: the exact GELU
+// 0.5 x (1 + erf(x / sqrt 2)); scaled_sigmoid: a sigmoid((x + b) / c) (a sigmoid soft cap).
+enum class Activation : uint8_t {
+  silu,
+  gelu_tanh,
+  sigmoid,
+  relu_squared,
+  gelu_erf,
+  scaled_sigmoid
+};
 
 // out[r, i] = act(gate[r, i]) * up[r, i] for `rows` rows of n (strides in elements; out may
 // alias gate or up). up null: out = act(gate) * out (a gate applied in place). Backends take
@@ -240,8 +255,10 @@ struct ScaleArgs {
 };
 
 // Rows of an f32 or bf16 table [V, C] by id: y[i] = (keep ? y[i] : 0) + table[ids[i]] * scale,
-// then times `mix` (when != 1). soft_rows non-null: position i with soft_rows[i] >= 0 copies
-// soft[soft_rows[i]] ([n, C], contiguous) instead.
+// then times `mix` (when != 1). A negative id leaves y[i] as it is. soft_rows non-null: position
+// i with soft_rows[i] >= 0 copies soft[soft_rows[i]] ([n, C], contiguous) instead. id_lane
+// instead of ids: position i's id is the float id_lane[i * ld_id] (an exact integer).
+// row_scale non-null: position i's scale is row_scale[i * ld_scale].
 struct GatherArgs {
   const Tensor* table = nullptr;
   const int32_t* ids = nullptr;  // [n]
@@ -253,6 +270,10 @@ struct GatherArgs {
   float mix = 1.0f;
   const int32_t* soft_rows = nullptr;
   const float* soft = nullptr;
+  const float* id_lane = nullptr;
+  int64_t ld_id = 0;
+  const float* row_scale = nullptr;
+  int64_t ld_scale = 0;
 };
 
 // y = cap * tanh(y / cap) over n values.
@@ -260,6 +281,170 @@ struct SoftcapArgs {
   float* y = nullptr;
   int64_t n = 0;
   float cap = 0;
+};
+
+// out[r, j] = act(x[r, j]) for `rows` rows of n (strides in elements; y may alias x). a, b, c:
+// the scaled_sigmoid parameters.
+struct ActivationArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  Activation act = Activation::relu_squared;
+  float a = 1.0f, b = 0.0f, c = 1.0f;
+};
+
+// y[r, j] = (x[r, j] + bias[j]) * s for `rows` rows of n (bias null: x[r, j] * s; y may alias x).
+struct BiasScaleArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  const float* bias = nullptr;  // [n] or null
+  float s = 1.0f;
+};
+
+// One term coef(r, g) * x[r, j] of a combination (CombineArgs). x null: the output row itself
+// (as it was before the op). coef = s without a lane; with one, s * lane[r ldl + g gl], plus
+// add[r lda + g ga] when add is set, then plus `offset` when it is nonzero; g = j / group is the
+// column group (per-head or per-group coefficients).
+struct CombineTerm {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  float s = 1.0f;
+  const float* lane = nullptr;
+  int64_t ldl = 0, gl = 0;
+  const float* add = nullptr;
+  int64_t lda = 0, ga = 0;
+  float offset = 0.0f;
+};
+
+// y[r, j] = term0 + term1 + ... summed left to right in f32 for `rows` rows of n: each term's
+// product rounded, then each sum, so a combination of k terms equals k - 1 axpy passes over
+// the first. group: the column-group width the lane coefficients step by (0: n).
+struct CombineArgs {
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t group = 0;
+  std::span<const CombineTerm> terms;
+};
+
+// The ids `back` tokens before each token of a call: out[i] for token t of row b is ids[b L + t
+// - back] while t >= back, else history[b hl + hl - (back - t)] while the row's position allows
+// (positions[b] + t >= back), else -1. out (int32 [N]) and / or lane (as floats, at stride
+// ld_lane) may be null.
+struct ShiftIdsArgs {
+  RowTable rows;
+  const int32_t* ids = nullptr;      // [B, L]
+  const int32_t* history = nullptr;  // [B, history_len] ids before each row, oldest first
+  int64_t history_len = 0;
+  int64_t back = 0;
+  int32_t* out = nullptr;
+  float* lane = nullptr;
+  int64_t ld_lane = 0;
+};
+
+// Hashed bigram + trigram embedding per token: y[i] = table[bigram row] * pool[bigram sign] +
+// table[trigram row] * pool[trigram sign] over dim, from token i's id x, the previous ids p1,
+// p2 and its position (rows table). Hashes multiply in wrapping int32 and reduce with Python's
+// modulo: bigram row (b0 x ^ b1 p1) mod (V/2 - 1) (position 0: the reserved row V/2 - 1;
+// position 1 hashes the reserved id V/2 - 1 as p1), trigram row V/2 + (t0 x ^ t1 p1 ^ t2 p2)
+// mod (V - V/2 - 1) (positions < 2: the reserved row V - 1); signs (s1 p1 ^ s0 x) & (P - 1) and
+// (u2 p2 ^ u1 p1 ^ u0 x) & (P - 1), row 0 before a hash has its ids. V table rows, P pool rows.
+struct NgramEmbedArgs {
+  RowTable rows;
+  const int32_t* ids = nullptr;      // [N]
+  const int32_t* prev1 = nullptr;    // [N] ids one back (any value where the position lacks one)
+  const int32_t* prev2 = nullptr;    // [N] ids two back
+  const Tensor* table = nullptr;     // [V, dim] f32 or bf16
+  const float* sign_pool = nullptr;  // [P, dim]
+  int64_t sign_rows = 0;             // P, a power of two
+  std::array<int32_t, 2> bigram_rows{};   // multipliers of x, p1
+  std::array<int32_t, 3> trigram_rows{};  // of x, p1, p2
+  std::array<int32_t, 2> bigram_signs{};
+  std::array<int32_t, 3> trigram_signs{};
+  float* y = nullptr;  // [N, dim] at ldy
+  int64_t ldy = 0;
+};
+
+// out[r, h] = s * sigmoid(w_h[0:n] . x[r] (+ w_h[n:2n] . x2[r] when x2 is set)) for `rows` rows
+// and `heads` gates, each dot product accumulated in f64 and rounded before the sum; w_h at
+// w + h ldw.
+struct SigmoidGateArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* x2 = nullptr;
+  int64_t ldx2 = 0;
+  const float* w = nullptr;
+  int64_t ldw = 0;
+  int64_t rows = 0;
+  int64_t heads = 1;
+  int64_t n = 0;
+  float s = 1.0f;
+  float* out = nullptr;
+  int64_t ldo = 0;
+};
+
+// Rotary embedding on interleaved pairs (2i, 2i+1) of the first `dims` dims of each head, in
+// place over the real tokens of a call: angle = double(position) * double(freq[2i]), cos and sin
+// rounded to f32, (x0, x1) -> (c x0 + s x1, c x1 - s x0). Token t of row b is at position p =
+// positions[b] + t; paired_heads: head h rotates at 2 p + h % 2. Heads at x + i ldx + h hs.
+struct RopePairsArgs {
+  RowTable rows;
+  const float* freq = nullptr;  // [dims]
+  float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t heads = 0;
+  int64_t hs = 0;
+  int64_t dims = 0;
+  bool paired_heads = false;
+};
+
+// Causal softmax attention in the f64-accumulated form a scalar trainer computes: every score
+// is one f64 dot product over qk_dim rounded to f32 and scaled, exp in f32, the normaliser
+// summed in f64, outputs summed over keys in index order (y += p_j inv v_j). Query head h of
+// token t (position p) at attention position p, seeing positions [p - window, p]; K/V head h,
+// position p of its row's view (prefix then own keys, kv_dim floats per position).
+// paired_heads: a token holds two attention positions, 2p (heads [0, H/2)) and 2p + 1 (heads
+// [H/2, H)); query head h sits at 2p + h / (H/2) and attends, per position j, K/V head
+// h % (H/2) + (j % 2) (H/2) of token j / 2. key_offset: a key's dims [offset_from, qk_dim) come
+// from the previous position's key (position 0 keeps its own). Padded outputs are zeroed.
+struct AttendF64Args {
+  RowTable rows;
+  const RowView* views = nullptr;  // [B]
+  const float* q = nullptr;
+  int64_t ldq = 0, hq = 0;
+  float* out = nullptr;
+  int64_t ldo = 0, ho = 0;
+  int64_t heads = 0;
+  int64_t qk_dim = 0, v_dim = 0, kv_dim = 0;
+  float scale = 1.0f;
+  int64_t window = 0;
+  bool paired_heads = false;
+  bool key_offset = false;
+  int64_t offset_from = 0;
+};
+
+// Per head of each real token: y_h -= tanh(strength_h) (y_h . v_h / max(v_h . v_h, eps)) v_h
+// (the component of y along v taken out, dots f64-accumulated). Heads at y + i ldy + h hy, the
+// same for v; strength_h at strength[i lds + h]. Padded tokens are left as they are.
+struct ProjectionArgs {
+  RowTable rows;
+  float* y = nullptr;
+  int64_t ldy = 0, hy = 0;
+  const float* v = nullptr;
+  int64_t ldv = 0, hv = 0;
+  const float* strength = nullptr;
+  int64_t lds = 0;
+  int64_t heads = 0;
+  int64_t dim = 0;
+  float eps = 1e-8f;
 };
 
 // The backend: one implementation per device. Every op runs over its whole argument and returns
@@ -291,6 +476,15 @@ class Ops {
   // row by row, as when packing rows to the front of their own buffer).
   virtual void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t n) const = 0;
+  virtual void activation(const ActivationArgs& a) const = 0;
+  virtual void bias_scale(const BiasScaleArgs& a) const = 0;
+  virtual void combine(const CombineArgs& a) const = 0;
+  virtual void shift_ids(const ShiftIdsArgs& a) const = 0;
+  virtual void ngram_embed(const NgramEmbedArgs& a) const = 0;
+  virtual void sigmoid_gates(const SigmoidGateArgs& a) const = 0;
+  virtual void rope_pairs(const RopePairsArgs& a) const = 0;
+  virtual void attention_f64(const AttendF64Args& a) const = 0;
+  virtual void subtract_projection(const ProjectionArgs& a) const = 0;
 };
 
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread

@@ -1,5 +1,6 @@
 // The gpt family on the Family contract: the trainer's forward (src/train/gpt_step.cc) computed
-// per row of a call given the row's prefix, with the kernels' GEMMs and norms. What crosses tokens
+// for a call's rows given their prefixes, written over the op interface (kernels/ops.h): every
+// loop over tokens, rows and heads is an op's. What crosses tokens
 // lives in the state: attention K/V (sliding windows are a mask over all kept positions; the key
 // offset is applied when a key is read, so K holds each token's own rotated key) and the last two
 // token ids (smear gate, n-gram hashes). What crosses layers rides in side lanes of the residual
@@ -11,8 +12,8 @@
 //
 // Layers without attention (MLP-only, skip, empty layers) declare an empty recurrent state. The
 // attention sublayer is gpt_attention.cc. Arithmetic mirrors the trainer's order where it is cheap
-// to (double-accumulated dot products in attention and gates, the same axpy order), so results
-// agree to rounding.
+// to (double-accumulated dot products in attention and gates, the same axpy order: residual
+// mixes are `combine` ops summing their terms left to right), so results agree to rounding.
 //
 // Letters: B rows, L tokens of a call, N = B L, C model dim, S stream width, H heads, Dq / Dv
 // q-k / v head widths, D K/V storage width, F MLP hidden, M MUDD hidden, G mix groups, Dn n-gram
@@ -21,14 +22,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <functional>
 
 #include "core/error.h"
-#include "core/thread_pool.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
-#include "kernels/scratch.h"
+#include "kernels/ops.h"
 #include "model/family_common.h"
 #include "model/gpt_internal.h"
 
@@ -40,24 +38,8 @@ using namespace gpt_detail;
 
 constexpr int64_t kHistory = 2;  // ids before a token that its embedding reads
 
-float gelu(float x) {
-  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
-}
-int32_t wrap_mul(int32_t m, int32_t x) {
-  return int32_t(uint32_t(m) * uint32_t(x));
-}
-int32_t py_mod(int32_t a, int32_t m) {  // Python's % for m > 0
-  const int32_t r = a % m;
-  return r < 0 ? r + m : r;
-}
-
-// Row `row` of a [rows, width] table as f32: a pointer into it, or widened into `tmp`.
-const float* table_row(const Tensor& t, int64_t row, float* tmp) {
-  const int64_t w = t.dim(-1);
-  if (t.dtype() == DType::f32) return t.data<float>() + row * w;
-  const bf16* r = t.data<bf16>() + row * w;
-  for (int64_t i = 0; i < w; ++i) tmp[i] = bf16_to_f32(r[i]);
-  return tmp;
+float sigmoid(float x) {  // of a scalar weight
+  return 1.0f / (1.0f + std::exp(-x));
 }
 
 // A two-layer MUDD head: out = (gelu(x W1^T) W2^T + b2) * scale, deltas = gelu(x W1^T) W2g^T *
@@ -186,238 +168,242 @@ class Gpt final : public Family {
     lanes_.width = at;
     spec_.stream = at;
     ones_.assign(size_t(std::max(C, cfg.head_dim)), 1.0f);
-    const int64_t nmax = std::max(nm_, ng_);
-    arena_per_token_ = 16 * C + 2 * F + 2 * M + 2 * Mg + 4 * nmax + nm_ * G + 64;
+    zeros_.assign(size_t(std::max(C, cfg.head_dim)), 0.0f);
   }
 
   const BackboneSpec& spec() const override { return spec_; }
   const Tensor& lm_head() const override { return head_; }
 
   // Token embedding, smear, x0 = norm(.), the n-gram embedding, the pre MUDD gate, cache 0.
-  void embed_rows(const Exec& /*x*/, const EmbedCall& e) const override {
-    const int64_t Lc = e.rows.tokens, N = e.rows.rows * Lc, S = lanes_.width, C = cfg_.model_dim;
-    const int64_t Dn = cfg_.ngram_dim, sc = cfg_.smear_channels;
-    const float smear_lambda = scalars_[size_t(2 * cfg_.num_layers)];
-    for_each(N, 16, [&](int64_t i) {
-      const int64_t b = i / Lc, t = i % Lc, pos = e.rows.positions[b] + t;
-      auto before = [&](int64_t k) {  // the id k tokens back
-        return t >= k ? e.ids[i - k] : e.history[b * kHistory + kHistory - (k - t)];
-      };
-      const int32_t id = e.ids[i], p1 = before(1), p2 = before(2);
-      float* x = e.h + i * S;
-      float* tmp = scratch_floats(kTokenSlot, size_t(std::max(C, Dn)));
-      const float* emb = table_row(embed_, id, tmp);
-      std::memcpy(x, emb, size_t(C) * sizeof(float));
-      if (pos >= 1) {
-        const float g = smear_lambda * sigmoid(dot(x, smear_.data(), sc));
-        axpy(g, table_row(embed_, p1, tmp), x, C);
-      }
-      rms_norm({.x = x,
-                .ldx = C,
-                .y = x + lanes_.x0,
-                .ldy = C,
-                .rows = 1,
-                .dim = C,
-                .w = ones_.data(),
-                .eps = cfg_.norm_eps,
-                .scale = NormScale::w});
-      ngram_embed(pos, id, p1, p2, x + lanes_.ngram, tmp);
-      x[lanes_.id] = float(id);
-    });
-    head_run(gate_[0], e.h + lanes_.x0, S, N, e.h + lanes_.gate[0], S, nullptr,
+  void embed_rows(const Exec& x, const EmbedCall& e) const override {
+    const int64_t N = e.rows.n(), S = lanes_.width, C = cfg_.model_dim;
+    const int64_t sc = cfg_.smear_channels;
+    float* h = e.h;
+    // The ids one and two back (-1 before a row's first position) and the id lane.
+    int32_t* p1 = x.arena.ints(N);
+    int32_t* p2 = x.arena.ints(N);
+    auto shift = [&](int64_t back, int32_t* out, float* lane) {
+      x.ops.shift_ids({.rows = e.rows,
+                       .ids = e.ids,
+                       .history = e.history,
+                       .history_len = kHistory,
+                       .back = back,
+                       .out = out,
+                       .lane = lane,
+                       .ld_lane = S});
+    };
+    shift(1, p1, nullptr);
+    shift(2, p2, nullptr);
+    shift(0, nullptr, h + lanes_.id);
+    // x = embed[id] + smear_lambda sigmoid(embed[id][:sc] . smear) embed[previous id]
+    x.ops.gather({.table = &embed_, .ids = e.ids, .n = N, .y = h, .ldy = S});
+    float* smear = x.arena.floats(N);
+    x.ops.sigmoid_gates({.x = h,
+                         .ldx = S,
+                         .w = smear_.data(),
+                         .ldw = sc,
+                         .rows = N,
+                         .n = sc,
+                         .s = scalars_[size_t(2 * cfg_.num_layers)],
+                         .out = smear,
+                         .ldo = 1});
+    x.ops.gather({.table = &embed_,
+                  .ids = p1,
+                  .n = N,
+                  .y = h,
+                  .ldy = S,
+                  .keep = true,
+                  .row_scale = smear,
+                  .ld_scale = 1});
+    norm_rows(x, h, S, h + lanes_.x0, S, N);
+    x.ops.ngram_embed({.rows = e.rows,
+                       .ids = e.ids,
+                       .prev1 = p1,
+                       .prev2 = p2,
+                       .table = &ngram_,
+                       .sign_pool = sign_pool_.data(),
+                       .sign_rows = cfg_.ngram_sign_rows,
+                       .bigram_rows = cfg_.bigram_row_muls,
+                       .trigram_rows = cfg_.trigram_row_muls,
+                       .bigram_signs = cfg_.bigram_sign_muls,
+                       .trigram_signs = cfg_.trigram_sign_muls,
+                       .y = h + lanes_.ngram,
+                       .ldy = S});
+    head_run(x, gate_[0], h + lanes_.x0, S, N, h + lanes_.gate[0], S, nullptr,
              GemmPrecision::exact);
-    const int ng0 = gl_.ngram[0];
-    for_each(N, 16, [&](int64_t i) {
-      float* x = e.h + i * S;
-      std::memcpy(x, x + lanes_.x0, size_t(C) * sizeof(float));
-      if (ng0 >= 0) axpy(x[lanes_.gate[0] + ng0], x + lanes_.ngram, x, Dn);
-      std::memcpy(x + lanes_.c0, x, size_t(C) * sizeof(float));
-    });
+    // x = x0 (+ gate x0_ngram), cache 0 = x
+    x.ops.copy_rows(h + lanes_.x0, S, h, S, N, C);
+    if (gl_.ngram[0] >= 0) add_ngram(x, h, N, h + lanes_.gate[0] + gl_.ngram[0], S);
+    x.ops.copy_rows(h, S, h + lanes_.c0, S, N, C);
   }
 
-  void layer(const Exec& /*x*/, int index, const LayerCall& c) const override {
+  void layer(const Exec& x, int index, const LayerCall& c) const override {
     const int i = index;
     const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
-    SlotArena ar(kLayerSlots + 0, size_t(N * arena_per_token_));
     float* h = c.h;
     if (i == cfg_.post_gate_layer) {
-      head_run(gate_[1], h, S, N, h + lanes_.gate[1], S, nullptr, c.precision);
+      head_run(x, gate_[1], h, S, N, h + lanes_.gate[1], S, nullptr, c.precision);
     }
     if (i == cfg_.mudd_layer()) {
-      mudd_layer(c, ar);
+      mudd_layer(x, c);
       return;
     }
     const LayerWeights& lw = layers_[size_t(i)];
-    if (i == cfg_.skip_layer) {
-      const float sl = sigmoid(scalars_[size_t(2 * cfg_.num_layers + 1)]);
-      const int64_t src = lanes_.cache[size_t(cfg_.skip_source)];
-      for_each(N, 16, [&](int64_t t) {
-        float* x = h + t * S;
-        axpy(sl * x[lanes_.gate[1] + gl_.skip], x + src, x, C);
-      });
+    if (i == cfg_.skip_layer) {  // x += sigmoid(skip scalar) gate x_source
+      const CombineTerm t[] = {{},
+                               {.x = h + lanes_.cache[size_t(cfg_.skip_source)],
+                                .ldx = S,
+                                .s = sigmoid(scalars_[size_t(2 * cfg_.num_layers + 1)]),
+                                .lane = h + lanes_.gate[1] + gl_.skip,
+                                .ldl = S}};
+      x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = t});
     } else if (!lw.attn) {
-      const float r = resid_[size_t(2 * i)];
-      for_each(N, 16, [&](int64_t t) {
-        float* x = h + t * S;
-        for (int64_t k = 0; k < C; ++k) x[k] *= r;
-        inject(i, x);
-      });
+      mix_and_inject(x, i, c, resid_[size_t(2 * i)], nullptr, 0.0f);
     } else {
-      float* xn = ar.take(N * C);
+      float* xn = x.arena.floats(N * C);
       const bool late = uses_late(i);
-      norm_rows(late ? h + lanes_.cache[size_t(cfg_.late_layer)] : h, S, xn, C, N);
-      const float* aux = value_embedding(i, c, xn, ar);
-      const float* out = attention(i, c, xn, aux, ar);
-      const float r = resid_[size_t(2 * i)];
-      const float o_scale = scalars_[size_t(2 * i + 1)] * post_[size_t(2 * i)];
-      for_each(N, 16, [&](int64_t t) {
-        float* x = h + t * S;
-        for (int64_t k = 0; k < C; ++k) x[k] = r * x[k] + o_scale * out[t * C + k];
-        inject(i, x);
-      });
+      norm_rows(x, late ? h + lanes_.cache[size_t(cfg_.late_layer)] : h, S, xn, C, N);
+      const float* aux = value_embedding(x, i, c, xn);
+      const float* out = attention(x, i, c, xn, aux);
+      mix_and_inject(x, i, c, resid_[size_t(2 * i)], out,
+                     scalars_[size_t(2 * i + 1)] * post_[size_t(2 * i)]);
     }
-    mlp(i, c, ar, nullptr, nullptr);
-    if (lanes_.cache[size_t(i)] >= 0 && i > 0) save_cache(i, c);
+    mlp(x, i, c, nullptr, nullptr);
+    if (lanes_.cache[size_t(i)] >= 0 && i > 0) {  // save the layer's output
+      x.ops.copy_rows(h, S, h + lanes_.cache[size_t(i)], S, N, C);
+    }
   }
 
-  void final_norm(const Exec& /*x*/, const float* h, float* out, int64_t n) const override {
-    norm_rows(h, cfg_.model_dim, out, cfg_.model_dim, n);
+  void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
+    norm_rows(x, h, cfg_.model_dim, out, cfg_.model_dim, n);
   }
 
-  void finish_logits(const Exec& /*x*/, float* logits, int64_t n) const override {
-    const float a = cfg_.softcap_a, b = cfg_.softcap_b, c = cfg_.softcap_c;
-    parallel_for(
-        n,
-        [&](int64_t i0, int64_t i1) {
-          for (int64_t i = i0; i < i1; ++i) logits[i] = a * sigmoid((logits[i] + b) / c);
-        },
-        4096);
+  void finish_logits(const Exec& x, float* logits, int64_t n) const override {
+    x.ops.activation({.x = logits,
+                      .ldx = n,
+                      .y = logits,
+                      .ldy = n,
+                      .rows = 1,
+                      .n = n,
+                      .act = Activation::scaled_sigmoid,
+                      .a = cfg_.softcap_a,
+                      .b = cfg_.softcap_b,
+                      .c = cfg_.softcap_c});
   }
 
  private:
   bool uses_late(int i) const { return cfg_.late_layer >= 0 && i > cfg_.late_layer; }
 
   // y [n, C] at stride ldy = RMS norm of x [n, C] at stride ldx (no weight).
-  void norm_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t n) const {
-    cpu_ops().rms_norm({.x = x,
-                        .ldx = ldx,
-                        .y = y,
-                        .ldy = ldy,
-                        .rows = n,
-                        .dim = cfg_.model_dim,
-                        .w = ones_.data(),
-                        .eps = cfg_.norm_eps,
-                        .scale = NormScale::w});
+  void norm_rows(const Exec& x, const float* in, int64_t ldx, float* y, int64_t ldy,
+                 int64_t n) const {
+    x.ops.rms_norm({.x = in,
+                    .ldx = ldx,
+                    .y = y,
+                    .ldy = ldy,
+                    .rows = n,
+                    .dim = cfg_.model_dim,
+                    .w = ones_.data(),
+                    .eps = cfg_.norm_eps,
+                    .scale = NormScale::w});
   }
 
-  // x0_ngram [Dn] of the token at `pos` with id x after p1, p2 (train ngram_hash per token).
-  void ngram_embed(int64_t pos, int32_t x, int32_t p1, int32_t p2, float* out, float* tmp) const {
-    const GptConfig& c = cfg_;
-    const int32_t half = int32_t(c.ngram_vocab / 2), bmod = half - 1;
-    const int32_t tmod = int32_t(c.ngram_vocab) - half - 1, mask = int32_t(c.ngram_sign_rows - 1);
-    const auto& br = c.bigram_row_muls;
-    const auto& tr = c.trigram_row_muls;
-    const auto& bs = c.bigram_sign_muls;
-    const auto& ts = c.trigram_sign_muls;
-    // Position 0 takes the reserved bigram row; position 1 hashes the reserved id as its
-    // previous token (the seed hashes in place after setting row 0).
-    const int32_t prev = pos == 1 ? bmod : p1;
-    const int32_t rows[2] = {
-        pos == 0 ? bmod : py_mod(wrap_mul(br[0], x) ^ wrap_mul(br[1], prev), bmod),
-        pos < 2
-            ? half + tmod
-            : py_mod(wrap_mul(tr[0], x) ^ wrap_mul(tr[1], p1) ^ wrap_mul(tr[2], p2), tmod) + half};
-    const int32_t signs[2] = {
-        pos < 1 ? 0 : (wrap_mul(bs[1], p1) ^ wrap_mul(bs[0], x)) & mask,
-        pos < 2 ? 0 : (wrap_mul(ts[2], p2) ^ wrap_mul(ts[1], p1) ^ wrap_mul(ts[0], x)) & mask};
-    const int64_t Dn = c.ngram_dim;
-    std::fill(out, out + Dn, 0.0f);
-    for (int ch = 0; ch < 2; ++ch) {
-      const float* row = table_row(ngram_, rows[ch], tmp);
-      const float* sign = sign_pool_.data() + int64_t(signs[ch]) * Dn;
-      for (int64_t d = 0; d < Dn; ++d) out[d] += row[d] * sign[d];
-    }
+  // h[:, :Dn] += coef * n-gram embedding over n tokens, coef[t] at coef + t ldc.
+  void add_ngram(const Exec& x, float* h, int64_t n, const float* coef, int64_t ldc) const {
+    const int64_t S = lanes_.width;
+    const CombineTerm t[] = {{}, {.x = h + lanes_.ngram, .ldx = S, .lane = coef, .ldl = ldc}};
+    x.ops.combine({.y = h, .ldy = S, .rows = n, .n = cfg_.ngram_dim, .terms = t});
   }
 
   // out [N, n] at stride ldo (and deltas [N, n G] when the head has w2g) of x [N, C] at ldx.
-  void head_run(const HeadWeights& w, const float* x, int64_t ldx, int64_t N, float* out,
-                int64_t ldo, float* deltas, GemmPrecision precision) const {
+  void head_run(const Exec& x, const HeadWeights& w, const float* in, int64_t ldx, int64_t N,
+                float* out, int64_t ldo, float* deltas, GemmPrecision precision) const {
     const int64_t M = w.w1.dim(0), n = w.w2.dim(0), C = cfg_.model_dim;
-    SlotArena ar(kLayerSlots + 1, size_t(N * (M + n)));
-    float* pre = ar.take(N * M);
+    float* pre = x.arena.floats(N * M);
     GemmOutput o1{.w = &w.w1, .y = pre, .ldy = M};
-    gemm({.x = x, .m = N, .k = C, .ldx = ldx, .outputs = {&o1, 1}, .precision = precision});
-    for_each(N, 16, [&](int64_t t) {
-      for (int64_t k = 0; k < M; ++k) pre[t * M + k] = gelu(pre[t * M + k]);
-    });
-    float* u = ar.take(N * n);
-    GemmOutput o2[] = {{.w = &w.w2, .y = u, .ldy = n}, {.w = &w.w2g, .y = deltas, .ldy = 0}};
-    if (deltas) o2[1].ldy = w.w2g.dim(0);
-    gemm({.x = pre,
-          .m = N,
-          .k = M,
-          .ldx = M,
-          .outputs = {o2, size_t(deltas ? 2 : 1)},
-          .precision = precision});
-    for_each(N, 16, [&](int64_t t) {
-      for (int64_t k = 0; k < n; ++k) out[t * ldo + k] = (u[t * n + k] + w.b2[size_t(k)]) * w.scale;
-      if (deltas) {
-        const int64_t nd = w.w2g.dim(0);
-        for (int64_t k = 0; k < nd; ++k) deltas[t * nd + k] *= w.scale;
-      }
-    });
+    x.ops.gemm({.x = in, .m = N, .k = C, .ldx = ldx, .outputs = {&o1, 1}, .precision = precision});
+    x.ops.activation(
+        {.x = pre, .ldx = M, .y = pre, .ldy = M, .rows = N, .n = M, .act = Activation::gelu_erf});
+    float* u = x.arena.floats(N * n);
+    const int64_t nd = deltas ? w.w2g.dim(0) : 0;
+    GemmOutput o2[] = {{.w = &w.w2, .y = u, .ldy = n}, {.w = &w.w2g, .y = deltas, .ldy = nd}};
+    x.ops.gemm({.x = pre,
+                .m = N,
+                .k = M,
+                .ldx = M,
+                .outputs = {o2, size_t(deltas ? 2 : 1)},
+                .precision = precision});
+    x.ops.bias_scale({.x = u,
+                      .ldx = n,
+                      .y = out,
+                      .ldy = ldo,
+                      .rows = N,
+                      .n = n,
+                      .bias = w.b2.data(),
+                      .s = w.scale});
+    if (deltas) x.ops.scale({.y = deltas, .ldy = nd, .rows = N, .n = nd, .s = w.scale});
   }
 
-  // x0 and n-gram injections of layer i into one token's stream x [S].
-  void inject(int i, float* x) const {
-    const float* g = x + lanes_.gate[gl_.gate_id[size_t(i)]];
-    if (gl_.x0[size_t(i)] >= 0) axpy(g[gl_.x0[size_t(i)]], x + lanes_.x0, x, cfg_.model_dim);
-    if (gl_.ngram[size_t(i)] >= 0 && i != 0)
-      axpy(g[gl_.ngram[size_t(i)]], x + lanes_.ngram, x, cfg_.ngram_dim);
-  }
-
-  void save_cache(int i, const LayerCall& c) const {
-    const int64_t S = lanes_.width, at = lanes_.cache[size_t(i)];
-    for_each(c.rows.n(), 64, [&](int64_t t) {
-      std::memcpy(c.h + t * S + at, c.h + t * S, size_t(cfg_.model_dim) * sizeof(float));
-    });
+  // x = r x (+ o_scale out) (+ x0 gate x0), then x[:, :Dn] += n-gram gate n-gram: the residual
+  // mix of layer i and its x0 / n-gram injections.
+  void mix_and_inject(const Exec& x, int i, const LayerCall& c, float r, const float* out,
+                      float o_scale) const {
+    const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
+    float* h = c.h;
+    const float* g = h + lanes_.gate[gl_.gate_id[size_t(i)]];
+    CombineTerm t[3] = {{.s = r}};
+    size_t k = 1;
+    if (out) t[k++] = {.x = out, .ldx = C, .s = o_scale};
+    if (gl_.x0[size_t(i)] >= 0)
+      t[k++] = {.x = h + lanes_.x0, .ldx = S, .lane = g + gl_.x0[size_t(i)], .ldl = S};
+    x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = {t, k}});
+    if (gl_.ngram[size_t(i)] >= 0 && i != 0) add_ngram(x, h, N, g + gl_.ngram[size_t(i)], S);
   }
 
   // Value embedding added to V on layer i (2 sigmoid-gated per head where gated), or null.
-  const float* value_embedding(int i, const LayerCall& c, const float* xn, SlotArena& ar) const {
+  const float* value_embedding(const Exec& x, int i, const LayerCall& c, const float* xn) const {
     const int ve = cfg_.value_embed_index(i), veg = cfg_.value_embed_gate_index(i);
     if (ve < 0) return nullptr;
     const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
-    const int64_t H = cfg_.num_heads, hd = cfg_.head_dim, gc = cfg_.value_embed_gate_channels;
-    float* aux = ar.take(N * C);
-    for_each(N, 16, [&](int64_t t) {
-      float* a = aux + t * C;
-      const float* row = table_row(ve_[size_t(ve)], int64_t(c.h[t * S + lanes_.id]), a);
-      if (row != a) std::memcpy(a, row, size_t(C) * sizeof(float));
-      if (veg < 0) return;
-      // Every head's gate reads the ungated plane.
-      const float* gw = ve_gate_.data() + veg * H * 2 * gc;
-      float* gv = scratch_floats(kTokenSlot, size_t(H));
-      for (int64_t hh = 0; hh < H; ++hh) {
-        const float z = dot(gw + hh * 2 * gc, xn + t * C, gc) + dot(gw + hh * 2 * gc + gc, a, gc);
-        gv[hh] = 2.0f * sigmoid(z);
-      }
-      for (int64_t hh = 0; hh < H; ++hh)
-        for (int64_t d = 0; d < hd; ++d) a[hh * hd + d] *= gv[hh];
-    });
+    const int64_t H = cfg_.num_heads, gc = cfg_.value_embed_gate_channels;
+    float* aux = x.arena.floats(N * C);
+    x.ops.gather({.table = &ve_[size_t(ve)],
+                  .n = N,
+                  .y = aux,
+                  .ldy = C,
+                  .id_lane = c.h + lanes_.id,
+                  .ld_id = S});
+    if (veg < 0) return aux;
+    // Every head's gate reads the ungated plane.
+    float* gv = x.arena.floats(N * H);
+    x.ops.sigmoid_gates({.x = xn,
+                         .ldx = C,
+                         .x2 = aux,
+                         .ldx2 = C,
+                         .w = ve_gate_.data() + veg * H * 2 * gc,
+                         .ldw = 2 * gc,
+                         .rows = N,
+                         .heads = H,
+                         .n = gc,
+                         .s = 2.0f,
+                         .out = gv,
+                         .ldo = H});
+    const CombineTerm t[] = {{.lane = gv, .ldl = H, .gl = 1}};
+    x.ops.combine({.y = aux, .ldy = C, .rows = N, .n = C, .group = cfg_.head_dim, .terms = t});
     return aux;
   }
 
   // The attention sublayer of layer i before its output scale: y W_o^T [N, C] (padded rows 0).
-  const float* attention(int i, const LayerCall& c, const float* xn, const float* aux,
-                         SlotArena& ar) const {
+  float* attention(const Exec& x, int i, const LayerCall& c, const float* xn,
+                   const float* aux) const {
     const int xsa = gl_.xsa[size_t(i)], gate = gl_.attn_gate[size_t(i)];
     return gpt_detail::attention(
-        layers_[size_t(i)].at,
+        x, layers_[size_t(i)].at,
         {.call = &c,
          .xn = xn,
          .aux = aux,
          .ones = ones_.data(),
+         .zeros = zeros_.data(),
          .sa0 = scalars_[size_t(2 * i)],
          .eps = cfg_.norm_eps,
          .model_dim = cfg_.model_dim,
@@ -425,16 +411,15 @@ class Gpt final : public Family {
          .rotary_dim = cfg_.rotary_dim,
          .stream = lanes_.width,
          .xsa = xsa >= 0 ? lanes_.gate[0] + xsa : -1,
-         .gate = gate >= 0 ? lanes_.gate[gl_.gate_id[size_t(i)]] + gate : -1},
-        ar);
+         .gate = gate >= 0 ? lanes_.gate[gl_.gate_id[size_t(i)]] + gate : -1});
   }
 
   // The MLP sublayer of layer i in place on the stream: x = rm x + pm mlp(norm(x)) (+ the
   // parallel MLP). MUDD layer: mu = its coefficients, x = mu12 x + mu13 mlp(norm(x)); mlp_xn
   // receives norm(x) (the post mix reads it).
-  void mlp(int i, const LayerCall& c, SlotArena& ar, const float* mu, float** mlp_xn) const;
+  void mlp(const Exec& x, int i, const LayerCall& c, const float* mu, float** mlp_xn) const;
 
-  void mudd_layer(const LayerCall& c, SlotArena& ar) const;
+  void mudd_layer(const Exec& x, const LayerCall& c) const;
 
   GptConfig cfg_;
   GptConfig::GateLanes gl_;
@@ -443,128 +428,130 @@ class Gpt final : public Family {
   StreamLanes lanes_;
   Tensor embed_, head_, ngram_;
   std::vector<Tensor> ve_;  // per plane [V, C]
-  std::vector<float> sign_pool_, smear_, ve_gate_, scalars_, resid_, post_, ones_;
+  std::vector<float> sign_pool_, smear_, ve_gate_, scalars_, resid_, post_, ones_, zeros_;
   std::vector<std::vector<float>> freq_;  // narrow, wide
   std::vector<float> attn_scale_;
   std::vector<LayerWeights> layers_;
   Tensor par_fc_, par_proj_;
   HeadWeights mudd_[2], gate_[2];
-  int64_t arena_per_token_ = 0;
 };
 
-void Gpt::mlp(int i, const LayerCall& c, SlotArena& ar, const float* mu, float** mlp_xn) const {
+void Gpt::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, float** mlp_xn) const {
   const LayerWeights& lw = layers_[size_t(i)];
   const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim, F = cfg_.mlp_hidden;
   float* h = c.h;
   if (!lw.mlp) {
-    const float r = resid_[size_t(2 * i + 1)];
-    for_each(N, 16, [&](int64_t t) {
-      for (int64_t k = 0; k < C; ++k) h[t * S + k] *= r;
-    });
+    x.ops.scale({.y = h, .ldy = S, .rows = N, .n = C, .s = resid_[size_t(2 * i + 1)]});
     return;
   }
-  float* xn = ar.take(N * C);
-  norm_rows(h, S, xn, C, N);
+  float* xn = x.arena.floats(N * C);
+  norm_rows(x, h, S, xn, C, N);
   if (mlp_xn) *mlp_xn = xn;
   // relu(xn fc^T)^2 proj for (fc, proj) -> out [N, C]
   auto run = [&](const Tensor& fc, const Tensor& proj) {
-    float* act = ar.take(N * F);
+    float* act = x.arena.floats(N * F);
     GemmOutput o1{.w = &fc, .y = act, .ldy = F};
-    gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&o1, 1}, .precision = c.precision});
-    for_each(N, 16, [&](int64_t t) {
-      for (int64_t k = 0; k < F; ++k) {
-        const float r = act[t * F + k] > 0 ? act[t * F + k] : 0.0f;
-        act[t * F + k] = r * r;
-      }
-    });
-    float* out = ar.take(N * C);
+    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&o1, 1}, .precision = c.precision});
+    x.ops.activation({.x = act,
+                      .ldx = F,
+                      .y = act,
+                      .ldy = F,
+                      .rows = N,
+                      .n = F,
+                      .act = Activation::relu_squared});
+    float* out = x.arena.floats(N * C);
     GemmOutput o2{.w = &proj, .y = out, .ldy = C};
-    gemm({.x = act, .m = N, .k = F, .ldx = F, .outputs = {&o2, 1}, .precision = c.precision});
+    x.ops.gemm({.x = act, .m = N, .k = F, .ldx = F, .outputs = {&o2, 1}, .precision = c.precision});
     return out;
   };
   const float* out = run(lw.fc, lw.proj);
+  if (mu) {
+    const CombineTerm t[] = {{.lane = mu + 12, .ldl = nm_},
+                             {.x = out, .ldx = C, .lane = mu + 13, .ldl = nm_}};
+    x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = t});
+    return;
+  }
   const float* par = i == cfg_.parallel_mlp_layer ? run(par_fc_, par_proj_) : nullptr;
   const float rm = resid_[size_t(2 * i + 1)], pm = post_[size_t(2 * i + 1)];
-  for_each(N, 16, [&](int64_t t) {
-    float* x = h + t * S;
-    const float* o = out + t * C;
-    if (mu) {
-      const float* m = mu + t * nm_;
-      for (int64_t k = 0; k < C; ++k) x[k] = m[12] * x[k] + m[13] * o[k];
-      return;
-    }
-    for (int64_t k = 0; k < C; ++k) x[k] = rm * x[k] + pm * o[k];
-    if (par) axpy(pm, par + t * C, x, C);
-  });
+  const CombineTerm t[] = {{.s = rm}, {.x = out, .ldx = C, .s = pm}, {.x = par, .ldx = C, .s = pm}};
+  x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = {t, size_t(par ? 3 : 2)}});
 }
 
 // The last layer: MUDD coefficients from x, V = gated VE + mu0 c0 + mu1 c_late + mu2 x,
 // x <- (1 + mu5) x + mu3 c0 + mu4 c_late, attention over norm(c_late), then
 // mu8 x + mu9 attn + mu10 c0 (+ mu11 n-gram), the MLP with mu12 / mu13, and the post-loop mix
 // x + sum_k (mu_k + delta_kg) src_k per channel group.
-void Gpt::mudd_layer(const LayerCall& c, SlotArena& ar) const {
+void Gpt::mudd_layer(const Exec& x, const LayerCall& c) const {
   const int i = cfg_.mudd_layer();
   const int64_t N = c.rows.n(), S = lanes_.width, C = cfg_.model_dim;
-  const int64_t H = cfg_.num_heads, hd = cfg_.head_dim, Dn = cfg_.ngram_dim;
+  const int64_t H = cfg_.num_heads, hd = cfg_.head_dim, nm = nm_;
   float* h = c.h;
   const int64_t late = lanes_.cache[size_t(cfg_.late_layer)];
-  float* mu = ar.take(N * nm_);
-  head_run(mudd_[0], h, S, N, mu, nm_, nullptr, c.precision);
-  float* xn = ar.take(N * C);  // norm(cache[late]): the attention input
-  norm_rows(h + late, S, xn, C, N);
-  float* aux = ar.take(N * C);
-  float* recomb = ar.take(N * C);
+  float* mu = x.arena.floats(N * nm);  // [N, n]
+  head_run(x, mudd_[0], h, S, N, mu, nm, nullptr, c.precision);
+  float* xn = x.arena.floats(N * C);  // norm(cache[late]): the attention input
+  norm_rows(x, h + late, S, xn, C, N);
+  // aux = (mu6 | mu7 by head half) VE + mu0 c0 + mu1 c_late + mu2 x
+  float* aux = x.arena.floats(N * C);
   const Tensor& ve = ve_[size_t(cfg_.value_embed_index(i))];
-  for_each(N, 16, [&](int64_t t) {
-    const float* m = mu + t * nm_;
-    const float* x = h + t * S;
-    const float* c0 = x + lanes_.c0;
-    const float* cl = x + late;
-    float* a = aux + t * C;
-    const float* vrow = table_row(ve, int64_t(x[lanes_.id]), a);
-    for (int64_t k = 0; k < C; ++k) {
-      const float gv = (k / hd) < H / 2 ? m[6] : m[7];
-      a[k] = gv * vrow[k] + m[0] * c0[k] + m[1] * cl[k] + m[2] * x[k];
-      recomb[t * C + k] = (1 + m[5]) * x[k] + m[3] * c0[k] + m[4] * cl[k];
-    }
-  });
-  const float* out = attention(i, c, xn, aux, ar);
-  const float o_scale = scalars_[size_t(2 * i + 1)];
-  for_each(N, 16, [&](int64_t t) {
-    const float* m = mu + t * nm_;
-    float* x = h + t * S;
-    const float* c0 = x + lanes_.c0;
-    for (int64_t k = 0; k < C; ++k)
-      x[k] = m[8] * recomb[t * C + k] + m[9] * (o_scale * out[t * C + k]) + m[10] * c0[k];
-    axpy(m[11], x + lanes_.ngram, x, Dn);
-  });
+  x.ops.gather({.table = &ve, .n = N, .y = aux, .ldy = C, .id_lane = h + lanes_.id, .ld_id = S});
+  const CombineTerm ta[] = {{.lane = mu + 6, .ldl = nm, .gl = 1},
+                            {.x = h + lanes_.c0, .ldx = S, .lane = mu + 0, .ldl = nm},
+                            {.x = h + late, .ldx = S, .lane = mu + 1, .ldl = nm},
+                            {.x = h, .ldx = S, .lane = mu + 2, .ldl = nm}};
+  x.ops.combine({.y = aux, .ldy = C, .rows = N, .n = C, .group = H / 2 * hd, .terms = ta});
+  float* recomb = x.arena.floats(N * C);
+  const CombineTerm tr[] = {{.x = h, .ldx = S, .lane = mu + 5, .ldl = nm, .offset = 1.0f},
+                            {.x = h + lanes_.c0, .ldx = S, .lane = mu + 3, .ldl = nm},
+                            {.x = h + late, .ldx = S, .lane = mu + 4, .ldl = nm}};
+  x.ops.combine({.y = recomb, .ldy = C, .rows = N, .n = C, .terms = tr});
+  float* out = attention(x, i, c, xn, aux);
+  x.ops.scale({.y = out, .ldy = C, .rows = N, .n = C, .s = scalars_[size_t(2 * i + 1)]});
+  const CombineTerm tx[] = {{.x = recomb, .ldx = C, .lane = mu + 8, .ldl = nm},
+                            {.x = out, .ldx = C, .lane = mu + 9, .ldl = nm},
+                            {.x = h + lanes_.c0, .ldx = S, .lane = mu + 10, .ldl = nm}};
+  x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = tx});
+  add_ngram(x, h, N, mu + 11, nm);
   float* mlp_xn = nullptr;
-  mlp(i, c, ar, mu, &mlp_xn);
-  // Post-loop mix.
-  const int64_t G = cfg_.mudd_groups, cg = C / G;
-  float* coef = ar.take(N * nm_);
-  float* deltas = ar.take(N * nm_ * G);
-  head_run(mudd_[1], h, S, N, coef, nm_, deltas, c.precision);
-  for_each(N, 16, [&](int64_t t) {
-    float* x = h + t * S;
-    float* tmp = scratch_floats(kTokenSlot, size_t(C));
-    for (size_t k = 0; k < cfg_.post_mix_sources.size(); ++k) {
-      const GptMixSource& s = cfg_.post_mix_sources[k];
-      const float* src = nullptr;
-      switch (s.kind) {
-        case GptMixSource::Kind::cache: src = x + lanes_.cache[size_t(s.layer)]; break;
-        case GptMixSource::Kind::value_embed:
-          src = table_row(ve_[size_t(cfg_.value_embed_index(s.layer))], int64_t(x[lanes_.id]), tmp);
-          break;
-        case GptMixSource::Kind::last_mlp_in: src = mlp_xn + t * C; break;
-        case GptMixSource::Kind::late_attn_in: src = xn + t * C; break;
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const float cf = coef[t * nm_ + int64_t(k)] + deltas[(t * nm_ + int64_t(k)) * G + g];
-        axpy(cf, src + g * cg, x + g * cg, cg);
-      }
+  mlp(x, i, c, mu, &mlp_xn);
+  // Post-loop mix, one source at a time: x[g] += (coef_k + delta_kg) src_k[g] per group g.
+  const int64_t G = cfg_.mudd_groups;
+  float* coef = x.arena.floats(N * nm);
+  float* deltas = x.arena.floats(N * nm * G);
+  head_run(x, mudd_[1], h, S, N, coef, nm, deltas, c.precision);
+  float* ve_rows = nullptr;  // a value-embedding source's rows
+  for (size_t k = 0; k < cfg_.post_mix_sources.size(); ++k) {
+    const GptMixSource& s = cfg_.post_mix_sources[k];
+    const float* src = nullptr;
+    int64_t ld = C;
+    switch (s.kind) {
+      case GptMixSource::Kind::cache:
+        src = h + lanes_.cache[size_t(s.layer)];
+        ld = S;
+        break;
+      case GptMixSource::Kind::value_embed:
+        if (!ve_rows) ve_rows = x.arena.floats(N * C);
+        x.ops.gather({.table = &ve_[size_t(cfg_.value_embed_index(s.layer))],
+                      .n = N,
+                      .y = ve_rows,
+                      .ldy = C,
+                      .id_lane = h + lanes_.id,
+                      .ld_id = S});
+        src = ve_rows;
+        break;
+      case GptMixSource::Kind::last_mlp_in: src = mlp_xn; break;
+      case GptMixSource::Kind::late_attn_in: src = xn; break;
     }
-  });
+    const CombineTerm t[] = {{},
+                             {.x = src,
+                              .ldx = ld,
+                              .lane = coef + k,
+                              .ldl = nm,
+                              .add = deltas + int64_t(k) * G,
+                              .lda = nm * G,
+                              .ga = 1}};
+    x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .group = C / G, .terms = t});
+  }
 }
 
 }  // namespace

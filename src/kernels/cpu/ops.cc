@@ -9,21 +9,25 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <new>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/scalar_ops.h"
 #include "kernels/delta_rule.h"
+#include "kernels/scratch.h"
 
 namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;         // attention work unit (queries)
-constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
-constexpr int64_t kRowGrain = 16;           // token rows per piece of a row-wise op
+constexpr int64_t kQueryBlock = 16;            // attention work unit (queries)
+constexpr int64_t kConvChannelBlock = 512;     // conv work unit (channels)
+constexpr int64_t kRowGrain = 16;              // token rows per piece of a row-wise op
+constexpr int kScoreSlot = kKernelSlots + 14;  // attention_f64 scores of one query (any thread)
 
 void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
   parallel_for(
@@ -119,15 +123,16 @@ class CpuOps final : public Ops {
 
   void kv_write(const KvWriteArgs& a) const override {
     const RowTable& r = a.rows;
-    const int64_t D = a.dim;
+    const int64_t D = a.dim, dk = a.k_dim ? a.k_dim : D, dv = a.v_dim ? a.v_dim : D;
+    const int64_t hk = a.hk ? a.hk : dk, hv = a.hv ? a.hv : dv;
     for_each_index(r.n(), kRowGrain, [&](int64_t i) {
       if (!is_real(r, i)) return;
       const RowView& rv = a.views[i / r.tokens];
       const int64_t t = i % r.tokens;
       for (int64_t h = 0; h < a.kv_heads; ++h) {
         const int64_t at = h * rv.own_stride + (rv.own_before + t) * D;
-        std::memcpy(rv.own_k + at, a.k + i * a.ldk + h * D, size_t(D) * sizeof(float));
-        std::memcpy(rv.own_v + at, a.v + i * a.ldv + h * D, size_t(D) * sizeof(float));
+        std::memcpy(rv.own_k + at, a.k + i * a.ldk + h * hk, size_t(dk) * sizeof(float));
+        std::memcpy(rv.own_v + at, a.v + i * a.ldv + h * hv, size_t(dv) * sizeof(float));
       }
     });
   }
@@ -338,8 +343,10 @@ class CpuOps final : public Ops {
         std::memcpy(y, a.soft + int64_t(a.soft_rows[i]) * C, size_t(C) * sizeof(float));
         return;
       }
-      const int64_t id = a.ids[i];
-      if (!a.keep && a.scale == 1.0f && a.mix == 1.0f) {  // a plain copy (widened from bf16)
+      const int64_t id = a.id_lane ? int64_t(a.id_lane[i * a.ld_id]) : a.ids[i];
+      if (id < 0) return;
+      const float scale = a.row_scale ? a.row_scale[i * a.ld_scale] : a.scale;
+      if (!a.keep && scale == 1.0f && a.mix == 1.0f) {  // a plain copy (widened from bf16)
         if (t.dtype() == DType::bf16) {
           const bf16* row = t.data<bf16>() + id * C;
           for (int64_t c = 0; c < C; ++c) y[c] = bf16_to_f32(row[c]);
@@ -352,11 +359,10 @@ class CpuOps final : public Ops {
       if (!a.keep) std::fill(y, y + C, 0.0f);
       if (t.dtype() == DType::bf16) {
         const bf16* row = t.data<bf16>() + id * C;
-        for (int64_t c = 0; c < C; ++c)
-          y[c] = (y[c] * keep + bf16_to_f32(row[c]) * a.scale) * a.mix;
+        for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + bf16_to_f32(row[c]) * scale) * a.mix;
       } else {
         const float* row = t.data<float>() + id * C;
-        for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + row[c] * a.scale) * a.mix;
+        for (int64_t c = 0; c < C; ++c) y[c] = (y[c] * keep + row[c] * scale) * a.mix;
       }
     });
   }
@@ -383,6 +389,75 @@ class CpuOps final : public Ops {
       std::memcpy(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
     });
   }
+
+  void activation(const ActivationArgs& a) const override {
+    if (a.ldx == a.n && a.ldy == a.n) {  // one flat range: elementwise, any split gives the same
+      parallel_for(
+          a.rows * a.n,
+          [&](int64_t b, int64_t e) {
+            ActivationArgs k = a;
+            k.x = a.x + b;
+            k.y = a.y + b;
+            k.ldx = k.ldy = k.n = e - b;
+            activation_range(k, 0, 1);
+          },
+          4096);
+      return;
+    }
+    parallel_for(
+        a.rows, [&](int64_t b, int64_t e) { activation_range(a, b, e); }, kRowGrain);
+  }
+
+  void bias_scale(const BiasScaleArgs& a) const override {
+    parallel_for(
+        a.rows, [&](int64_t b, int64_t e) { bias_scale_range(a, b, e); }, kRowGrain);
+  }
+
+  void combine(const CombineArgs& a) const override {
+    parallel_for(
+        a.rows, [&](int64_t b, int64_t e) { combine_range(a, b, e); }, kRowGrain);
+  }
+
+  void shift_ids(const ShiftIdsArgs& a) const override { shift_ids_range(a, 0, a.rows.n()); }
+
+  void ngram_embed(const NgramEmbedArgs& a) const override {
+    parallel_for(
+        a.rows.n(), [&](int64_t b, int64_t e) { ngram_embed_range(a, b, e); }, kRowGrain);
+  }
+
+  void sigmoid_gates(const SigmoidGateArgs& a) const override {
+    parallel_for(
+        a.rows, [&](int64_t b, int64_t e) { sigmoid_gates_range(a, b, e); }, kRowGrain);
+  }
+
+  void rope_pairs(const RopePairsArgs& a) const override {
+    parallel_for(
+        a.rows.n(), [&](int64_t b, int64_t e) { rope_pairs_range(a, b, e); }, kRowGrain);
+  }
+
+  // Per (row, head, block of queries); each query's result depends on its keys only.
+  void attention_f64(const AttendF64Args& a) const override {
+    const RowTable& r = a.rows;
+    attention_f64_zero_padded(a);
+    struct Task {
+      int64_t b, h, t0, t1;
+    };
+    std::vector<Task> tasks;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t h = 0; h < a.heads; ++h)
+        for (int64_t t = 0; t < r.lengths[b]; t += kQueryBlock)
+          tasks.push_back({b, h, t, std::min(r.lengths[b], t + kQueryBlock)});
+    const auto scores = size_t(attention_f64_scores(a));
+    for_each_index(int64_t(tasks.size()), 1, [&](int64_t i) {
+      const Task& tk = tasks[size_t(i)];
+      attention_f64_range(a, tk.b, tk.h, tk.t0, tk.t1, scratch_floats(kScoreSlot, scores));
+    });
+  }
+
+  void subtract_projection(const ProjectionArgs& a) const override {
+    parallel_for(
+        a.rows.n(), [&](int64_t b, int64_t e) { subtract_projection_range(a, b, e); }, kRowGrain);
+  }
 };
 
 }  // namespace
@@ -403,6 +478,11 @@ float* Arena::floats(int64_t n) {
       {.data = std::make_unique_for_overwrite<float[]>(size), .size = size, .used = 0});
   blocks_.back().used = want;
   return blocks_.back().data.get();
+}
+
+int32_t* Arena::ints(int64_t n) {
+  static_assert(sizeof(int32_t) == sizeof(float) && alignof(int32_t) <= alignof(float));
+  return new (floats(n)) int32_t[size_t(std::max<int64_t>(n, 1))];  // starts their lifetime
 }
 
 void Arena::reset() {

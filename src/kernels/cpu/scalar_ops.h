@@ -1,0 +1,43 @@
+// Scalar kernels of the ops that have no vector kernel (kernels/ops.h: activation, bias_scale,
+// combine, shift_ids, ngram_embed, sigmoid_gates, rope_pairs, attention_f64,
+// subtract_projection). Each `*_range` runs its op over a range of the op's independent work
+// items (token rows, or (row, head, queries) for attention) in plain f32 / f64 C++ with a fixed
+// order per output, so the CPU backend (ops.cc) can split a call anywhere without changing a bit.
+// Each `*_reference` is the whole op in one thread: the scalar reference the op test table and
+// other backends compare against. Not compiled with target clones: the f32 sums here must not
+// be contracted into FMAs (the gpt family is checked bitwise against a trainer that does not).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace deg {
+
+void activation_range(const ActivationArgs& a, int64_t r0, int64_t r1);
+void bias_scale_range(const BiasScaleArgs& a, int64_t r0, int64_t r1);
+void combine_range(const CombineArgs& a, int64_t r0, int64_t r1);
+void shift_ids_range(const ShiftIdsArgs& a, int64_t i0, int64_t i1);
+void ngram_embed_range(const NgramEmbedArgs& a, int64_t i0, int64_t i1);
+void sigmoid_gates_range(const SigmoidGateArgs& a, int64_t r0, int64_t r1);
+void rope_pairs_range(const RopePairsArgs& a, int64_t i0, int64_t i1);
+void subtract_projection_range(const ProjectionArgs& a, int64_t i0, int64_t i1);
+
+// attention_f64: zero the padded outputs, then queries [t0, t1) of row b, head h; `scores` holds
+// attention_f64_scores(a) floats.
+void attention_f64_zero_padded(const AttendF64Args& a);
+int64_t attention_f64_scores(const AttendF64Args& a);
+void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t0, int64_t t1,
+                         float* scores);
+
+void activation_reference(const ActivationArgs& a);
+void bias_scale_reference(const BiasScaleArgs& a);
+void combine_reference(const CombineArgs& a);
+void shift_ids_reference(const ShiftIdsArgs& a);
+void ngram_embed_reference(const NgramEmbedArgs& a);
+void sigmoid_gates_reference(const SigmoidGateArgs& a);
+void rope_pairs_reference(const RopePairsArgs& a);
+void attention_f64_reference(const AttendF64Args& a);
+void subtract_projection_reference(const ProjectionArgs& a);
+
+}  // namespace deg
