@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/scalar_ops.h"
 
 namespace deg {
 
@@ -327,6 +328,19 @@ class ReferenceOps final : public Ops {
                  int64_t n) const override {
     for (int64_t r = 0; r < rows; ++r)
       std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
+  }
+
+  // The gpt family's ops: their one-thread scalar forms (kernels/cpu/scalar_ops.h) for now.
+  void activation(const ActivationArgs& a) const override { activation_reference(a); }
+  void bias_scale(const BiasScaleArgs& a) const override { bias_scale_reference(a); }
+  void combine(const CombineArgs& a) const override { combine_reference(a); }
+  void shift_ids(const ShiftIdsArgs& a) const override { shift_ids_reference(a); }
+  void ngram_embed(const NgramEmbedArgs& a) const override { ngram_embed_reference(a); }
+  void sigmoid_gates(const SigmoidGateArgs& a) const override { sigmoid_gates_reference(a); }
+  void rope_pairs(const RopePairsArgs& a) const override { rope_pairs_reference(a); }
+  void attention_f64(const AttendF64Args& a) const override { attention_f64_reference(a); }
+  void subtract_projection(const ProjectionArgs& a) const override {
+    subtract_projection_reference(a);
   }
 };
 
