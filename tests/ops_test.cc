@@ -405,16 +405,22 @@ struct KvUnit {
   Floats prefix_k, prefix_v, own_k, own_v;
 };
 
-OpCase kv_write_case(std::string name, int64_t kv_heads, int64_t dim, Tolerance tol) {
+// K and V of k_dim / v_dim floats per head (0: dim) at head strides hk / hv (0: their widths)
+// into positions `dim` wide.
+OpCase kv_write_case(std::string name, int64_t kv_heads, int64_t dim, Tolerance tol,
+                     int64_t k_dim = 0, int64_t v_dim = 0, int64_t hk = 0, int64_t hv = 0) {
   return {name, tol, [=] {
             std::mt19937 rng(505);
             const std::vector<int64_t> own_before = {0, 4, 0, 2, 9, 0, 1};
-            const int64_t ld = 2 * kv_heads * dim + 8;  // K then V within a fused row
+            const int64_t dk = k_dim ? k_dim : dim, dv = v_dim ? v_dim : dim;
+            const int64_t sk = hk ? hk : dk, sv = hv ? hv : dv;
+            const int64_t width = kv_heads * (sk + sv);  // K heads then V heads, gaps included
+            const int64_t ld = width + 8;
             auto kv = std::make_shared<std::vector<Floats>>();
             auto units = std::make_shared<std::vector<KvUnit>>();
             for (int u = 0; u < kUnits; ++u) {
               const int64_t n = kRowLengths[size_t(u)];
-              kv->push_back(randn(size_t(n * 2 * kv_heads * dim), rng));
+              kv->push_back(randn(size_t(n * width), rng));
               KvUnit k;
               k.own_before = own_before[size_t(u)];
               k.own_cap = k.own_before + n + 4;
@@ -425,7 +431,7 @@ OpCase kv_write_case(std::string name, int64_t kv_heads, int64_t dim, Tolerance 
             return RunFn([=](const Ops& ops, const std::vector<int>& order) {
               std::mt19937 jr = junk_rng(order);
               const Layout lay = padded(kRowLengths, order);
-              Floats kvb = place(lay, order, *kv, ld, span_cols(2 * kv_heads * dim), jr);
+              Floats kvb = place(lay, order, *kv, ld, span_cols(width), jr);
               std::vector<KvUnit> st;
               std::vector<RowView> views;
               for (int u : order) st.push_back((*units)[size_t(u)]);
@@ -438,10 +444,14 @@ OpCase kv_write_case(std::string name, int64_t kv_heads, int64_t dim, Tolerance 
                             .views = views.data(),
                             .k = kvb.data(),
                             .ldk = ld,
-                            .v = kvb.data() + kv_heads * dim,
+                            .v = kvb.data() + kv_heads * sk,
                             .ldv = ld,
                             .kv_heads = kv_heads,
-                            .dim = dim});
+                            .dim = dim,
+                            .k_dim = k_dim,
+                            .v_dim = v_dim,
+                            .hk = hk,
+                            .hv = hv});
               std::vector<Floats> k, v;
               for (KvUnit& s : st) {
                 k.push_back(s.own_k);
@@ -826,6 +836,9 @@ struct GatherShape {
   bool keep = false;
   float mix = 1.0f;
   bool soft = false;
+  bool negative = false;   // every 4th id -1: y left as it is
+  bool lane = false;       // ids as floats in a lane (column 2 of 3)
+  bool row_scale = false;  // per-position scales (column 1 of 2)
 };
 
 OpCase gather_case(std::string name, GatherShape s, Tolerance tol) {
@@ -846,17 +859,19 @@ OpCase gather_case(std::string name, GatherShape s, Tolerance tol) {
             auto soft_rows = std::make_shared<std::vector<std::vector<int32_t>>>();  // per unit
             auto soft = std::make_shared<std::vector<Floats>>();
             auto y = std::make_shared<std::vector<Floats>>();
+            auto scales = std::make_shared<std::vector<Floats>>();
             std::uniform_int_distribution<int32_t> id(0, int32_t(V - 1));
             for (int64_t m : kTokenRows) {
               ids->emplace_back();
               soft_rows->emplace_back();
               int32_t used = 0;
               for (int64_t i = 0; i < m; ++i) {
-                ids->back().push_back(id(rng));
+                ids->back().push_back(s.negative && i % 4 == 2 ? -1 : id(rng));
                 soft_rows->back().push_back(s.soft && i % 3 == 1 ? used++ : -1);
               }
               soft->push_back(randn(size_t(used * C), rng));
               y->push_back(randn(size_t(m * C), rng));
+              scales->push_back(randn(size_t(m), rng, 3.0f));
             }
             return RunFn([=](const Ops& ops, const std::vector<int>& order) {
               std::mt19937 jr = junk_rng(order);
@@ -870,8 +885,13 @@ OpCase gather_case(std::string name, GatherShape s, Tolerance tol) {
                 softb.insert(softb.end(), (*soft)[size_t(u)].begin(), (*soft)[size_t(u)].end());
               }
               Floats yb = place(lay, order, *y, ldy, span_cols(C), jr);
+              std::vector<Floats> unit_lanes;  // the ids as floats, per unit
+              for (const auto& u : *ids) unit_lanes.emplace_back(u.begin(), u.end());
+              Floats lane = place(lay, order, unit_lanes, 3, {2}, jr);
+              Floats sc = place(lay, order, *scales, 2, {1}, jr);
+              if (s.lane) std::fill(idb.begin(), idb.end(), 1 << 30);  // must not be read
               ops.gather({.table = table.get(),
-                          .ids = idb.data(),
+                          .ids = s.lane ? nullptr : idb.data(),
                           .n = lay.rows,
                           .y = yb.data(),
                           .ldy = ldy,
@@ -879,7 +899,11 @@ OpCase gather_case(std::string name, GatherShape s, Tolerance tol) {
                           .keep = s.keep,
                           .mix = s.mix,
                           .soft_rows = s.soft ? srb.data() : nullptr,
-                          .soft = s.soft ? softb.data() : nullptr});
+                          .soft = s.soft ? softb.data() : nullptr,
+                          .id_lane = s.lane ? lane.data() + 2 : nullptr,
+                          .ld_id = 3,
+                          .row_scale = s.row_scale ? sc.data() + 1 : nullptr,
+                          .ld_scale = 2});
               Batch res;
               add(res, "y", take(lay, yb, ldy, span_cols(C)));
               return res;
@@ -921,6 +945,421 @@ OpCase copy_rows_case(std::string name, bool in_place, Tolerance tol) {
               ops.copy_rows(xb.data(), ldx, y, ldy, lay.rows, n);
               Batch res;
               add(res, "y", take(lay, in_place ? xb : yb, ldy, span_cols(n)));
+              return res;
+            });
+          }};
+}
+
+// ---- the gpt family's ops ----
+
+OpCase activation_case(std::string name, Activation act, bool in_place, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(1501);
+            const int64_t n = 50, ldx = 53, ldy = in_place ? ldx : 51;
+            auto x = std::make_shared<std::vector<Floats>>();
+            for (int64_t m : kTokenRows) x->push_back(randn(size_t(m * n), rng, 4.0f));
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = packed(kTokenRows, order);
+              Floats xb = place(lay, order, *x, ldx, span_cols(n), jr);
+              Floats yb = in_place ? Floats{} : junk(size_t(lay.rows * ldy), jr);
+              float* y = in_place ? xb.data() : yb.data();
+              ops.activation({.x = xb.data(),
+                              .ldx = ldx,
+                              .y = y,
+                              .ldy = ldy,
+                              .rows = lay.rows,
+                              .n = n,
+                              .act = act,
+                              .a = 30.0f,
+                              .b = 5.0f,
+                              .c = 7.5f});
+              Batch res;
+              add(res, "y", take(lay, in_place ? xb : yb, ldy, span_cols(n)));
+              return res;
+            });
+          }};
+}
+
+OpCase bias_scale_case(std::string name, bool bias, bool in_place, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(1601);
+            const int64_t n = 45, ldx = 47, ldy = in_place ? ldx : 46;
+            auto x = std::make_shared<std::vector<Floats>>();
+            for (int64_t m : kTokenRows) x->push_back(randn(size_t(m * n), rng));
+            auto b = std::make_shared<Floats>(randn(size_t(n), rng));
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = packed(kTokenRows, order);
+              Floats xb = place(lay, order, *x, ldx, span_cols(n), jr);
+              Floats yb = in_place ? Floats{} : junk(size_t(lay.rows * ldy), jr);
+              ops.bias_scale({.x = xb.data(),
+                              .ldx = ldx,
+                              .y = in_place ? xb.data() : yb.data(),
+                              .ldy = ldy,
+                              .rows = lay.rows,
+                              .n = n,
+                              .bias = bias ? b->data() : nullptr,
+                              .s = 0.37f});
+              Batch res;
+              add(res, "y", take(lay, in_place ? xb : yb, ldy, span_cols(n)));
+              return res;
+            });
+          }};
+}
+
+// combine over rows of n = 40 in groups of 8 (5 groups). lanes: the self term (x null) plus
+// three terms whose coefficients come from per-row lanes (group steps, an added lane, an
+// offset); otherwise constant coefficients only.
+OpCase combine_case(std::string name, bool lanes, int64_t group, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(1701);
+            const int64_t n = 40, ldy = 43, ldu = 41, ldl = 12;  // lanes: 12 floats per row
+            auto y = std::make_shared<std::vector<Floats>>();
+            auto u = std::make_shared<std::vector<Floats>>();
+            auto v = std::make_shared<std::vector<Floats>>();
+            auto lane = std::make_shared<std::vector<Floats>>();
+            for (int64_t m : kTokenRows) {
+              y->push_back(randn(size_t(m * n), rng));
+              u->push_back(randn(size_t(m * n), rng));
+              v->push_back(randn(size_t(m * n), rng));
+              lane->push_back(randn(size_t(m * ldl), rng));
+            }
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = packed(kTokenRows, order);
+              Floats yb = place(lay, order, *y, ldy, span_cols(n), jr);
+              Floats ub = place(lay, order, *u, ldu, span_cols(n), jr);
+              Floats vb = place(lay, order, *v, n, span_cols(n), jr);
+              Floats lb = place(lay, order, *lane, ldl, span_cols(ldl), jr);
+              std::vector<CombineTerm> t;
+              if (lanes) {
+                t = {{.s = 0.5f},  // the output row itself
+                     {.x = ub.data(),
+                      .ldx = ldu,
+                      .s = 2.0f,
+                      .lane = lb.data(),
+                      .ldl = ldl,
+                      .gl = 1,
+                      .add = lb.data() + 6,
+                      .lda = ldl,
+                      .ga = 1},
+                     {.x = vb.data(), .ldx = n, .lane = lb.data() + 11, .ldl = ldl, .offset = 1.0f},
+                     {.x = ub.data(), .ldx = ldu, .s = -0.25f}};
+              } else {
+                t = {{.x = ub.data(), .ldx = ldu, .s = 0.75f},
+                     {.s = -1.5f},
+                     {.x = vb.data(), .ldx = n, .s = 3.0f}};
+              }
+              ops.combine(
+                  {.y = yb.data(), .ldy = ldy, .rows = lay.rows, .n = n, .group = group, .terms = t});
+              Batch res;
+              add(res, "y", take(lay, yb, ldy, span_cols(n)));
+              return res;
+            });
+          }};
+}
+
+// Ids `back` tokens before each token, from the row, from its history (3 ids) or none (-1) at
+// the start of a sequence; rows start at positions 0, 1, 2 and later.
+OpCase shift_ids_case(std::string name, int64_t back) {
+  return {name, {}, [=] {
+            std::mt19937 rng(1801);
+            const int64_t hl = 3, ld_lane = 3;
+            const std::vector<int64_t> positions = {0, 1, 4, 7, 2, 0, 30};
+            std::uniform_int_distribution<int32_t> id(0, 999);
+            auto ids = std::make_shared<std::vector<std::vector<int32_t>>>();
+            auto hist = std::make_shared<std::vector<std::vector<int32_t>>>();
+            for (int64_t n : kRowLengths) {
+              ids->emplace_back();
+              for (int64_t i = 0; i < n; ++i) ids->back().push_back(id(rng));
+              hist->emplace_back();
+              for (int64_t i = 0; i < hl; ++i) hist->back().push_back(id(rng));
+            }
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              std::uniform_int_distribution<int32_t> junk_id(-5, 5000);
+              const Layout lay = padded(kRowLengths, order, positions);
+              std::vector<int32_t> idb(size_t(std::max<int64_t>(lay.rows, 1))), hb, out(idb.size());
+              for (int32_t& x : idb) x = junk_id(jr);
+              for (int32_t& x : out) x = junk_id(jr);
+              for (size_t j = 0; j < order.size(); ++j) {
+                const auto& u = (*ids)[size_t(order[j])];
+                for (size_t i = 0; i < u.size(); ++i) idb[size_t(lay.begin[j]) + i] = u[i];
+                const auto& h = (*hist)[size_t(order[j])];
+                hb.insert(hb.end(), h.begin(), h.end());
+              }
+              Floats lane = junk(size_t(lay.rows * ld_lane), jr);
+              ops.shift_ids({.rows = lay.table(),
+                             .ids = idb.data(),
+                             .history = hb.data(),
+                             .history_len = hl,
+                             .back = back,
+                             .out = out.data(),
+                             .lane = lane.data() + 1,
+                             .ld_lane = ld_lane});
+              Floats outf(out.begin(), out.end());
+              Batch res;
+              add(res, "out", take(lay, outf, 1, span_cols(1)));
+              add(res, "lane", take(lay, lane, ld_lane, {1}));
+              return res;
+            });
+          }};
+}
+
+// Hashed n-gram embedding over rows starting at positions 0, 1, 2 and later (the reserved rows
+// and ids of positions 0 and 1), V = 203 table rows (odd: the trigram half is the larger), 8 sign
+// rows; multipliers large enough to wrap int32.
+OpCase ngram_embed_case(std::string name, DType dtype, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(1901);
+            const int64_t V = 203, dim = 24, P = 8, ldy = dim + 5;
+            const std::vector<int64_t> positions = {0, 1, 0, 2, 1, 0, 9};
+            Floats tf = randn(size_t(V * dim), rng);
+            Tensor t;
+            if (dtype == DType::bf16) {
+              std::vector<bf16> tb;
+              for (float v : tf) tb.push_back(f32_to_bf16(v));
+              t = Tensor::from_vector(tb, {V, dim});
+            } else {
+              t = Tensor::from_vector(tf, {V, dim});
+            }
+            auto table = std::make_shared<Tensor>(t);
+            auto pool = std::make_shared<Floats>(randn(size_t(P * dim), rng));
+            std::uniform_int_distribution<int32_t> id(0, 50000);
+            auto ids = std::make_shared<std::vector<std::vector<int32_t>>>();  // x, p1, p2
+            for (int64_t n : kRowLengths) {
+              ids->emplace_back();
+              for (int64_t i = 0; i < 3 * n; ++i) ids->back().push_back(id(rng));
+            }
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = padded(kRowLengths, order, positions);
+              const size_t N = size_t(std::max<int64_t>(lay.rows, 1));
+              std::vector<int32_t> x(N), p1(N), p2(N);
+              for (size_t i = 0; i < N; ++i) x[i] = p1[i] = p2[i] = int32_t(jr() % 40000);
+              for (size_t j = 0; j < order.size(); ++j) {
+                const auto& u = (*ids)[size_t(order[j])];
+                for (int64_t i = 0; i < lay.real[j]; ++i) {
+                  const size_t at = size_t(lay.begin[j] + i);
+                  x[at] = u[size_t(3 * i)];
+                  p1[at] = u[size_t(3 * i + 1)];
+                  p2[at] = u[size_t(3 * i + 2)];
+                }
+              }
+              Floats y = junk(size_t(lay.rows * ldy), jr);
+              ops.ngram_embed({.rows = lay.table(),
+                               .ids = x.data(),
+                               .prev1 = p1.data(),
+                               .prev2 = p2.data(),
+                               .table = table.get(),
+                               .sign_pool = pool->data(),
+                               .sign_rows = P,
+                               .bigram_rows = {1000003, 998244353},
+                               .trigram_rows = {-7919, 2147483629, 65537},
+                               .bigram_signs = {40503, 97},
+                               .trigram_signs = {12289, 786433, 3},
+                               .y = y.data(),
+                               .ldy = ldy});
+              Batch res;
+              add(res, "y", take(lay, y, ldy, span_cols(dim)));
+              return res;
+            });
+          }};
+}
+
+OpCase sigmoid_gates_case(std::string name, bool two_inputs, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(2001);
+            const int64_t H = 5, n = 70, ldx = 73, ldx2 = 71, ldw = 2 * n + 3, ldo = H + 2;
+            auto x = std::make_shared<std::vector<Floats>>();
+            auto x2 = std::make_shared<std::vector<Floats>>();
+            for (int64_t m : kTokenRows) {
+              x->push_back(randn(size_t(m * n), rng));
+              x2->push_back(randn(size_t(m * n), rng));
+            }
+            auto w = std::make_shared<Floats>(randn(size_t(H * ldw), rng, 0.2f));
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = packed(kTokenRows, order);
+              Floats xb = place(lay, order, *x, ldx, span_cols(n), jr);
+              Floats x2b = place(lay, order, *x2, ldx2, span_cols(n), jr);
+              Floats out = junk(size_t(lay.rows * ldo), jr);
+              ops.sigmoid_gates({.x = xb.data(),
+                                 .ldx = ldx,
+                                 .x2 = two_inputs ? x2b.data() : nullptr,
+                                 .ldx2 = ldx2,
+                                 .w = w->data(),
+                                 .ldw = ldw,
+                                 .rows = lay.rows,
+                                 .heads = H,
+                                 .n = n,
+                                 .s = 2.0f,
+                                 .out = out.data(),
+                                 .ldo = ldo});
+              Batch res;
+              add(res, "out", take(lay, out, ldo, span_cols(H)));
+              return res;
+            });
+          }};
+}
+
+// Interleaved rotary on the first 12 of 16 dims of 4 heads (stride 20), rows at later
+// positions; padded tokens must be left as they are.
+OpCase rope_pairs_case(std::string name, bool paired, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(2101);
+            const int64_t H = 4, D = 16, hs = 20, dims = 12, ldx = H * hs + 3;
+            const std::vector<int64_t> positions = {0, 1, 5, 200, 3, 0, 1000};
+            auto x = std::make_shared<std::vector<Floats>>();
+            for (int64_t n : kRowLengths) x->push_back(randn(size_t(n * H * D), rng));
+            auto freq = std::make_shared<Floats>();
+            for (int64_t i = 0; i < dims; ++i)  // only even entries are read
+              freq->push_back(i % 2 ? 99.0f : float(std::pow(10000.0, -double(i) / dims)));
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = padded(kRowLengths, order, positions);
+              const auto cols = head_cols(H, hs, D);
+              Floats xb = place(lay, order, *x, ldx, cols, jr);
+              const auto pad_before = take(lay, xb, ldx, span_cols(ldx), true);
+              ops.rope_pairs({.rows = lay.table(),
+                              .freq = freq->data(),
+                              .x = xb.data(),
+                              .ldx = ldx,
+                              .heads = H,
+                              .hs = hs,
+                              .dims = dims,
+                              .paired_heads = paired});
+              Batch res;
+              add(res, "x", take(lay, xb, ldx, cols));
+              add(res, "pad:x", minus(take(lay, xb, ldx, span_cols(ldx), true), pad_before));
+              return res;
+            });
+          }};
+}
+
+struct AttendF64Shape {
+  int64_t heads = 4, qk_dim = 16, v_dim = 16, kv_dim = 16;
+  int64_t window = 100000;
+  bool paired = false, key_offset = false;
+  int64_t offset_from = 0;
+  std::vector<int64_t> lengths = kRowLengths;
+  std::vector<int64_t> prefix_len = {0, 0, 0, 0, 0, 0, 0};
+  std::vector<int64_t> own_before = {0, 0, 0, 0, 0, 0, 0};
+};
+
+// attention_f64 over each row's prefix and own keys (the row's positions start at prefix_len +
+// own_before); K/V heads of kv_dim floats per position, q / out heads at strides past their
+// widths; keys nobody may read are NaN.
+OpCase attention_f64_case(std::string name, AttendF64Shape s, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(2201);
+            const int64_t H = s.heads, D = s.kv_dim, hq = s.qk_dim + 2, ho = s.v_dim + 1;
+            const int64_t ldq = H * hq + 3, ldo = H * ho + 2;
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            auto q = std::make_shared<std::vector<Floats>>();
+            auto units = std::make_shared<std::vector<KvUnit>>();
+            std::vector<int64_t> positions;
+            for (int u = 0; u < kUnits; ++u) {
+              const int64_t n = s.lengths[size_t(u)];
+              q->push_back(randn(size_t(n * H * s.qk_dim), rng, 0.5f));
+              KvUnit k;
+              k.prefix_len = s.prefix_len[size_t(u)];
+              k.prefix_cap = k.prefix_len + 3;
+              k.own_before = s.own_before[size_t(u)];
+              k.own_cap = k.own_before + n + 2;
+              positions.push_back(k.prefix_len + k.own_before);
+              auto fill = [&](int64_t used, int64_t cap) {
+                Floats b(size_t(H * cap * D), nan);
+                for (int64_t h = 0; h < H; ++h)
+                  for (int64_t i = 0; i < used * D; ++i)
+                    b[size_t(h * cap * D + i)] = randn(1, rng)[0];
+                return b;
+              };
+              k.prefix_k = fill(k.prefix_len, k.prefix_cap);
+              k.prefix_v = fill(k.prefix_len, k.prefix_cap);
+              k.own_k = fill(k.own_before + n, k.own_cap);
+              k.own_v = fill(k.own_before + n, k.own_cap);
+              units->push_back(std::move(k));
+            }
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = padded(s.lengths, order, positions);
+              Floats qb = place(lay, order, *q, ldq, head_cols(H, hq, s.qk_dim), jr);
+              Floats out = junk(size_t(lay.rows * ldo), jr);
+              std::vector<RowView> views;
+              for (int u : order) {
+                const KvUnit& k = (*units)[size_t(u)];
+                const bool prefix = k.prefix_len > 0;
+                views.push_back({.prefix_k = prefix ? k.prefix_k.data() : nullptr,
+                                 .prefix_v = prefix ? k.prefix_v.data() : nullptr,
+                                 .prefix_len = k.prefix_len,
+                                 .prefix_stride = k.prefix_cap * D,
+                                 .own_k = const_cast<float*>(k.own_k.data()),
+                                 .own_v = const_cast<float*>(k.own_v.data()),
+                                 .own_before = k.own_before,
+                                 .own_stride = k.own_cap * D});
+              }
+              ops.attention_f64({.rows = lay.table(),
+                                 .views = views.data(),
+                                 .q = qb.data(),
+                                 .ldq = ldq,
+                                 .hq = hq,
+                                 .out = out.data(),
+                                 .ldo = ldo,
+                                 .ho = ho,
+                                 .heads = H,
+                                 .qk_dim = s.qk_dim,
+                                 .v_dim = s.v_dim,
+                                 .kv_dim = D,
+                                 .scale = 1.0f / std::sqrt(float(s.qk_dim)),
+                                 .window = s.window,
+                                 .paired_heads = s.paired,
+                                 .key_offset = s.key_offset,
+                                 .offset_from = s.offset_from});
+              const auto cols = head_cols(H, ho, s.v_dim);
+              Batch res;
+              add(res, "out", take(lay, out, ldo, cols));
+              add(res, "pad:out", take(lay, out, ldo, cols, true));
+              return res;
+            });
+          }};
+}
+
+OpCase subtract_projection_case(std::string name, Tolerance tol) {
+  return {name, tol, [=] {
+            std::mt19937 rng(2301);
+            const int64_t H = 3, D = 20, hy = 22, hv = 21, ldy = H * hy + 1, ldv = H * hv + 4;
+            const int64_t lds = H + 2;
+            auto y = std::make_shared<std::vector<Floats>>();
+            auto v = std::make_shared<std::vector<Floats>>();
+            auto st = std::make_shared<std::vector<Floats>>();
+            for (int64_t n : kRowLengths) {
+              y->push_back(randn(size_t(n * H * D), rng));
+              v->push_back(randn(size_t(n * H * D), rng));
+              st->push_back(randn(size_t(n * H), rng));
+            }
+            return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+              std::mt19937 jr = junk_rng(order);
+              const Layout lay = padded(kRowLengths, order);
+              Floats yb = place(lay, order, *y, ldy, head_cols(H, hy, D), jr);
+              Floats vb = place(lay, order, *v, ldv, head_cols(H, hv, D), jr);
+              Floats sb = place(lay, order, *st, lds, span_cols(H), jr);
+              const auto pad_before = take(lay, yb, ldy, span_cols(ldy), true);
+              ops.subtract_projection({.rows = lay.table(),
+                                       .y = yb.data(),
+                                       .ldy = ldy,
+                                       .hy = hy,
+                                       .v = vb.data(),
+                                       .ldv = ldv,
+                                       .hv = hv,
+                                       .strength = sb.data(),
+                                       .lds = lds,
+                                       .heads = H,
+                                       .dim = D});
+              Batch res;
+              add(res, "y", take(lay, yb, ldy, head_cols(H, hy, D)));
+              add(res, "pad:y", minus(take(lay, yb, ldy, span_cols(ldy), true), pad_before));
               return res;
             });
           }};
@@ -974,6 +1413,9 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(rope_case("rope_partial", 3, 64, 64, 0.25, 1e6, rope));
 
     c.push_back(kv_write_case("kv_write", 2, 16, {}));
+    // K narrower than a position, V at a head stride past its width; and V narrower.
+    c.push_back(kv_write_case("kv_write_k12_v16_strided", 2, 16, {}, 12, 16, 20, 19));
+    c.push_back(kv_write_case("kv_write_k16_v10", 3, 16, {}, 0, 10));
 
     // Softmax over up to ~370 keys, f32 dots and sums (cpu: 5.8e-7, 6.6e-14).
     const Tolerance att{5e-6, 1e-12};
@@ -1053,10 +1495,64 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(gather_case("gather_soft_rows", {.scale = 1.0f, .soft = true}, {}));
     c.push_back(gather_case("gather_soft_rows_scaled", {.scale = 3.0f, .soft = true}, gather));
 
+    // Ids from a float lane, negative ids (y left as it is), per-position scales.
+    c.push_back(gather_case("gather_lane_negative_ids", {.negative = true, .lane = true}, {}));
+    c.push_back(gather_case("gather_bf16_row_scale_keep",
+                            {.dtype = DType::bf16, .keep = true, .negative = true, .row_scale = true},
+                            gather));
+    c.push_back(gather_case("gather_lane_row_scale_soft",
+                            {.soft = true, .lane = true, .row_scale = true}, gather));
+
     c.push_back(softcap_case("softcap", {1e-6, 1e-13}));  // tanh in f32 (cpu: 1.3e-7, 2e-15)
 
     c.push_back(copy_rows_case("copy_rows", false, {}));
     c.push_back(copy_rows_case("copy_rows_pack_in_place", true, {}));
+
+    // The gpt family's ops.
+    const Tolerance gpt{1e-6, 1e-13};
+    c.push_back(activation_case("activation_relu_squared", Activation::relu_squared, false, gpt));
+    c.push_back(activation_case("activation_gelu_erf_in_place", Activation::gelu_erf, true, gpt));
+    c.push_back(
+        activation_case("activation_scaled_sigmoid", Activation::scaled_sigmoid, false, gpt));
+    c.push_back(bias_scale_case("bias_scale", true, false, gpt));
+    c.push_back(bias_scale_case("bias_scale_no_bias_in_place", false, true, gpt));
+    c.push_back(combine_case("combine_self_lanes_groups", true, 8, gpt));
+    c.push_back(combine_case("combine_constant_terms", false, 0, gpt));
+    c.push_back(shift_ids_case("shift_ids_back1", 1));
+    c.push_back(shift_ids_case("shift_ids_back3", 3));
+    c.push_back(ngram_embed_case("ngram_embed_f32", DType::f32, gpt));
+    c.push_back(ngram_embed_case("ngram_embed_bf16", DType::bf16, gpt));
+    c.push_back(sigmoid_gates_case("sigmoid_gates", false, gpt));
+    c.push_back(sigmoid_gates_case("sigmoid_gates_two_inputs", true, gpt));
+    c.push_back(rope_pairs_case("rope_pairs", false, gpt));
+    c.push_back(rope_pairs_case("rope_pairs_paired_heads", true, gpt));
+    const Tolerance f64att{5e-6, 1e-12};
+    c.push_back(attention_f64_case("attention_f64", {}, f64att));
+    c.push_back(attention_f64_case("attention_f64_window_prefix",
+                                   {.window = 24,
+                                    .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                    .own_before = {0, 4, 3, 10, 9, 2, 30}},
+                                   f64att));
+    c.push_back(attention_f64_case("attention_f64_paired_heads_window",
+                                   {.qk_dim = 12, .v_dim = 10, .window = 9,
+                                    .paired = true,
+                                    .prefix_len = {3, 0, 5, 0, 1, 10, 0},
+                                    .own_before = {0, 2, 3, 4, 0, 2, 7}},
+                                   f64att));
+    c.push_back(attention_f64_case("attention_f64_key_offset",
+                                   {.heads = 2, .qk_dim = 16, .v_dim = 12, .kv_dim = 16,
+                                    .key_offset = true, .offset_from = 8,
+                                    .prefix_len = {4, 0, 5, 0, 1, 6, 0},
+                                    .own_before = {0, 2, 3, 4, 0, 2, 7}},
+                                   f64att));
+    c.push_back(attention_f64_case("attention_f64_decode_paired_key_offset",
+                                   {.heads = 6, .qk_dim = 8, .v_dim = 8, .kv_dim = 8,
+                                    .window = 40, .paired = true, .key_offset = true,
+                                    .offset_from = 4, .lengths = kDecodeLengths,
+                                    .prefix_len = {40, 3, 0, 0, 12, 100, 1},
+                                    .own_before = {0, 5, 2, 17, 0, 3, 60}},
+                                   f64att));
+    c.push_back(subtract_projection_case("subtract_projection", gpt));
     return c;
   }();
   return cases;
@@ -1283,6 +1779,330 @@ INSTANTIATE_TEST_SUITE_P(Ops, OpsTable,
                            return fmt::format("{}_{}", std::get<0>(info.param).name,
                                               op_cases()[std::get<1>(info.param)].name);
                          });
+
+// ---- the CPU's scalar ops against formulas written out here ----
+// The gpt family is checked bitwise against a scalar trainer, so these pin the CPU kernels of
+// kernels/cpu/scalar_ops.cc to the trainer's f32 expressions exactly (products rounded, sums
+// left to right): combinations with lane / group / offset / add coefficients, shifted ids across
+// the history, interleaved rotary at paired-head positions, the n-gram hash at the reserved
+// positions, sigmoid gates, activations, projection removal; f64 attention against a plain
+// softmax on both backends. (The table above scores the same ops against the reference.)
+
+std::vector<float> randn_seeded(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+TEST(OpsCpuFormulas, CombineSumsTermsLeftToRight) {
+  const int64_t R = 37, n = 12, ld = 16, group = 4;
+  auto y0 = randn_seeded(size_t(R * ld), 1), u = randn_seeded(size_t(R * n), 2), v = randn_seeded(size_t(R * ld), 3);
+  auto lane = randn_seeded(size_t(R * 3), 4), add = randn_seeded(size_t(R * 3), 5);
+  const CombineTerm t[] = {
+      {.s = 0.5f},
+      {.x = u.data(),
+       .ldx = n,
+       .s = 2.0f,
+       .lane = lane.data(),
+       .ldl = 3,
+       .gl = 1,
+       .add = add.data(),
+       .lda = 3,
+       .ga = 1},
+      {.x = v.data(), .ldx = ld, .lane = lane.data(), .ldl = 3, .offset = 1.0f}};
+  std::vector<float> y = y0;
+  cpu_ops().combine({.y = y.data(), .ldy = ld, .rows = R, .n = n, .group = group, .terms = t});
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < ld; ++j) {
+      const size_t i = size_t(r * ld + j);
+      if (j >= n) {
+        EXPECT_EQ(y[i], y0[i]);  // past n: untouched
+        continue;
+      }
+      const int64_t g = j / group;
+      const float c1 = 2.0f * lane[size_t(r * 3 + g)] + add[size_t(r * 3 + g)];
+      const float c2 = 1.0f + lane[size_t(r * 3)];
+      float want = 0.5f * y0[i];
+      want += c1 * u[size_t(r * n + j)];
+      want += c2 * v[i];
+      EXPECT_EQ(y[i], want) << r << " " << j;
+    }
+  }
+}
+
+TEST(OpsCpuFormulas, ShiftIdsReadTheHistory) {
+  // Two rows of 3 tokens: row 0 at position 0, row 1 at position 5 with history {7, 8}.
+  const int64_t lengths[] = {3, 2}, positions[] = {0, 5};
+  const int32_t ids[] = {1, 2, 3, 4, 5, 6}, history[] = {0, 0, 7, 8};
+  const RowTable rows{.rows = 2, .tokens = 3, .lengths = lengths, .positions = positions};
+  int32_t back1[6], back2[6];
+  float lane[12];
+  cpu_ops().shift_ids(
+      {.rows = rows, .ids = ids, .history = history, .history_len = 2, .back = 1, .out = back1});
+  cpu_ops().shift_ids({.rows = rows,
+                       .ids = ids,
+                       .history = history,
+                       .history_len = 2,
+                       .back = 2,
+                       .out = back2,
+                       .lane = lane,
+                       .ld_lane = 2});
+  const int32_t want1[] = {-1, 1, 2, 8, 4, 5}, want2[] = {-1, -1, 1, 7, 8, 4};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(back1[i], want1[i]) << i;
+    EXPECT_EQ(back2[i], want2[i]) << i;
+    EXPECT_EQ(lane[2 * i], float(want2[i])) << i;
+  }
+}
+
+TEST(OpsCpuFormulas, RopePairsRotatePairsAtPairedPositions) {
+  const int64_t L = 4, H = 4, D = 6, dims = 4;
+  const int64_t lengths[] = {3}, positions[] = {2};
+  const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
+  const std::vector<float> freq = {0.5f, 0.0f, 0.125f, 0.0f};
+  const auto x0 = randn_seeded(size_t(L * H * D), 7);
+  auto x = x0;
+  const RopePairsArgs a{.rows = rows,
+                        .freq = freq.data(),
+                        .x = x.data(),
+                        .ldx = H * D,
+                        .heads = H,
+                        .hs = D,
+                        .dims = dims,
+                        .paired_heads = true};
+  cpu_ops().rope_pairs(a);
+  for (int64_t t = 0; t < L; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      const float* in = x0.data() + (t * H + h) * D;
+      const float* out = x.data() + (t * H + h) * D;
+      if (t >= 3) {  // padded: untouched
+        EXPECT_EQ(std::memcmp(in, out, size_t(D) * sizeof(float)), 0);
+        continue;
+      }
+      const double p = double(2 * (2 + t) + h % 2);
+      for (int64_t d = 0; d < D; ++d) {
+        float want = in[d];
+        if (d < dims) {
+          const int64_t e = d - d % 2;
+          const double th = p * double(freq[size_t(e)]);
+          const float c = float(std::cos(th)), s = float(std::sin(th));
+          want = d % 2 == 0 ? c * in[d] + s * in[d + 1] : c * in[d] - s * in[d - 1];
+        }
+        EXPECT_EQ(out[d], want) << t << " " << h << " " << d;
+      }
+    }
+  }
+}
+
+TEST(OpsCpuFormulas, NgramEmbedUsesReservedRowsAtTheStart) {
+  const int64_t V = 10, Dn = 3, P = 4;
+  auto table_data = randn_seeded(size_t(V * Dn), 8);
+  Tensor table = Tensor::from_vector(table_data, {V, Dn});
+  auto pool = randn_seeded(size_t(P * Dn), 9);
+  const int64_t lengths[] = {3}, positions[] = {0};
+  const RowTable rows{.rows = 1, .tokens = 3, .lengths = lengths, .positions = positions};
+  const int32_t ids[] = {3, 4, 5}, p1[] = {-1, 3, 4}, p2[] = {-1, -1, 3};
+  std::vector<float> y(size_t(3 * Dn));
+  cpu_ops().ngram_embed({.rows = rows,
+                         .ids = ids,
+                         .prev1 = p1,
+                         .prev2 = p2,
+                         .table = &table,
+                         .sign_pool = pool.data(),
+                         .sign_rows = P,
+                         .bigram_rows = {3, 5},
+                         .trigram_rows = {2, 7, 11},
+                         .bigram_signs = {1, 2},
+                         .trigram_signs = {3, 1, 2},
+                         .y = y.data(),
+                         .ldy = Dn});
+  // Position 0: bigram row V/2 - 1 = 4, trigram row V - 1 = 9, both with sign row 0.
+  // Position 1: bigram row (3*4 ^ 5*4) mod 4 = (12 ^ 20) mod 4 = 24 mod 4 = 0, sign (2*3 ^ 1*4)
+  // & 3 = 2; trigram reserved.
+  const int64_t bigram_row[] = {4, 0}, bigram_sign[] = {0, 2};
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t d = 0; d < Dn; ++d) {
+      float want = 0.0f;
+      want += table_data[size_t(bigram_row[t] * Dn + d)] * pool[size_t(bigram_sign[t] * Dn + d)];
+      want += table_data[size_t(9 * Dn + d)] * pool[size_t(d)];
+      EXPECT_EQ(y[size_t(t * Dn + d)], want) << t << " " << d;
+    }
+}
+
+TEST(OpsCpuFormulas, SigmoidGatesAndActivations) {
+  const int64_t R = 5, H = 3, n = 7;
+  auto x = randn_seeded(size_t(R * n), 10), x2 = randn_seeded(size_t(R * n), 11),
+       w = randn_seeded(size_t(H * 2 * n), 12);
+  std::vector<float> g(size_t(R * H));
+  cpu_ops().sigmoid_gates({.x = x.data(),
+                           .ldx = n,
+                           .x2 = x2.data(),
+                           .ldx2 = n,
+                           .w = w.data(),
+                           .ldw = 2 * n,
+                           .rows = R,
+                           .heads = H,
+                           .n = n,
+                           .s = 2.0f,
+                           .out = g.data(),
+                           .ldo = H});
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t h = 0; h < H; ++h) {
+      double a = 0, b = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        a += double(w[size_t(h * 2 * n + i)]) * x[size_t(r * n + i)];
+        b += double(w[size_t(h * 2 * n + n + i)]) * x2[size_t(r * n + i)];
+      }
+      const float z = float(a) + float(b);
+      EXPECT_EQ(g[size_t(r * H + h)], 2.0f * (1.0f / (1.0f + std::exp(-z))));
+    }
+  auto v = randn_seeded(100, 13, 3.0f);
+  for (Activation act :
+       {Activation::relu_squared, Activation::gelu_erf, Activation::scaled_sigmoid}) {
+    std::vector<float> y(v.size());
+    cpu_ops().activation({.x = v.data(),
+                          .ldx = 10,
+                          .y = y.data(),
+                          .ldy = 10,
+                          .rows = 10,
+                          .n = 10,
+                          .act = act,
+                          .a = 30.0f,
+                          .b = 5.0f,
+                          .c = 7.5f});
+    for (size_t i = 0; i < v.size(); ++i) {
+      const float u = v[i];
+      float want = 0;
+      if (act == Activation::relu_squared) want = u > 0 ? u * u : 0.0f;
+      if (act == Activation::gelu_erf)
+        want = 0.5f * u * (1.0f + std::erf(u * 0.70710678118654752f));
+      if (act == Activation::scaled_sigmoid)
+        want = 30.0f * (1.0f / (1.0f + std::exp(-((u + 5.0f) / 7.5f))));
+      EXPECT_EQ(y[i], want) << int(act) << " " << i;
+    }
+  }
+}
+
+TEST(OpsCpuFormulas, SubtractProjectionLeavesYOrthogonal) {
+  const int64_t L = 3, H = 2, D = 8;
+  const int64_t lengths[] = {2}, positions[] = {0};
+  const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
+  const auto y0 = randn_seeded(size_t(L * H * D), 14), v = randn_seeded(size_t(L * H * D), 15);
+  const std::vector<float> strength(size_t(L * H), 20.0f);  // tanh = 1: all of the projection
+  auto y = y0;
+  cpu_ops().subtract_projection({.rows = rows,
+                                 .y = y.data(),
+                                 .ldy = H * D,
+                                 .hy = D,
+                                 .v = v.data(),
+                                 .ldv = H * D,
+                                 .hv = D,
+                                 .strength = strength.data(),
+                                 .lds = H,
+                                 .heads = H,
+                                 .dim = D});
+  for (int64_t t = 0; t < L; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const size_t at = size_t((t * H + h) * D);
+      double yv = 0, vv = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        yv += double(y[at + size_t(d)]) * v[at + size_t(d)];
+        vv += double(v[at + size_t(d)]) * v[at + size_t(d)];
+      }
+      if (t < 2) {
+        EXPECT_LT(std::abs(yv) / vv, 1e-6) << t << " " << h;
+      } else {
+        EXPECT_EQ(std::memcmp(y.data() + at, y0.data() + at, size_t(D) * sizeof(float)), 0);
+      }
+    }
+}
+
+// f64 attention of one row (prefix of 5 keys + 7 own tokens, 3 of them this call's) against a
+// plain softmax written out here, on both backends, with and without paired heads and key
+// offsets.
+TEST(OpsCpuFormulas, AttentionF64MatchesSoftmax) {
+  const int64_t H = 4, dq = 6, dv = 5, D = 6, P = 5, cap = 16, L = 4, before = 4, rot = 2;
+  const auto pk = randn_seeded(size_t(H * P * D), 16), pvv = randn_seeded(size_t(H * P * D), 17);
+  auto ok = randn_seeded(size_t(H * cap * D), 18), ov = randn_seeded(size_t(H * cap * D), 19);
+  const auto q = randn_seeded(size_t(L * H * dq), 20);
+  const int64_t lengths[] = {3}, positions[] = {P + before};
+  const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
+  const RowView view{.prefix_k = pk.data(),
+                     .prefix_v = pvv.data(),
+                     .prefix_len = P,
+                     .prefix_stride = P * D,
+                     .own_k = ok.data(),
+                     .own_v = ov.data(),
+                     .own_before = before,
+                     .own_stride = cap * D};
+  for (bool paired : {false, true}) {
+    for (bool offset : {false, true}) {
+      if (paired && offset) continue;
+      const int64_t window = paired ? 9 : 6;
+      for (const Ops* ops : {&cpu_ops(), &reference_ops()}) {
+      std::vector<float> out(size_t(L * H * dv), 1.0f);
+      AttendF64Args a{.rows = rows,
+                      .views = &view,
+                      .q = q.data(),
+                      .ldq = H * dq,
+                      .hq = dq,
+                      .out = out.data(),
+                      .ldo = H * dv,
+                      .ho = dv,
+                      .heads = H,
+                      .qk_dim = dq,
+                      .v_dim = dv,
+                      .kv_dim = D,
+                      .scale = 0.4f,
+                      .window = window,
+                      .paired_heads = paired,
+                      .key_offset = offset,
+                      .offset_from = rot};
+      ops->attention_f64(a);
+      auto kv = [&](bool value, int64_t head, int64_t p) {
+        const std::vector<float>& pre = value ? pvv : pk;
+        const std::vector<float>& own = value ? ov : ok;
+        return p < P ? pre.data() + head * P * D + p * D
+                     : own.data() + head * cap * D + (p - P) * D;
+      };
+      for (int64_t t = 0; t < L; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const float* y = out.data() + (t * H + h) * dv;
+          if (t >= 3) {
+            for (int64_t d = 0; d < dv; ++d) EXPECT_EQ(y[d], 0.0f);
+            continue;
+          }
+          const int64_t pos = P + before + t, half = H / 2;
+          const int64_t qpos = paired ? 2 * pos + h / half : pos;
+          std::vector<double> s;
+          std::vector<const float*> vs;
+          for (int64_t j = std::max<int64_t>(0, qpos - window); j <= qpos; ++j) {
+            const int64_t p = paired ? j / 2 : j;
+            const int64_t g = paired ? h % half + (j % 2) * half : h;
+            const float* k = kv(false, g, p);
+            const float* kp = offset && p > 0 ? kv(false, g, p - 1) : k;
+            double dot = 0;
+            for (int64_t d = 0; d < dq; ++d)
+              dot += double(q[size_t((t * H + h) * dq + d)]) * (d < rot ? k[d] : kp[d]);
+            s.push_back(0.4 * dot);
+            vs.push_back(kv(true, g, p));
+          }
+          double mx = -1e300, sum = 0;
+          for (double x : s) mx = std::max(mx, x);
+          for (double& x : s) sum += (x = std::exp(x - mx));
+          for (int64_t d = 0; d < dv; ++d) {
+            double want = 0;
+            for (size_t j = 0; j < s.size(); ++j) want += s[j] / sum * vs[j][d];
+            EXPECT_NEAR(y[d], want, 1e-5)
+                << ops->name() << " " << paired << offset << " " << t << " " << h;
+          }
+        }
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace deg

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cpu/scalar_ops.h"
 
 namespace deg {
 
@@ -132,18 +131,21 @@ class ReferenceOps final : public Ops {
       }
   }
 
+  // Head h of K (k_dim floats at k + i ldk + h hk) and of V (v_dim at hv) into own position
+  // own_before + t, positions `dim` wide.
   void kv_write(const KvWriteArgs& a) const override {
     const RowTable& r = a.rows;
+    const int64_t dk = a.k_dim ? a.k_dim : a.dim, dv = a.v_dim ? a.v_dim : a.dim;
+    const int64_t hk = a.hk ? a.hk : dk, hv = a.hv ? a.hv : dv;
     for (int64_t b = 0; b < r.rows; ++b) {
       const RowView& v = a.views[b];
       for (int64_t t = 0; t < r.lengths[b]; ++t) {
         const int64_t i = b * r.tokens + t;
-        for (int64_t h = 0; h < a.kv_heads; ++h)
-          for (int64_t d = 0; d < a.dim; ++d) {
-            const int64_t at = h * v.own_stride + (v.own_before + t) * a.dim + d;
-            v.own_k[at] = a.k[i * a.ldk + h * a.dim + d];
-            v.own_v[at] = a.v[i * a.ldv + h * a.dim + d];
-          }
+        for (int64_t h = 0; h < a.kv_heads; ++h) {
+          const int64_t at = h * v.own_stride + (v.own_before + t) * a.dim;
+          for (int64_t d = 0; d < dk; ++d) v.own_k[at + d] = a.k[i * a.ldk + h * hk + d];
+          for (int64_t d = 0; d < dv; ++d) v.own_v[at + d] = a.v[i * a.ldv + h * hv + d];
+        }
       }
     }
   }
@@ -310,11 +312,15 @@ class ReferenceOps final : public Ops {
         for (int64_t c = 0; c < C; ++c) y[c] = a.soft[int64_t(a.soft_rows[i]) * C + c];
         continue;
       }
-      DEG_CHECK(a.ids[i] >= 0 && a.ids[i] < t.dim(0), "reference gather: id {} of {}", a.ids[i],
-                t.dim(0));
+      const double fid = a.id_lane ? double(a.id_lane[i * a.ld_id]) : double(a.ids[i]);
+      DEG_CHECK(fid == std::floor(fid), "reference gather: id {} is not an integer", fid);
+      const int64_t id = int64_t(fid);
+      if (id < 0) continue;
+      DEG_CHECK(id < t.dim(0), "reference gather: id {} of {}", id, t.dim(0));
+      const double s = a.row_scale ? double(a.row_scale[i * a.ld_scale]) : double(a.scale);
       for (int64_t c = 0; c < C; ++c) {
         const double kept = a.keep ? double(y[c]) : 0.0;
-        y[c] = float((kept + table_at(t, a.ids[i] * C + c) * a.scale) * a.mix);
+        y[c] = float((kept + table_at(t, id * C + c) * s) * a.mix);
       }
     }
   }
@@ -330,17 +336,210 @@ class ReferenceOps final : public Ops {
       std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
   }
 
-  // The gpt family's ops: their one-thread scalar forms (kernels/cpu/scalar_ops.h) for now.
-  void activation(const ActivationArgs& a) const override { activation_reference(a); }
-  void bias_scale(const BiasScaleArgs& a) const override { bias_scale_reference(a); }
-  void combine(const CombineArgs& a) const override { combine_reference(a); }
-  void shift_ids(const ShiftIdsArgs& a) const override { shift_ids_reference(a); }
-  void ngram_embed(const NgramEmbedArgs& a) const override { ngram_embed_reference(a); }
-  void sigmoid_gates(const SigmoidGateArgs& a) const override { sigmoid_gates_reference(a); }
-  void rope_pairs(const RopePairsArgs& a) const override { rope_pairs_reference(a); }
-  void attention_f64(const AttendF64Args& a) const override { attention_f64_reference(a); }
+  void activation(const ActivationArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t j = 0; j < a.n; ++j) {
+        const double x = a.x[r * a.ldx + j];
+        double y = 0;
+        switch (a.act) {
+          case Activation::relu_squared: y = x > 0 ? x * x : 0.0; break;
+          case Activation::gelu_erf: y = 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); break;
+          case Activation::scaled_sigmoid:
+            y = double(a.a) * sigmoid((x + double(a.b)) / double(a.c));
+            break;
+          case Activation::sigmoid: y = sigmoid(x); break;
+          case Activation::silu: y = silu(x); break;
+          case Activation::gelu_tanh: y = gelu_tanh(x); break;
+        }
+        a.y[r * a.ldy + j] = float(y);
+      }
+  }
+
+  void bias_scale(const BiasScaleArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t j = 0; j < a.n; ++j) {
+        const double b = a.bias ? double(a.bias[j]) : 0.0;
+        a.y[r * a.ldy + j] = float((double(a.x[r * a.ldx + j]) + b) * a.s);
+      }
+  }
+
+  // y[r, j] = Σ_k coef_k(r, j / group) x_k[r, j], x_k null: y's value before the op (read
+  // into a copy of the row first).
+  void combine(const CombineArgs& a) const override {
+    const int64_t group = a.group > 0 ? a.group : a.n;
+    std::vector<double> before(size_t(a.n));
+    for (int64_t r = 0; r < a.rows; ++r) {
+      float* y = a.y + r * a.ldy;
+      for (int64_t j = 0; j < a.n; ++j) before[size_t(j)] = y[j];
+      for (int64_t j = 0; j < a.n; ++j) {
+        const int64_t g = j / group;
+        double acc = 0;
+        for (const CombineTerm& t : a.terms) {
+          double coef = t.s;
+          if (t.lane) {
+            coef = double(t.s) * t.lane[r * t.ldl + g * t.gl];
+            if (t.add) coef += t.add[r * t.lda + g * t.ga];
+            coef += t.offset;
+          }
+          acc += coef * (t.x ? double(t.x[r * t.ldx + j]) : before[size_t(j)]);
+        }
+        y[j] = float(acc);
+      }
+    }
+  }
+
+  void shift_ids(const ShiftIdsArgs& a) const override {
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        const int64_t i = b * r.tokens + t;
+        int32_t id = -1;
+        if (t >= a.back) {
+          id = a.ids[i - a.back];
+        } else if (r.positions[b] + t >= a.back) {
+          DEG_CHECK(a.back - t <= a.history_len, "reference shift_ids: {} back past {} history",
+                    a.back - t, a.history_len);
+          id = a.history[b * a.history_len + a.history_len - (a.back - t)];
+        }
+        if (a.out) a.out[i] = id;
+        if (a.lane) a.lane[i * a.ld_lane] = float(id);
+      }
+  }
+
+  // Hashes in 64-bit arithmetic reduced to int32 (wrapping), Python's modulo written out.
+  void ngram_embed(const NgramEmbedArgs& a) const override {
+    const Tensor& tab = *a.table;
+    const int64_t V = tab.dim(0), dim = tab.dim(1), P = a.sign_rows;
+    const int64_t bmod = V / 2 - 1, tmod = V - V / 2 - 1;
+    auto wrap = [](int64_t m, int64_t x) {  // int32 product, wrapped
+      return int64_t(int32_t(uint32_t(uint64_t(m * x) & 0xffffffffu)));
+    };
+    auto pymod = [](int64_t v, int64_t m) { return ((v % m) + m) % m; };
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        const int64_t i = b * r.tokens + t, pos = r.positions[b] + t;
+        const int64_t x = a.ids[i], p1 = a.prev1[i], p2 = a.prev2[i];
+        const auto& br = a.bigram_rows;
+        const auto& tr = a.trigram_rows;
+        const auto& bs = a.bigram_signs;
+        const auto& ts = a.trigram_signs;
+        int64_t brow = bmod, trow = V - 1, bsign = 0, tsign = 0;
+        if (pos >= 1) {
+          const int64_t q = pos == 1 ? bmod : p1;
+          brow = pymod(int64_t(int32_t(wrap(br[0], x) ^ wrap(br[1], q))), bmod);
+          bsign = (wrap(bs[1], p1) ^ wrap(bs[0], x)) & (P - 1);
+        }
+        if (pos >= 2) {
+          trow = V / 2 + pymod(wrap(tr[0], x) ^ wrap(tr[1], p1) ^ wrap(tr[2], p2), tmod);
+          tsign = (wrap(ts[2], p2) ^ wrap(ts[1], p1) ^ wrap(ts[0], x)) & (P - 1);
+        }
+        for (int64_t d = 0; d < dim; ++d) {
+          const double v = table_at(tab, brow * dim + d) * a.sign_pool[bsign * dim + d] +
+                           table_at(tab, trow * dim + d) * a.sign_pool[tsign * dim + d];
+          a.y[i * a.ldy + d] = float(v);
+        }
+      }
+  }
+
+  void sigmoid_gates(const SigmoidGateArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r)
+      for (int64_t h = 0; h < a.heads; ++h) {
+        const float* w = a.w + h * a.ldw;
+        double z = 0;
+        for (int64_t i = 0; i < a.n; ++i) z += double(w[i]) * a.x[r * a.ldx + i];
+        if (a.x2)
+          for (int64_t i = 0; i < a.n; ++i) z += double(w[a.n + i]) * a.x2[r * a.ldx2 + i];
+        a.out[r * a.ldo + h] = float(a.s * sigmoid(z));
+      }
+  }
+
+  void rope_pairs(const RopePairsArgs& a) const override {
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.lengths[b]; ++t) {
+        const int64_t pos = r.positions[b] + t;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          const int64_t p = a.paired_heads ? 2 * pos + h % 2 : pos;
+          float* x = a.x + (b * r.tokens + t) * a.ldx + h * a.hs;
+          for (int64_t i = 0; 2 * i + 1 < a.dims; ++i) {
+            const double th = double(p) * double(a.freq[2 * i]);
+            const double c = std::cos(th), s = std::sin(th);
+            const double x0 = x[2 * i], x1 = x[2 * i + 1];
+            x[2 * i] = float(c * x0 + s * x1);
+            x[2 * i + 1] = float(c * x1 - s * x0);
+          }
+        }
+      }
+  }
+
+  // Attention positions of a row: token p is position p (paired heads: positions 2p and 2p + 1).
+  // Query head h at attention position qp sees positions j in [qp - window, qp]; position j's
+  // key and value are those of token j (paired: token j / 2, K/V head h % (H/2) + (j % 2) H/2);
+  // with key_offset the key's dims from offset_from on come from token - 1 (token 0: its own).
+  void attention_f64(const AttendF64Args& a) const override {
+    const RowTable& r = a.rows;
+    const int64_t H = a.heads, half = H / 2, D = a.kv_dim;
+    for (int64_t b = 0; b < r.rows; ++b) {
+      const RowView& v = a.views[b];
+      for (int64_t t = 0; t < r.tokens; ++t) {
+        const int64_t i = b * r.tokens + t;
+        for (int64_t h = 0; h < H; ++h) {
+          float* out = a.out + i * a.ldo + h * a.ho;
+          if (!is_real(r, b, t)) {
+            std::fill(out, out + a.v_dim, 0.0f);
+            continue;
+          }
+          const int64_t pos = r.positions[b] + t;
+          const int64_t qp = a.paired_heads ? 2 * pos + h / half : pos;
+          const int64_t lo = std::max<int64_t>(0, qp - a.window);
+          const float* q = a.q + i * a.ldq + h * a.hq;
+          std::vector<double> p(size_t(qp - lo + 1));
+          std::vector<const float*> vals(p.size());
+          double mx = -INFINITY;
+          for (int64_t j = lo; j <= qp; ++j) {
+            const int64_t tok = a.paired_heads ? j / 2 : j;
+            const int64_t kh = a.paired_heads ? h % half + (j % 2) * half : h;
+            const float* k = key_row(v.prefix_k, v.own_k, v, kh, tok, D);
+            const float* k_prev =
+                a.key_offset && tok > 0 ? key_row(v.prefix_k, v.own_k, v, kh, tok - 1, D) : k;
+            double s = 0;
+            for (int64_t d = 0; d < a.qk_dim; ++d)
+              s += double(q[d]) * (a.key_offset && d >= a.offset_from ? k_prev[d] : k[d]);
+            p[size_t(j - lo)] = s * a.scale;
+            vals[size_t(j - lo)] = key_row(v.prefix_v, v.own_v, v, kh, tok, D);
+            mx = std::max(mx, p[size_t(j - lo)]);
+          }
+          double total = 0;
+          for (double& x : p) total += (x = std::exp(x - mx));
+          for (int64_t d = 0; d < a.v_dim; ++d) {
+            double acc = 0;
+            for (size_t j = 0; j < p.size(); ++j) acc += p[j] * vals[j][d];
+            out[d] = float(acc / total);
+          }
+        }
+      }
+    }
+  }
+
   void subtract_projection(const ProjectionArgs& a) const override {
-    subtract_projection_reference(a);
+    const RowTable& r = a.rows;
+    for (int64_t b = 0; b < r.rows; ++b)
+      for (int64_t t = 0; t < r.lengths[b]; ++t) {
+        const int64_t i = b * r.tokens + t;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          float* y = a.y + i * a.ldy + h * a.hy;
+          const float* v = a.v + i * a.ldv + h * a.hv;
+          double yv = 0, vv = 0;
+          for (int64_t d = 0; d < a.dim; ++d) {
+            yv += double(y[d]) * v[d];
+            vv += double(v[d]) * v[d];
+          }
+          const double c = std::tanh(double(a.strength[i * a.lds + h])) * yv /
+                           std::max(vv, double(a.eps));
+          for (int64_t d = 0; d < a.dim; ++d) y[d] = float(y[d] - c * v[d]);
+        }
+      }
   }
 };
 

@@ -1,4 +1,4 @@
-// Scalar kernels and references of the ops without a vector kernel (kernels/cpu/scalar_ops.h).
+// Scalar kernels of the ops without a vector kernel (kernels/cpu/scalar_ops.h).
 // Every output element is computed by one expression in a fixed order: products rounded to f32,
 // sums left to right, dot products accumulated in f64 where the op says so.
 #include "kernels/cpu/scalar_ops.h"
@@ -300,40 +300,6 @@ void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t
       for (int64_t d = 0; d < dv; ++d) yh[d] += w * vj[d];
     }
   }
-}
-
-// ---- references: each op over its whole argument in one thread ----
-
-void activation_reference(const ActivationArgs& a) {
-  activation_range(a, 0, a.rows);
-}
-void bias_scale_reference(const BiasScaleArgs& a) {
-  bias_scale_range(a, 0, a.rows);
-}
-void combine_reference(const CombineArgs& a) {
-  combine_range(a, 0, a.rows);
-}
-void shift_ids_reference(const ShiftIdsArgs& a) {
-  shift_ids_range(a, 0, a.rows.n());
-}
-void ngram_embed_reference(const NgramEmbedArgs& a) {
-  ngram_embed_range(a, 0, a.rows.n());
-}
-void sigmoid_gates_reference(const SigmoidGateArgs& a) {
-  sigmoid_gates_range(a, 0, a.rows);
-}
-void rope_pairs_reference(const RopePairsArgs& a) {
-  rope_pairs_range(a, 0, a.rows.n());
-}
-void subtract_projection_reference(const ProjectionArgs& a) {
-  subtract_projection_range(a, 0, a.rows.n());
-}
-void attention_f64_reference(const AttendF64Args& a) {
-  attention_f64_zero_padded(a);
-  std::vector<float> scores(size_t(attention_f64_scores(a)));
-  for (int64_t b = 0; b < a.rows.rows; ++b)
-    for (int64_t h = 0; h < a.heads; ++h)
-      attention_f64_range(a, b, h, 0, a.rows.lengths[b], scores.data());
 }
 
 }  // namespace deg

@@ -3,8 +3,7 @@
 // subtract_projection). Each `*_range` runs its op over a range of the op's independent work
 // items (token rows, or (row, head, queries) for attention) in plain f32 / f64 C++ with a fixed
 // order per output, so the CPU backend (ops.cc) can split a call anywhere without changing a bit.
-// Each `*_reference` is the whole op in one thread: the scalar reference the op test table and
-// other backends compare against. Not compiled with target clones: the f32 sums here must not
+// The op table (tests/ops_test.cc) scores them against the reference backend. Not compiled with target clones: the f32 sums here must not
 // be contracted into FMAs (the gpt family is checked bitwise against a trainer that does not).
 #pragma once
 
@@ -29,15 +28,5 @@ void attention_f64_zero_padded(const AttendF64Args& a);
 int64_t attention_f64_scores(const AttendF64Args& a);
 void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t0, int64_t t1,
                          float* scores);
-
-void activation_reference(const ActivationArgs& a);
-void bias_scale_reference(const BiasScaleArgs& a);
-void combine_reference(const CombineArgs& a);
-void shift_ids_reference(const ShiftIdsArgs& a);
-void ngram_embed_reference(const NgramEmbedArgs& a);
-void sigmoid_gates_reference(const SigmoidGateArgs& a);
-void rope_pairs_reference(const RopePairsArgs& a);
-void attention_f64_reference(const AttendF64Args& a);
-void subtract_projection_reference(const ProjectionArgs& a);
 
 }  // namespace deg
