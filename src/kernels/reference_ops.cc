@@ -535,8 +535,8 @@ class ReferenceOps final : public Ops {
             yv += double(y[d]) * v[d];
             vv += double(v[d]) * v[d];
           }
-          const double c = std::tanh(double(a.strength[i * a.lds + h])) * yv /
-                           std::max(vv, double(a.eps));
+          const double c =
+              std::tanh(double(a.strength[i * a.lds + h])) * yv / std::max(vv, double(a.eps));
           for (int64_t d = 0; d < a.dim; ++d) y[d] = float(y[d] - c * v[d]);
         }
       }

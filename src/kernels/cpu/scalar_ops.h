@@ -3,8 +3,9 @@
 // subtract_projection). Each `*_range` runs its op over a range of the op's independent work
 // items (token rows, or (row, head, queries) for attention) in plain f32 / f64 C++ with a fixed
 // order per output, so the CPU backend (ops.cc) can split a call anywhere without changing a bit.
-// The op table (tests/ops_test.cc) scores them against the reference backend. Not compiled with target clones: the f32 sums here must not
-// be contracted into FMAs (the gpt family is checked bitwise against a trainer that does not).
+// The op table (tests/ops_test.cc) scores them against the reference backend. Not compiled with
+// target clones: the f32 sums here must not be contracted into FMAs (the gpt family is checked
+// bitwise against a trainer that does not).
 #pragma once
 
 #include <cstdint>
