@@ -7,7 +7,8 @@
 #                                 schema, engine, CLI, core, fuzz corpora replays (warnings are
 #                                 errors too, except maybe-uninitialized, which GCC 12 reports
 #                                 falsely inside libstdc++'s regex under -O1 + sanitizers); the
-#                                 library at -O1, the CLI and tests at -O0, line tables only (-g1)
+#                                 library at -O1, the CLI and tests at -O0 (tests with precompiled
+#                                 gtest / JSON headers), line tables only (-g1)
 #   make run      build and fill the example schema from the example documents
 #   make build    configure and build into build/
 #   make format   rewrite sources with clang-format
@@ -43,7 +44,7 @@ test-asan: deps setup
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEG_SANITIZE=ON -DDEG_CUDA=OFF \
 	  -DDEG_BUILD_BENCH=OFF -DDEG_WERROR=ON -DDEG_TEST_SET=sanitize \
 	  -DCMAKE_CXX_FLAGS="-O1 -Wno-maybe-uninitialized" -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-	  -DDEG_FRONTEND_CXX_FLAGS=-O0 $(CMAKE_ARGS) >/dev/null
+	  -DDEG_FRONTEND_CXX_FLAGS=-O0 -DDEG_TEST_PCH=ON $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
