@@ -16,6 +16,7 @@
 
 #include "core/tensor.h"
 #include "io/npy.h"
+#include "kernels/cuda_runtime.h"
 #include "model/load.h"
 
 namespace deg::testing {
@@ -83,10 +84,18 @@ inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) 
 // 64-token pieces; one read of the whole input gives the same logits bitwise; a fork at each of
 // `forks` (trunk = the first K ids, the rest one fork row) stays within 1e-4. Returns the logits'
 // error.
-inline double expect_matches_hf(const std::filesystem::path& dir,
-                                const std::vector<int64_t>& forks) {
+// The devices the family tests run on: the CPU, and CUDA where a GPU is visible (the
+// scripts/device-test run).
+inline std::vector<Device> test_devices() {
+  std::vector<Device> d = {Device::cpu};
+  if (cuda_available()) d.push_back(Device::cuda);
+  return d;
+}
+
+inline double expect_matches_hf(const std::filesystem::path& dir, const std::vector<int64_t>& forks,
+                                Device device = Device::cpu) {
   const std::string name = dir.filename().string();
-  auto backbone = backbone_open(dir, {.read_chunk = 64});
+  auto backbone = backbone_open(dir, {.device = device, .read_chunk = 64});
   const std::vector<int32_t> ids = npy_ids(dir / "ids.npy");
   const Tensor expected = npy_read(dir / "logits.npy");
   const Tensor logits = backbone_forward(*backbone, ids, /*logits=*/true);
@@ -98,7 +107,7 @@ inline double expect_matches_hf(const std::filesystem::path& dir,
     EXPECT_LT(rel_max_error(backbone_forward(*backbone, ids, true, k), expected), 1e-4)
         << name << " fork at " << k;
   }
-  backbone->set_options({.read_chunk = 4096});
+  backbone->set_options({.read_chunk = 4096});  // the device stays
   EXPECT_EQ(rel_max_error(backbone_forward(*backbone, ids, true), logits), 0.0)
       << name << ": one read differs from 64-token reads";
   return err;
@@ -106,8 +115,9 @@ inline double expect_matches_hf(const std::filesystem::path& dir,
 
 // A bf16 fixture read with bf16 dot products: {deg's distance to HF fp32 (on the same
 // bf16-rounded weights), HF's own bf16 run's distance to it (logits_native_bf16.npy)}.
-inline std::pair<double, double> bf16_distances(const std::filesystem::path& dir) {
-  auto backbone = backbone_open(dir, {.precision = GemmPrecision::bf16});
+inline std::pair<double, double> bf16_distances(const std::filesystem::path& dir,
+                                                Device device = Device::cpu) {
+  auto backbone = backbone_open(dir, {.precision = GemmPrecision::bf16, .device = device});
   const Tensor fp32 = npy_read(dir / "logits.npy");
   const Tensor logits = backbone_forward(*backbone, npy_ids(dir / "ids.npy"), true);
   return {rel_max_error(logits, fp32),

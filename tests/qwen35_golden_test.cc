@@ -26,24 +26,62 @@ std::vector<int32_t> fixture_ids(const std::string& name) {
   return testing::npy_ids(testing::fixture_path("qwen35/" + name + "/ids.npy"));
 }
 
-class Qwen35Golden : public ::testing::TestWithParam<const char*> {};
+// Each fixture on each backend (CUDA where a GPU is visible).
+class Qwen35Golden : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
 
 TEST_P(Qwen35Golden, LogitsHiddenAndForksMatchHf) {
-  const auto dir = testing::fixture_path(std::string("qwen35/") + GetParam());
+  const auto dir = testing::fixture_path(std::string("qwen35/") + std::get<0>(GetParam()));
   const auto T = int64_t(testing::npy_ids(dir / "ids.npy").size());
-  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1});
+  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1}, std::get<1>(GetParam()));
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden, ::testing::ValuesIn(kFixtures));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+                         });
+
+// A device backend against the CPU's (instantiated where a GPU is visible).
+class Qwen35Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Qwen35Backends);
+
+TEST_P(Qwen35Backends, AgreeWithTheCpu) {
+  // The backend against the CPU's, both GEMM precisions: as close as each is to HF (1e-4 with
+  // f32 activations; bf16 dot products round differently on each, 2e-2).
+  const auto dir = testing::fixture_path(std::string("qwen35/") + std::get<0>(GetParam()));
+  const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
+  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16}) {
+    auto cpu = backbone_open(dir, {.precision = p});
+    auto other = backbone_open(dir, {.precision = p, .device = std::get<1>(GetParam())});
+    const double err =
+        rel_max_error(backbone_forward(*other, ids, true), backbone_forward(*cpu, ids, true));
+    EXPECT_LT(err, p == GemmPrecision::exact ? 1e-4 : 2e-2)
+        << (p == GemmPrecision::exact ? "exact" : "bf16");
+  }
+}
+
+std::vector<Device> device_backends() {
+  std::vector<Device> d = testing::test_devices();
+  d.erase(d.begin());  // the CPU
+  return d;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Backends,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::ValuesIn(device_backends())));
 
 TEST(Qwen35Golden, Bf16DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection, as HF's bf16 model
   // does; both sit about 1e-2 from the fp32 reference, not 1e-4.
-  const auto [deg_bf16, hf_bf16] =
-      testing::bf16_distances(testing::fixture_path("qwen35/lllf_bf16"));
-  EXPECT_LT(deg_bf16, 3e-2);
-  EXPECT_LT(deg_bf16, 4 * hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
+  for (Device device : testing::test_devices()) {
+    const auto [deg_bf16, hf_bf16] =
+        testing::bf16_distances(testing::fixture_path("qwen35/lllf_bf16"), device);
+    EXPECT_LT(deg_bf16, 3e-2);
+    EXPECT_LT(deg_bf16, 4 * hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
+  }
 }
 
 TEST(Qwen35Golden, TensorTableCountsHfParameters) {

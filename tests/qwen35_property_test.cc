@@ -10,6 +10,7 @@
 
 #include "backbone_test_util.h"
 #include "kernels/delta_rule.h"
+#include "kernels/ops.h"
 #include "model/load.h"
 #include "test_util.h"
 
@@ -37,11 +38,15 @@ struct Doc {
   State state;
 };
 
-class Qwen35Property : public ::testing::TestWithParam<GemmPrecision> {
+// Every property on each backend (the CUDA one where a GPU is visible) and GEMM precision.
+class Qwen35Property : public ::testing::TestWithParam<std::tuple<GemmPrecision, Device>> {
  protected:
+  GemmPrecision precision() const { return std::get<0>(GetParam()); }
+  bool exact() const { return precision() == GemmPrecision::exact; }
+
   void SetUp() override {
     // bf16 weights so the bf16 dot-product GEMM path is exercised too.
-    bb_ = open_fixture("lllf_bf16", {.precision = GetParam()});
+    bb_ = open_fixture("lllf_bf16", {.precision = precision(), .device = std::get<1>(GetParam())});
     const int64_t V = bb_->spec().vocab;
     for (int i = 0; i < 3; ++i) {
       Doc d{.prefix = random_ids(std::vector<int64_t>{70, 41, 130}[size_t(i)], V, 10 + i),
@@ -77,7 +82,7 @@ TEST_P(Qwen35Property, ForkRowsEqualFullForward) {
     Tensor full = full_hidden(*bb_, concat(d.prefix, rows_[r]));
     const int64_t n = int64_t(rows_[r].size());
     EXPECT_LT(rel_max_error(row_of(h, int64_t(r), n), span_of(full, int64_t(d.prefix.size()), n)),
-              GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2)
+              exact() ? 1e-5 : 1e-2)
         << "row " << r;
   }
 }
@@ -115,7 +120,8 @@ TEST_P(Qwen35Property, PaddingWritesNoState) {
     bb_->fork_forward(TokenBatch::single(rows_[r]), one, true);
     EXPECT_EQ(all.own_len[r], one.own_len[0]);
     for (size_t i = 0; i < specs.size(); ++i) {
-      auto slice = [](const Tensor& t, int64_t row, int64_t count) {
+      auto slice = [](const Tensor& d, int64_t row, int64_t count) {
+        const Tensor t = host_copy(d);
         const int64_t per = t.numel() / t.dim(0);
         const float* p = t.data<float>() + row * per;
         return std::vector<float>(p, p + std::min(per, count));
@@ -151,8 +157,8 @@ TEST_P(Qwen35Property, TrunkBatchWithPaddingEqualsRowsAlone) {
     EXPECT_TRUE(bitwise_equal(row_of(h, r, n), span_of(alone, 0, n))) << "doc " << r;
     for (size_t i = 0; i < both.layers.size(); ++i) {
       const LayerState& l = both.layers[i];
-      const Tensor& t = l.rec.defined() ? l.rec : l.k;
-      const Tensor& u = l.rec.defined() ? d.state.layers[i].rec : d.state.layers[i].k;
+      const Tensor t = host_copy(l.rec.defined() ? l.rec : l.k);
+      const Tensor u = host_copy(l.rec.defined() ? d.state.layers[i].rec : d.state.layers[i].k);
       const int64_t per = t.numel() / t.dim(0);
       // Recurrent state whole; K of head 0 up to the row's length.
       const int64_t count = l.rec.defined() ? per : n * t.dim(3);
@@ -178,7 +184,7 @@ TEST_P(Qwen35Property, PrefillInPiecesEqualsOnePiece) {
       // Same delta-rule chunk boundaries and key order: bitwise.
       EXPECT_TRUE(bitwise_equal(got, want)) << "split " << split;
     } else {
-      EXPECT_LT(rel_max_error(got, want), GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2);
+      EXPECT_LT(rel_max_error(got, want), exact() ? 1e-5 : 1e-2);
     }
   }
   // Read chunk not a multiple of 64: same math, different delta-rule chunking.
@@ -186,8 +192,7 @@ TEST_P(Qwen35Property, PrefillInPiecesEqualsOnePiece) {
   bb_->set_options({.precision = o.precision, .read_chunk = 48});
   Tensor odd = full_hidden(*bb_, ids);
   bb_->set_options(o);
-  EXPECT_LT(rel_max_error(odd.to_f32_vector(), whole.to_f32_vector()),
-            GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2);
+  EXPECT_LT(rel_max_error(odd.to_f32_vector(), whole.to_f32_vector()), exact() ? 1e-5 : 1e-2);
 }
 
 TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
@@ -200,7 +205,7 @@ TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
   for (const LayerState& l : fs.own) kv.push_back(l.k.defined() ? l.k.raw() : nullptr);
   std::vector<int32_t> header(tail.begin(), tail.begin() + 8);
   Tensor h = bb_->fork_forward(TokenBatch::single(header), fs, true);
-  const double tol = GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2;
+  const double tol = exact() ? 1e-5 : 1e-2;
   EXPECT_LT(rel_max_error(row_of(h, 0, 8), span_of(full, int64_t(d.prefix.size()), 8)), tol);
   for (size_t t = 8; t < tail.size(); ++t) {
     Tensor step = bb_->fork_forward(TokenBatch::single({tail[t]}), fs, true, /*decode=*/true);
@@ -224,20 +229,25 @@ TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
   bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
   const int64_t before = fs.own_len[1];
   TokenBatch step{.ids = {3, 0}, .rows = 2, .tokens = 1, .lengths = {1, 0}};
-  std::vector<float> rec_before(fs.own[0].rec.data<float>() + fs.own[0].rec.numel() / 2,
-                                fs.own[0].rec.data<float>() + fs.own[0].rec.numel());
+  const Tensor before_t = host_copy(fs.own[0].rec);
+  std::vector<float> rec_before(before_t.data<float>() + before_t.numel() / 2,
+                                before_t.data<float>() + before_t.numel());
   bb_->fork_forward(step, fs, true, true);
   EXPECT_EQ(fs.own_len[1], before);
-  std::vector<float> rec_after(fs.own[0].rec.data<float>() + fs.own[0].rec.numel() / 2,
-                               fs.own[0].rec.data<float>() + fs.own[0].rec.numel());
+  const Tensor after_t = host_copy(fs.own[0].rec);
+  std::vector<float> rec_after(after_t.data<float>() + after_t.numel() / 2,
+                               after_t.data<float>() + after_t.numel());
   EXPECT_TRUE(bitwise_equal(rec_before, rec_after));
 }
 
-INSTANTIATE_TEST_SUITE_P(Precision, Qwen35Property,
-                         ::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
-                         [](const auto& info) {
-                           return info.param == GemmPrecision::exact ? "exact" : "bf16";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Precision, Qwen35Property,
+    ::testing::Combine(::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
+                       ::testing::ValuesIn(testing::test_devices())),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
+             (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+    });
 
 TEST(Qwen35Errors, BadBatchesAreUserErrors) {
   auto bb = open_fixture("fl_tied");

@@ -22,6 +22,9 @@ struct EngineOptions {
   std::filesystem::path model;  // a deg checkpoint (or an HF snapshot with heads.safetensors)
   std::filesystem::path base;   // overrides deg.json "base" when the checkpoint's is elsewhere
   int64_t fork_tokens = 16384;  // padded fork tokens per batched pass (memory, not results)
+  // cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, else cpu (a
+  // model whose family does not run on CUDA yet then runs on the CPU).
+  std::string device = "auto";
 };
 
 // One part of a document given in parts: text, or a media part read as soft tokens — embeddings

@@ -16,7 +16,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "io/json.h"
+#include "kernels/cuda_runtime.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "model/gemma4.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
@@ -68,8 +70,10 @@ struct BenchOpts {
   std::vector<int64_t> prefill{512, 2048, 8192};
   int64_t fork_prefix = 2048, forks = 64, fork_tokens = 24, decode_steps = 32;
   int64_t layers = 0;  // 0: the real model's
-  std::string gemm = "bf16", json;
+  std::string gemm = "bf16", json, device = "auto";
   double peak_seconds = 1.0;
+  int64_t repeats = 5;   // GPU: timed runs of each figure (the median is reported)
+  bool profile = false;  // GPU: one more run of each figure with every op timed
 };
 
 // The family's model at a real size (`layers` cycles its layer pattern), as random bf16 weights,
@@ -80,6 +84,7 @@ struct BenchModel {
   int64_t layers = 0;
   std::vector<std::pair<std::string, Shape>> table;
   std::function<std::unique_ptr<Family>()> make;
+  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // qwen3_5: on a given backend
   TensorMap one_layer;
   std::vector<std::string> one_layer_names;
 };
@@ -100,6 +105,9 @@ BenchModel bench_model(const BenchOpts& o) {
     m.vocab = cfg.vocab;
     m.table = qwen35_tensor_table(cfg);
     m.make = [cfg] { return qwen35_family(cfg, qwen35_random_weights(cfg, DType::bf16, 1)); };
+    m.make_on = [cfg](const Ops& ops) {
+      return qwen35_family(cfg, qwen35_random_weights(cfg, DType::bf16, 1), ops);
+    };
     Qwen35Config one = cfg;
     one.vocab = 16;
     one.layers = {LayerKind::recurrent};
@@ -149,11 +157,154 @@ BenchModel bench_model(const BenchOpts& o) {
   return m;
 }
 
+// The median of `repeats` timed runs of fn (after one untimed warm-up run), in seconds. The
+// backbone's calls return host results, so each run has finished on the device when it returns.
+double median_seconds(int64_t repeats, const std::function<void()>& fn) {
+  fn();
+  std::vector<double> t;
+  for (int64_t i = 0; i < std::max<int64_t>(repeats, 1); ++i) {
+    auto t0 = Clock::now();
+    fn();
+    t.push_back(seconds_since(t0));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The GPU figures: the backend's bf16 GEMM rate on a large square product (the ceiling the
+// others are read against), trunk prefill, a fork pass and batched decode steps.
+void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
+  const Ops& ops = cuda_ops();
+  OrderedJson out;
+  out["device"] = ops.name();
+  out["family"] = o.family;
+  out["model"] = model.title;
+  out["layers"] = model.layers;
+  out["gemm"] = o.gemm;
+  fmt::print("deg bench — {} dims ({} layers), random bf16 weights, gemm {}, on {}\n", model.title,
+             model.layers, o.gemm, ops.name());
+  {  // the ceiling: y[8192, 8192] = x[8192, 8192] W^T in bf16 dot products, through ops.gemm
+    const int64_t n = 8192;
+    std::vector<bf16> wh(size_t(n * n));
+    std::mt19937 rng(3);
+    for (auto& v : wh) v = f32_to_bf16(float(int(rng() % 2001) - 1000) * 1e-5f);
+    const Tensor w = ops.upload(Tensor::from_vector(wh, {n, n}));
+    Tensor x = ops.alloc({n, n}, DType::f32), y = ops.alloc({n, n}, DType::f32);
+    std::vector<float> xh(size_t(n * n));
+    for (auto& v : xh) v = float(int(rng() % 2001) - 1000) * 1e-3f;
+    ops.to_device(x.raw_mutable(), xh.data(), xh.size() * sizeof(float));
+    GemmOutput go{.w = &w, .y = y.mutable_data<float>(), .ldy = n};
+    const double dt = median_seconds(o.repeats, [&] {
+      ops.gemm({.x = x.data<float>(),
+                .m = n,
+                .k = n,
+                .ldx = n,
+                .outputs = {&go, 1},
+                .precision = GemmPrecision::bf16});
+      ops.synchronize();
+    });
+    const double tflops = 2.0 * double(n) * double(n) * double(n) / dt / 1e12;
+    fmt::print("gemm 8192^3 bf16 (pinned algorithm, x converted from f32): {:.0f} TFLOP/s\n",
+               tflops);
+    out["gemm_8192_tflops"] = tflops;
+  }
+  // --profile: one more run of a figure with every op timed (CUDA events, each op waited for).
+  auto profile = [&](const char* figure, const std::function<void()>& fn) {
+    if (!o.profile) return;
+    cuda_profile_start();
+    auto p0 = Clock::now();
+    fn();
+    const double wall = seconds_since(p0) * 1e3;
+    double total = 0;
+    const std::vector<OpTime> ops_time = cuda_profile_stop();
+    for (const OpTime& t : ops_time) total += t.ms;
+    fmt::print("  profile of {}: {:.2f} ms in ops of {:.2f} ms (op by op, each waited for)\n",
+               figure, total, wall);
+    for (const OpTime& t : ops_time) {
+      fmt::print("    {:<12} {:8.3f} ms {:5.1f}%  {:6} calls\n", t.op, t.ms, 100 * t.ms / total,
+                 t.calls);
+      out["profile"][figure][t.op] = {{"ms", t.ms}, {"calls", t.calls}};
+    }
+    out["profile"][figure]["wall_ms"] = wall;
+  };
+  auto t0 = Clock::now();
+  Backbone bb(model.make_on(ops), {.precision = prec});
+  fmt::print("weights built and uploaded in {:.1f} s\n", seconds_since(t0));
+  const int64_t vocab = model.vocab;
+  for (int64_t L : o.prefill) {
+    const std::vector<int32_t> ids = random_ids(L, vocab, uint32_t(L));
+    auto once = [&] {
+      State s = bb.empty_state(1);
+      bb.prefill(TokenBatch::single(ids), s);
+    };
+    const double dt = median_seconds(o.repeats, once);
+    fmt::print("prefill {:>6} tokens: {:10.0f} tok/s  ({:.2f} ms)\n", L, double(L) / dt, 1e3 * dt);
+    out["prefill"].push_back({{"tokens", L}, {"tok_per_s", double(L) / dt}, {"ms", 1e3 * dt}});
+    if (L == o.prefill.back()) profile("prefill", once);
+  }
+  State trunk = bb.empty_state(1);
+  bb.prefill(TokenBatch::single(random_ids(o.fork_prefix, vocab, 7)), trunk);
+  {
+    std::vector<std::vector<int32_t>> rows;
+    for (int64_t r = 0; r < o.forks; ++r)
+      rows.push_back(random_ids(o.fork_tokens, vocab, uint32_t(100 + r)));
+    const TokenBatch batch = TokenBatch::padded(rows);
+    auto once = [&] {
+      ForkState fs = bb.fork({{.state = &trunk, .row = 0}},
+                             std::vector<int64_t>(size_t(o.forks), 0), o.fork_tokens);
+      bb.fork_forward(batch, fs, false);
+    };
+    const double dt = median_seconds(o.repeats, once);
+    fmt::print("fork pass {} x {} tokens over {}: {:.2f} ms\n", o.forks, o.fork_tokens,
+               o.fork_prefix, 1e3 * dt);
+    out["fork"] = {
+        {"rows", o.forks}, {"tokens", o.fork_tokens}, {"prefix", o.fork_prefix}, {"ms", 1e3 * dt}};
+    profile("fork", once);
+  }
+  {
+    // A decode step of `forks` rows (each kept after a short header).
+    const int64_t R = o.forks, steps = o.decode_steps;
+    ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(R), 0),
+                           8 + steps * (o.repeats + 2) + 1);
+    std::vector<std::vector<int32_t>> header;
+    for (int64_t r = 0; r < R; ++r) header.push_back(random_ids(8, vocab, uint32_t(200 + r)));
+    bb.fork_forward(TokenBatch::padded(header), fs, true);
+    TokenBatch step{.ids = std::vector<int32_t>(size_t(R), 1),
+                    .rows = R,
+                    .tokens = 1,
+                    .lengths = std::vector<int64_t>(size_t(R), 1)};
+    const double dt = median_seconds(o.repeats, [&] {
+      for (int64_t i = 0; i < steps; ++i) bb.fork_forward(step, fs, true, true);
+    });
+    fmt::print("decode step, {} rows over {} + 8 tokens: {:.3f} ms (backbone, no LM head)\n", R,
+               o.fork_prefix, 1e3 * dt / double(steps));
+    out["decode"] = {{"rows", R}, {"steps", steps}, {"step_ms", 1e3 * dt / double(steps)}};
+    profile("decode", [&] {
+      for (int64_t i = 0; i < steps; ++i) bb.fork_forward(step, fs, true, true);
+    });
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << out.dump(2) << "\n";
+    if (!f) throw Error(ErrorKind::io, "cannot write", {.path = o.json});
+  }
+}
+
 void run(const BenchOpts& o) {
   if (o.layers < 0 || o.layers > 240) {
     throw Error(ErrorKind::invalid_argument, "--layers must be in 1..240 (0: the real model's)");
   }
   const BenchModel model = bench_model(o);
+  const DeviceChoice device = pick_device(o.device);
+  if (device.device == Device::cuda && (o.family == "qwen3_5" || !device.automatic)) {
+    if (o.family != "qwen3_5") {
+      throw Error(ErrorKind::unsupported,
+                  "--device cuda: only the qwen3_5 family runs on CUDA yet (lfm2 and gemma4: "
+                  "--device cpu)");
+    }
+    run_cuda(o, model, o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact);
+    return;
+  }
   const GemmPrecision prec = o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact;
   OrderedJson out;
   out["cpu"] = cpu_name();
@@ -318,6 +469,12 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--peak-seconds", o->peak_seconds, "Time spent measuring the peak")
       ->capture_default_str();
   cmd->add_option("--json", o->json, "Also write the figures as JSON here");
+  add_device_option(cmd, o->device);
+  cmd->add_flag("--profile", o->profile,
+                "GPU: time every op of one more run of each figure (CUDA events) and print where "
+                "the time goes");
+  cmd->add_option("--repeats", o->repeats, "GPU: timed runs per figure (the median is reported)")
+      ->capture_default_str();
   cmd->callback([o] {
     if (o->gemm != "bf16" && o->gemm != "exact") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be bf16 or exact");

@@ -5,8 +5,13 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <string>
 
 namespace deg::cli {
+
+// --device on the commands that run a model: cpu, cuda, or auto (kernels/cuda_runtime.h's
+// pick_device says what auto picks).
+CLI::Option* add_device_option(CLI::App* cmd, std::string& device);
 
 void add_inspect_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

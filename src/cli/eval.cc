@@ -15,7 +15,7 @@ namespace deg::cli {
 namespace {
 
 struct EvalArgs {
-  std::string model, base, schema, data;
+  std::string model, base, schema, data, device = "auto";
   int64_t limit = 0;
   int64_t batch = 16;
   bool json = false;
@@ -62,7 +62,7 @@ void run_eval(const EvalArgs& a) {
     }
     records.push_back({j["document"].get<std::string>(), j["expected"]});
   }
-  Engine engine = Engine::open({.model = a.model, .base = a.base});
+  Engine engine = Engine::open({.model = a.model, .base = a.base, .device = a.device});
   schema::MetricsAccumulator acc(plan);
   int64_t failed = 0;
   for (size_t b = 0; b < records.size(); b += size_t(a.batch)) {
@@ -109,6 +109,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--limit", a->limit, "Score only the first N records (0: all)");
   cmd->add_option("--batch", a->batch, "Documents per engine call")->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the metrics as JSON");
+  add_device_option(cmd, a->device);
   cmd->callback([a] { run_eval(*a); });
 }
 

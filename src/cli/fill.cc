@@ -27,6 +27,7 @@ struct FillArgs {
   bool jsonl = false;
   bool parts = false;
   int64_t fork_tokens = 16384;
+  std::string device = "auto";
 };
 
 namespace fs = std::filesystem;
@@ -171,8 +172,10 @@ void run_fill(const FillArgs& args) {
                 "this build has no embedded default model yet (deg trains its own; see README "
                 "'Status'); pass --model DIR with a deg checkpoint (`deg init` makes one)");
   }
-  Engine engine =
-      Engine::open({.model = args.model, .base = args.base, .fork_tokens = args.fork_tokens});
+  Engine engine = Engine::open({.model = args.model,
+                                .base = args.base,
+                                .fork_tokens = args.fork_tokens,
+                                .device = args.device});
   // Documents that could not be read fail alone; the rest are filled together.
   std::vector<DocumentParts> readable;
   for (InputDoc& d : docs)
@@ -246,6 +249,7 @@ void add_fill_command(CLI::App& app) {
   cmd->add_option("--fork-tokens", a->fork_tokens,
                   "Padded tokens per batched fork pass (memory only; results do not change)")
       ->capture_default_str();
+  add_device_option(cmd, a->device);
   parts->excludes(jsonl);  // --jsonl lines say {"parts": ...} themselves
   cmd->callback([a] { run_fill(*a); });
 }

@@ -11,6 +11,7 @@
 #include "core/buffer.h"
 #include "core/error.h"
 #include "io/npy.h"
+#include "kernels/cuda_runtime.h"
 #include "model/load.h"
 
 namespace deg::cli {
@@ -69,7 +70,7 @@ void add_forward_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "forward", "Raw LM logits [T, V] float32 (.npy) of one token sequence (a conformance door).");
   struct Opts {
-    std::string model, ids, out, soft, gemm = "exact";
+    std::string model, ids, out, soft, gemm = "exact", device = "auto";
     bool hidden = false;
     int64_t fork_at = 0, read_chunk = 512;
   };
@@ -89,6 +90,7 @@ void add_forward_command(CLI::App& app) {
   cmd->add_option("--gemm", o->gemm,
                   "exact (f32 activations) or bf16 (bf16 dot products over bf16 weights)")
       ->capture_default_str();
+  add_device_option(cmd, o->device);
   cmd->callback([o] {
     if (o->gemm != "exact" && o->gemm != "bf16") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be exact or bf16, got " + o->gemm);
@@ -98,8 +100,11 @@ void add_forward_command(CLI::App& app) {
     }
     std::vector<int32_t> ids = read_ids(o->ids);
     if (ids.empty()) throw Error(ErrorKind::invalid_argument, "no token ids", {.path = o->ids});
+    const DeviceChoice device = pick_device(o->device);
     auto backbone = backbone_open(
         o->model, {.precision = o->gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact,
+                   .device = device.device,
+                   .cpu_fallback = device.automatic,
                    .read_chunk = o->read_chunk});
     std::optional<SoftTokens> soft;
     if (!o->soft.empty()) soft = soft_at_placeholders(backbone->spec(), ids, npy_read(o->soft));

@@ -20,6 +20,7 @@
 #include "engine/context.h"
 #include "engine/decode.h"
 #include "engine/model.h"
+#include "kernels/cuda_runtime.h"
 #include "schema/render.h"
 
 namespace deg {
@@ -41,7 +42,9 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 Engine Engine::open(const EngineOptions& options) {
   auto impl = std::make_unique<Impl>();
-  impl->model = DegModel::open(options.model, options.base);
+  const DeviceChoice device = pick_device(options.device);
+  impl->model = DegModel::open(options.model, options.base,
+                               {.device = device.device, .cpu_fallback = device.automatic});
   impl->options = options;
   return Engine(std::move(impl));
 }

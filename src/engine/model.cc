@@ -38,7 +38,8 @@ std::vector<int32_t> DegModel::encode(std::string_view text) const {
   return text.empty() ? std::vector<int32_t>{} : tokenizer_.encode(text).ids;
 }
 
-std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& base) {
+std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& base,
+                                         const BackboneOptions& options) {
   if (!fs::is_directory(dir)) {
     throw Error(ErrorKind::not_found,
                 "model directory not found; pass --model pointing at a deg checkpoint (make one "
@@ -55,7 +56,7 @@ std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& ba
   CheckpointMeta meta = checkpoint_meta_load(dir);
   fs::path config_dir = model_config_dir(dir, base);
   std::vector<fs::path> weights = {dir / "backbone.safetensors"};
-  std::unique_ptr<Backbone> backbone = backbone_open_checkpoint(config_dir, weights);
+  std::unique_ptr<Backbone> backbone = backbone_open_checkpoint(config_dir, weights, options);
   Heads heads = Heads::load(dir / "heads.safetensors");
   if (heads.hidden != backbone->spec().hidden) {
     throw Error(ErrorKind::format,

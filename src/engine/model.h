@@ -27,8 +27,10 @@ class DegModel {
  public:
   // `dir`: a deg checkpoint (deg.json + backbone.safetensors + heads.safetensors); `base`
   // overrides where its config/tokenizer come from. Throws deg::Error with what to do.
+  // `options`: the backbone's device and GEMM precision.
   static std::unique_ptr<DegModel> open(const std::filesystem::path& dir,
-                                        const std::filesystem::path& base = {});
+                                        const std::filesystem::path& base = {},
+                                        const BackboneOptions& options = {});
 
   const Backbone& backbone() const { return *backbone_; }
   const Heads& heads() const { return heads_; }

@@ -1,9 +1,13 @@
-// What CUDA devices this process sees. Without a CUDA build (DEG_HAVE_CUDA unset) the answer is
-// always "none", so callers need no #ifdef.
+// What CUDA devices this process sees, and device memory. Without a CUDA build (DEG_HAVE_CUDA
+// unset) there are no devices and the memory functions throw, so callers need no #ifdef.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "core/buffer.h"
 
 namespace deg {
 
@@ -17,5 +21,34 @@ struct CudaDeviceInfo {
 
 bool cuda_built();                           // compiled with DEG_CUDA
 std::vector<CudaDeviceInfo> cuda_devices();  // empty without a driver or GPU
+bool cuda_available();                       // built, and a GPU is visible
+
+// A device by name: cpu, cuda, or auto ($DEG_DEVICE when set, else cuda when a GPU is visible,
+// else cpu). `automatic`: the choice was auto, so a model the GPU cannot run yet may fall back to
+// the CPU. Throws deg::Error for another name, or cuda without a CUDA build.
+struct DeviceChoice {
+  Device device = Device::cpu;
+  bool automatic = false;
+};
+DeviceChoice pick_device(const std::string& name);
+
+// Device memory of the current GPU; throw deg::Error naming the size when it cannot be had.
+void* cuda_malloc(size_t bytes);
+void cuda_free(void* p) noexcept;  // null: nothing
+// Zero-filled device memory as a tensor buffer (Device::cuda).
+std::shared_ptr<Buffer> cuda_buffer(size_t bytes);
+// A profile of the CUDA backend's ops: from start to stop, each op is timed with CUDA events
+// (and waited for), summed per op; stop returns the sums, the largest first.
+struct OpTime {
+  std::string op;
+  double ms = 0;
+  int64_t calls = 0;
+};
+void cuda_profile_start();
+std::vector<OpTime> cuda_profile_stop();
+
+// Memory both the host and the GPU address (the op table's buffers in tests).
+void* cuda_managed_alloc(size_t bytes);
+void cuda_managed_free(void* p) noexcept;
 
 }  // namespace deg

@@ -21,6 +21,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <vector>
@@ -33,7 +34,7 @@
 
 namespace deg {
 
-// Scratch of one call, from its backend: taken in order, released together by reset() (the
+// Scratch of one call on `device`'s memory: taken in order, released together by reset() (the
 // memory is kept for the next use). Not zero-filled. Taken pointers stay valid until reset().
 class Arena {
  public:
@@ -48,9 +49,10 @@ class Arena {
 
  private:
   struct Block {
-    std::unique_ptr<float[]> data;
+    std::shared_ptr<float> data;  // host or device memory, with its deleter
     size_t size = 0, used = 0;
   };
+  Block block(size_t floats) const;
   Device device_;
   std::vector<Block> blocks_;
 };
@@ -457,6 +459,19 @@ class Ops {
   // Memory the backend owns (model state: K/V, recurrent state, conv tails): zero-filled, of
   // `shape` and `dtype`, on the backend's device.
   virtual Tensor alloc(const Shape& shape, DType dtype) const = 0;
+  // A model weight on the backend's device: a host backend returns `host` itself (a view, never
+  // a copy); a device backend copies it once into its memory (contiguous; any dtype).
+  virtual Tensor upload(const Tensor& host) const { return host; }
+  // Bytes between host memory and the backend's memory (a host backend: memcpy). to_host waits
+  // for the ops before it.
+  virtual void to_device(void* dst, const void* src, size_t bytes) const {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  virtual void to_host(void* dst, const void* src, size_t bytes) const {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  // Waits until every op enqueued so far has finished (the CPU's ops finish before returning).
+  virtual void synchronize() const {}
 
   virtual void gemm(const GemmArgs& a) const = 0;
   virtual void rms_norm(const NormArgs& a) const = 0;
@@ -490,6 +505,15 @@ class Ops {
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread
 // pool.
 const Ops& cpu_ops();
+// The CUDA backend (src/kernels/cuda): cuBLASLt GEMMs and own kernels on the first visible GPU,
+// every op enqueued in order on one stream. Throws deg::Error without a CUDA build or a GPU.
+// It runs the ops the Qwen3.5 family uses (and the other families' cheap ones); the rest throw
+// an `unsupported` error naming the op.
+const Ops& cuda_ops();
+// The backend of `device`.
+const Ops& ops_for(Device device);
+// `t` in host memory: itself when it is there, else a contiguous copy (tests, tools).
+Tensor host_copy(const Tensor& t);
 
 // What every family call receives: the backend's ops and the call's scratch.
 struct Exec {

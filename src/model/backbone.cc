@@ -35,10 +35,10 @@ void grow_kv(const Ops& ops, Tensor& t, int64_t capacity, const std::vector<int6
   if (old_cap > 0) {
     const float* src = t.data<float>();
     float* dst = grown.mutable_data<float>();
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(dst + ((b * H + h) * capacity) * D, src + ((b * H + h) * old_cap) * D,
-                    size_t(std::min(keep[size_t(b)], old_cap) * D) * sizeof(float));
+    for (int64_t b = 0; b < B; ++b) {
+      ops.copy_rows(src + b * H * old_cap * D, old_cap * D, dst + b * H * capacity * D,
+                    capacity * D, H, std::min(keep[size_t(b)], old_cap) * D);
+    }
   }
   t = std::move(grown);
 }
@@ -54,16 +54,25 @@ int64_t kept(const LayerSpec& l, int64_t length) {
 
 // A sliding layer's K/V after a call: row b has ext[b] keys at [0, ext[b]); only the last
 // window - 1 stay, moved to the front.
-void keep_window(const Tensor& t, const LayerSpec& l, const std::vector<int64_t>& ext) {
+void keep_window(const Ops& ops, const Tensor& t, const LayerSpec& l,
+                 const std::vector<int64_t>& ext) {
   const int64_t B = t.dim(0), H = t.dim(1), cap = t.dim(2), D = t.dim(3);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = ext[size_t(b)], k = std::min(n, l.window - 1);
     if (k == n) continue;
-    for (int64_t h = 0; h < H; ++h) {
-      float* p = t.mutable_data<float>() + (b * H + h) * cap * D;
-      std::memmove(p, p + (n - k) * D, size_t(k * D) * sizeof(float));
-    }
+    float* p = t.mutable_data<float>() + b * H * cap * D;
+    ops.copy_rows(p + (n - k) * D, cap * D, p, cap * D, H, k * D);
   }
+}
+
+// A deep copy of a state tensor on its own device.
+Tensor clone_state(const Tensor& t) {
+  if (t.device() == Device::cpu) return t.clone();
+  const Ops& ops = ops_for(t.device());
+  Tensor c = ops.alloc(t.shape(), t.dtype());
+  DEG_CHECK(t.dtype() == DType::f32 && t.is_contiguous(), "state tensor {}", t.describe());
+  ops.copy_rows(t.data<float>(), t.numel(), c.mutable_data<float>(), t.numel(), 1, t.numel());
+  return c;
 }
 
 void check_soft(const TokenBatch& batch, const BackboneSpec& spec) {
@@ -132,8 +141,14 @@ Exec Backbone::call_exec() const {
   // This thread's scratch for calls on the backbone's device, kept between calls so that its
   // memory is reused (a decode step allocates nothing once the first step has run).
   thread_local Arena host_arena(Device::cpu);
-  DEG_CHECK(ops_->device() == Device::cpu, "backbone: no arena for device {}", ops_->name());
-  return {.ops = *ops_, .arena = host_arena};
+  thread_local Arena cuda_arena(Device::cuda);
+  return {.ops = *ops_, .arena = ops_->device() == Device::cuda ? cuda_arena : host_arena};
+}
+
+Arena& Backbone::io_arena() const {
+  thread_local Arena host_io(Device::cpu);
+  thread_local Arena cuda_io(Device::cuda);
+  return ops_->device() == Device::cuda ? cuda_io : host_io;
 }
 
 TokenBatch TokenBatch::single(const std::vector<int32_t>& ids) {
@@ -160,18 +175,20 @@ State State::clone() const {
   s.history = history;
   for (const LayerState& l : layers) {
     LayerState c;
-    if (l.rec.defined()) c.rec = l.rec.clone();
-    if (l.tail.defined()) c.tail = l.tail.clone();
-    if (l.k.defined()) c.k = l.k.clone();
-    if (l.v.defined()) c.v = l.v.clone();
+    if (l.rec.defined()) c.rec = clone_state(l.rec);
+    if (l.tail.defined()) c.tail = clone_state(l.tail);
+    if (l.k.defined()) c.k = clone_state(l.k);
+    if (l.v.defined()) c.v = clone_state(l.v);
     s.layers.push_back(std::move(c));
   }
   return s;
 }
 
 Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
-    : family_(std::move(family)), options_(options), ops_(&cpu_ops()) {
+    : family_(std::move(family)), options_(options), ops_(nullptr) {
   DEG_CHECK(family_ != nullptr, "backbone without a family");
+  ops_ = &family_->ops();
+  options_.device = ops_->device();
   // Soft positions' ids are replaced for the embedding only; a history would keep the originals.
   DEG_CHECK(spec().soft_id < 0 || spec().history == 0,
             "a family reading soft tokens keeps no token history");
@@ -211,8 +228,16 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
                           int64_t out_tokens) const {
   const int64_t B = rows.rows, count = rows.tokens, C = spec().hidden, S = spec().stream_width();
-  std::vector<float> stream(size_t(B * count * S));
-  float* h = stream.data();
+  const bool host = ops_->device() == Device::cpu;
+  Arena& io = io_arena();
+  io.reset();
+  float* h = io.floats(B * count * S);
+  if (host) {
+    std::fill(h, h + B * count * S, 0.0f);  // side streams start at zero
+  } else {
+    DEG_CHECK(S == C, "backbone: side streams (the {} family) are not on {} yet", spec().family,
+              ops_->name());
+  }
   x.arena.reset();
   std::vector<int32_t> ids(size_t(B * count));
   for (int64_t b = 0; b < B; ++b)
@@ -231,12 +256,26 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
       }
     }
   }
-  family_->embed_rows(x, {.ids = ids.data(),
-                          .rows = rows,
-                          .history = history,
-                          .h = h,
-                          .soft_rows = soft.empty() ? nullptr : soft.data(),
-                          .soft = soft.empty() ? nullptr : batch.soft.embeddings.data<float>()});
+  // The call's ids, history and soft tokens where the backend reads them.
+  auto place = [&](const std::vector<int32_t>& v) -> const int32_t* {
+    if (host || v.empty()) return v.empty() ? nullptr : v.data();
+    int32_t* d = io.ints(int64_t(v.size()));
+    ops_->to_device(d, v.data(), v.size() * sizeof(int32_t));
+    return d;
+  };
+  const int64_t Hn = spec().history;
+  const std::vector<int32_t> hist =
+      Hn > 0 ? std::vector<int32_t>(history, history + B * Hn) : std::vector<int32_t>{};
+  Tensor soft_rows_on;
+  if (!soft.empty() && !host) soft_rows_on = ops_->upload(batch.soft.embeddings);
+  family_->embed_rows(
+      x, {.ids = place(ids),
+          .rows = rows,
+          .history = Hn > 0 ? place(hist) : history,
+          .h = h,
+          .soft_rows = soft.empty() ? nullptr : place(soft),
+          .soft = soft.empty() ? nullptr
+                               : (host ? batch.soft.embeddings : soft_rows_on).data<float>()});
   for (size_t i = 0; i < spec().layers.size(); ++i) {
     x.arena.reset();  // a layer's scratch lives until the next layer starts
     family_->layer(
@@ -245,8 +284,17 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   }
   x.arena.reset();
   if (S != C) x.ops.copy_rows(h, S, h, C, B * count, C);  // drop the side streams
+  // Final norm straight into the host result, or on the device and then copied back.
+  float* normed = host ? nullptr : x.arena.floats(B * count * C);
   for (int64_t b = 0; b < B; ++b) {
-    family_->final_norm(x, h + b * count * C, hidden_out + (b * out_tokens + offset) * C, count);
+    float* out = hidden_out + (b * out_tokens + offset) * C;
+    family_->final_norm(x, h + b * count * C, host ? out : normed + b * count * C, count);
+  }
+  if (!host) {
+    for (int64_t b = 0; b < B; ++b) {
+      ops_->to_host(hidden_out + (b * out_tokens + offset) * C, normed + b * count * C,
+                    size_t(count * C) * sizeof(float));
+    }
   }
 }
 
@@ -321,8 +369,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
       if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
       for (int64_t b = 0; b < B; ++b)
         tails[size_t(b)] = kept(layers[i], state.lengths[size_t(b)]) + lens[size_t(b)];
-      keep_window(state.layers[i].k, layers[i], tails);
-      keep_window(state.layers[i].v, layers[i], tails);
+      keep_window(*ops_, state.layers[i].k, layers[i], tails);
+      keep_window(*ops_, state.layers[i].v, layers[i], tails);
     }
     const int64_t Hn = spec().history;
     for (int64_t b = 0; b < B; ++b) {
@@ -483,19 +531,27 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
             "lm_logits: hidden {} is not f32 [.., {}]", hidden.describe(), C);
   const int64_t M = hidden.numel() / C;
   const Tensor& head = family_->lm_head();
-  Tensor logits = Tensor::empty({M, head.dim(0)}, DType::f32);
+  const int64_t V = head.dim(0);
+  Tensor logits = Tensor::empty({M, V}, DType::f32);
   const Exec exec = call_exec();
-  GemmOutput out{.w = &head, .y = logits.mutable_data<float>(), .ldy = head.dim(0)};
-  exec.ops.gemm({.x = hidden.data<float>(),
-                 .m = M,
-                 .k = C,
-                 .ldx = C,
-                 .outputs = {&out, 1},
-                 .precision = options_.precision});
-  if (const float cap = spec().logit_softcap; cap > 0) {
-    exec.ops.softcap({.y = logits.mutable_data<float>(), .n = logits.numel(), .cap = cap});
+  exec.arena.reset();
+  const bool host = ops_->device() == Device::cpu;
+  const float* x = hidden.data<float>();
+  float* y = logits.mutable_data<float>();
+  if (!host) {  // the hidden states to the device, the logits back
+    float* xd = exec.arena.floats(M * C);
+    ops_->to_device(xd, x, hidden.nbytes());
+    x = xd;
+    y = exec.arena.floats(M * V);
   }
-  family_->finish_logits(exec, logits.mutable_data<float>(), logits.numel());
+  GemmOutput out{.w = &head, .y = y, .ldy = V};
+  exec.ops.gemm(
+      {.x = x, .m = M, .k = C, .ldx = C, .outputs = {&out, 1}, .precision = options_.precision});
+  if (const float cap = spec().logit_softcap; cap > 0) {
+    exec.ops.softcap({.y = y, .n = M * V, .cap = cap});
+  }
+  family_->finish_logits(exec, y, M * V);
+  if (!host) ops_->to_host(logits.mutable_data<float>(), y, logits.nbytes());
   return logits;
 }
 

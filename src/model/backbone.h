@@ -28,7 +28,8 @@
 // trunk and fork alike; that layer writes this call's K/V first).
 //
 // Letters: B rows, L tokens of this call, C hidden, V vocab, P prefix positions, H heads, D head
-// dim, K conv kernel. Activations and state are f32 on CPU.
+// dim, K conv kernel. Activations and state are f32, on the family's backend (kernels/ops.h: the
+// CPU, or a GPU); token ids, row tables and results are host memory.
 #pragma once
 
 #include <cstdint>
@@ -178,7 +179,10 @@ struct LayerCall {
 // call's Exec (backend ops + scratch arena) and loops over nothing itself.
 class Family {
  public:
+  // `ops`: the backend the family's weights live on and its calls run on.
+  explicit Family(const Ops& ops = cpu_ops()) : ops_(&ops) {}
   virtual ~Family() = default;
+  const Ops& ops() const { return *ops_; }
   virtual const BackboneSpec& spec() const = 0;
   // The embedding of a call -> call.h [B, L, S].
   virtual void embed_rows(const Exec& x, const EmbedCall& call) const = 0;
@@ -191,10 +195,18 @@ class Family {
   // Logits as the family's loss sees them, in place over n values of h lm_head^T (e.g. a soft
   // cap); the default keeps the plain linear head.
   virtual void finish_logits(const Exec& /*x*/, float* /*logits*/, int64_t /*n*/) const {}
+
+ private:
+  const Ops* ops_;
 };
 
 struct BackboneOptions {
   GemmPrecision precision = GemmPrecision::exact;
+  // Where the weights, the state and every call live (the family is built for it). Results
+  // (hidden states, logits) come back to host memory.
+  Device device = Device::cpu;
+  // The device was picked automatically: a family not on that device yet runs on the CPU.
+  bool cpu_fallback = false;
   int64_t read_chunk = 512;  // prefill tokens per pass through the stack (a multiple of 64)
 };
 
@@ -205,7 +217,10 @@ class Backbone {
   const BackboneSpec& spec() const { return family_->spec(); }
   const Family& family() const { return *family_; }
   const BackboneOptions& options() const { return options_; }
-  void set_options(const BackboneOptions& options) { options_ = options; }
+  void set_options(const BackboneOptions& options) {
+    options_ = options;
+    options_.device = ops_->device();  // fixed when the family was built
+  }
 
   State empty_state(int64_t rows) const;
   // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
@@ -229,7 +244,8 @@ class Backbone {
                   const int32_t* history, const std::vector<std::vector<RowView>>& views,
                   float* hidden_out, int64_t out_tokens) const;
 
-  Exec call_exec() const;  // the backend's ops and this thread's call arena
+  Exec call_exec() const;   // the backend's ops and this thread's call arena
+  Arena& io_arena() const;  // this thread's arena for a call's inputs and outputs on the device
 
   std::unique_ptr<Family> family_;
   BackboneOptions options_;

@@ -41,6 +41,14 @@ std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const
   return weight_need(w, name, shape).to_f32_vector();
 }
 
+Tensor weight_on(const Ops& ops, const TensorMap& w, const std::string& name, const Shape& shape) {
+  return ops.upload(weight_need(w, name, shape));
+}
+
+Tensor vector_on(const Ops& ops, const std::vector<float>& v) {
+  return ops.upload(Tensor::from_vector(v, {int64_t(v.size())}));
+}
+
 void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   const int64_t N = a.n, C = a.hidden, I = a.width;
   float* gate = x.arena.floats(N * I);

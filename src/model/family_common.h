@@ -26,6 +26,10 @@ std::string layer_name(int64_t i, const std::string& rest);  // "layers.<i>.<res
 const Tensor& weight_need(const TensorMap& w, const std::string& name, const Shape& shape);
 // The same, read into an f32 copy (norm weights, conv kernels: small vectors).
 std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const Shape& shape);
+// weight_need's tensor on `ops`' device: the view itself on the CPU, a copy in GPU memory.
+Tensor weight_on(const Ops& ops, const TensorMap& w, const std::string& name, const Shape& shape);
+// A small f32 vector (norm weights, conv kernels, gate constants) on `ops`' device.
+Tensor vector_on(const Ops& ops, const std::vector<float>& v);
 
 // h += down(silu(gate(xn)) * up(xn)) over n token rows: xn [n, C] (already normed), gate and up
 // [I, C], down [C, I]; scratch from the call's arena.

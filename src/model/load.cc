@@ -5,8 +5,10 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
+#include "kernels/ops.h"
 #include "model/checkpoint.h"
 #include "model/gemma4.h"
 #include "model/gpt.h"
@@ -26,7 +28,23 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   const JsonConfig root = JsonConfig::load(config_path);
   const std::string type = root.model_type();
   const std::string text_type = root.text().model_type();
+  const Ops* ops = &ops_for(options.device);
+  // Families not on the GPU yet run on the CPU when the device was picked automatically, and
+  // otherwise say so rather than fail inside an op.
+  auto cpu_only = [&](const std::string& family) {
+    if (options.device == Device::cpu) return;
+    if (options.cpu_fallback) {
+      log::info("the {} family does not run on CUDA yet: running on the CPU", family);
+      options.device = Device::cpu;
+      ops = &cpu_ops();
+      return;
+    }
+    throw Error(ErrorKind::unsupported,
+                "the " + family + " family does not run on CUDA yet; use --device cpu",
+                {.path = config_path.string()});
+  };
   if (gpt_handles(root.json())) {
+    cpu_only("gpt");
     // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
     const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
     const bool bare = !store.contains(store.text_prefix() + "embed");
@@ -54,12 +72,14 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   if (is(qwen35_handles)) {
     Qwen35Config cfg = Qwen35Config::from_json(root);
     table = qwen35_tensor_table(cfg);
-    make = [cfg](const TensorMap& w) { return qwen35_family(cfg, w); };
+    make = [cfg, ops](const TensorMap& w) { return qwen35_family(cfg, w, *ops); };
   } else if (is(lfm2_handles)) {
+    cpu_only("lfm2");
     Lfm2Config cfg = Lfm2Config::from_json(root);
     table = lfm2_tensor_table(cfg);
     make = [cfg](const TensorMap& w) { return lfm2_family(cfg, w); };
   } else if (is(gemma4_handles)) {
+    cpu_only("gemma4");
     Gemma4Config cfg = Gemma4Config::from_json(root);
     table = gemma4_tensor_table(cfg);
     make = [cfg](const TensorMap& w) { return gemma4_family(cfg, w); };

@@ -16,68 +16,72 @@ namespace deg {
 
 namespace {
 
+// Every tensor on the family's backend (small f32 vectors too).
 struct DeltaNetWeights {
-  Tensor qkv, z, b, a, out;      // [Cc, C], [Hv*Dv, C], [Hv, C], [Hv, C], [C, Hv*Dv]
-  std::vector<float> conv;       // [Cc, K]
-  std::vector<float> neg_decay;  // [Hv] -exp(A_log)
-  std::vector<float> dt_bias;    // [Hv]
-  std::vector<float> norm;       // [Dv] gated RMSNorm weight
+  Tensor qkv, z, b, a, out;  // [Cc, C], [Hv*Dv, C], [Hv, C], [Hv, C], [C, Hv*Dv]
+  Tensor conv;               // [Cc, K]
+  Tensor neg_decay;          // [Hv] -exp(A_log)
+  Tensor dt_bias;            // [Hv]
+  Tensor norm;               // [Dv] gated RMSNorm weight
 };
 
 struct AttentionWeights {
-  Tensor q, k, v, o;                  // [Hq*2D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
-  std::vector<float> q_norm, k_norm;  // [D]
+  Tensor q, k, v, o;      // [Hq*2D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
+  Tensor q_norm, k_norm;  // [D]
 };
 
 struct LayerWeights {
   LayerKind kind = LayerKind::recurrent;
-  std::vector<float> input_norm, post_norm;  // [C]
-  Tensor gate, up, down;                     // [I, C], [I, C], [C, I]
+  Tensor input_norm, post_norm;  // [C]
+  Tensor gate, up, down;         // [I, C], [I, C], [C, I]
   DeltaNetWeights dn;
   AttentionWeights at;
 };
 
 class Qwen35 final : public Family {
  public:
-  Qwen35(const Qwen35Config& cfg, const TensorMap& w) : cfg_(cfg) {
+  Qwen35(const Qwen35Config& cfg, const TensorMap& w, const Ops& ops) : Family(ops), cfg_(cfg) {
     const int64_t C = cfg.hidden, I = cfg.intermediate, V = cfg.vocab;
     const int64_t Hv = cfg.lin_v_heads, Dv = cfg.lin_v_dim, Cc = cfg.conv_channels();
     const int64_t Hq = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
-    embed_ = weight_need(w, "embed_tokens.weight", {V, C});
-    head_ = cfg.tied ? embed_ : weight_need(w, "lm_head.weight", {V, C});
-    final_norm_ = weight_f32(w, "norm.weight", {C});
+    embed_ = weight_on(ops, w, "embed_tokens.weight", {V, C});
+    head_ = cfg.tied ? embed_ : weight_on(ops, w, "lm_head.weight", {V, C});
+    final_norm_ = vector_on(ops, weight_f32(w, "norm.weight", {C}));
     spec_ = {.family = "qwen3_5", .hidden = C, .vocab = V, .layers = {}};
     for (int64_t i = 0; i < int64_t(cfg.layers.size()); ++i) {
       LayerWeights l;
       l.kind = cfg.layers[size_t(i)];
-      l.input_norm = weight_f32(w, layer_name(i, "input_layernorm.weight"), {C});
-      l.post_norm = weight_f32(w, layer_name(i, "post_attention_layernorm.weight"), {C});
-      l.gate = weight_need(w, layer_name(i, "mlp.gate_proj.weight"), {I, C});
-      l.up = weight_need(w, layer_name(i, "mlp.up_proj.weight"), {I, C});
-      l.down = weight_need(w, layer_name(i, "mlp.down_proj.weight"), {C, I});
+      l.input_norm = vector_on(ops, weight_f32(w, layer_name(i, "input_layernorm.weight"), {C}));
+      l.post_norm =
+          vector_on(ops, weight_f32(w, layer_name(i, "post_attention_layernorm.weight"), {C}));
+      l.gate = weight_on(ops, w, layer_name(i, "mlp.gate_proj.weight"), {I, C});
+      l.up = weight_on(ops, w, layer_name(i, "mlp.up_proj.weight"), {I, C});
+      l.down = weight_on(ops, w, layer_name(i, "mlp.down_proj.weight"), {C, I});
       LayerSpec ls{.kind = l.kind};
       if (l.kind == LayerKind::recurrent) {
         auto n = [&](const std::string& s) { return layer_name(i, "linear_attn." + s); };
-        l.dn.qkv = weight_need(w, n("in_proj_qkv.weight"), {Cc, C});
-        l.dn.z = weight_need(w, n("in_proj_z.weight"), {Hv * Dv, C});
-        l.dn.b = weight_need(w, n("in_proj_b.weight"), {Hv, C});
-        l.dn.a = weight_need(w, n("in_proj_a.weight"), {Hv, C});
-        l.dn.out = weight_need(w, n("out_proj.weight"), {C, Hv * Dv});
-        l.dn.conv = weight_f32(w, n("conv1d.weight"), {Cc, 1, cfg.conv_kernel});
-        for (float a : weight_f32(w, n("A_log"), {Hv})) l.dn.neg_decay.push_back(-std::exp(a));
-        l.dn.dt_bias = weight_f32(w, n("dt_bias"), {Hv});
-        l.dn.norm = weight_f32(w, n("norm.weight"), {Dv});
+        l.dn.qkv = weight_on(ops, w, n("in_proj_qkv.weight"), {Cc, C});
+        l.dn.z = weight_on(ops, w, n("in_proj_z.weight"), {Hv * Dv, C});
+        l.dn.b = weight_on(ops, w, n("in_proj_b.weight"), {Hv, C});
+        l.dn.a = weight_on(ops, w, n("in_proj_a.weight"), {Hv, C});
+        l.dn.out = weight_on(ops, w, n("out_proj.weight"), {C, Hv * Dv});
+        l.dn.conv = vector_on(ops, weight_f32(w, n("conv1d.weight"), {Cc, 1, cfg.conv_kernel}));
+        std::vector<float> neg_decay;
+        for (float a : weight_f32(w, n("A_log"), {Hv})) neg_decay.push_back(-std::exp(a));
+        l.dn.neg_decay = vector_on(ops, neg_decay);
+        l.dn.dt_bias = vector_on(ops, weight_f32(w, n("dt_bias"), {Hv}));
+        l.dn.norm = vector_on(ops, weight_f32(w, n("norm.weight"), {Dv}));
         ls.rec_shape = {Hv, cfg.lin_k_dim, Dv};
         ls.conv_channels = Cc;
         ls.conv_kernel = cfg.conv_kernel;
       } else {
         auto n = [&](const std::string& s) { return layer_name(i, "self_attn." + s); };
-        l.at.q = weight_need(w, n("q_proj.weight"), {Hq * 2 * D, C});
-        l.at.k = weight_need(w, n("k_proj.weight"), {Hkv * D, C});
-        l.at.v = weight_need(w, n("v_proj.weight"), {Hkv * D, C});
-        l.at.o = weight_need(w, n("o_proj.weight"), {C, Hq * D});
-        l.at.q_norm = weight_f32(w, n("q_norm.weight"), {D});
-        l.at.k_norm = weight_f32(w, n("k_norm.weight"), {D});
+        l.at.q = weight_on(ops, w, n("q_proj.weight"), {Hq * 2 * D, C});
+        l.at.k = weight_on(ops, w, n("k_proj.weight"), {Hkv * D, C});
+        l.at.v = weight_on(ops, w, n("v_proj.weight"), {Hkv * D, C});
+        l.at.o = weight_on(ops, w, n("o_proj.weight"), {C, Hq * D});
+        l.at.q_norm = vector_on(ops, weight_f32(w, n("q_norm.weight"), {D}));
+        l.at.k_norm = vector_on(ops, weight_f32(w, n("k_norm.weight"), {D}));
         ls.kv_heads = Hkv;
         ls.head_dim = D;
       }
@@ -122,8 +126,7 @@ class Qwen35 final : public Family {
 
  private:
   // y = norm(x) * (1 + w) over n rows of C.
-  void norm_rows(const Exec& x, const float* in, float* out, int64_t n,
-                 const std::vector<float>& w) const {
+  void norm_rows(const Exec& x, const float* in, float* out, int64_t n, const Tensor& w) const {
     const int64_t C = cfg_.hidden;
     x.ops.rms_norm({.x = in,
                     .ldx = C,
@@ -131,7 +134,7 @@ class Qwen35 final : public Family {
                     .ldy = C,
                     .rows = n,
                     .dim = C,
-                    .w = w.data(),
+                    .w = w.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::one_plus_w});
   }
@@ -158,8 +161,8 @@ class Qwen35 final : public Family {
                        .g = g,
                        .ld = Hv,
                        .heads = Hv,
-                       .neg_decay = w.neg_decay.data(),
-                       .dt_bias = w.dt_bias.data()});
+                       .neg_decay = w.neg_decay.data<float>(),
+                       .dt_bias = w.dt_bias.data<float>()});
     float* conv = x.arena.floats(N * Cc);
     x.ops.causal_conv({.rows = c.rows,
                        .views = c.views,
@@ -169,7 +172,7 @@ class Qwen35 final : public Family {
                        .ldy = Cc,
                        .channels = Cc,
                        .kernel = cfg_.conv_kernel,
-                       .w = w.conv.data(),
+                       .w = w.conv.data<float>(),
                        .silu = true});
     // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel.
     x.ops.l2_norm({.x = conv,
@@ -202,7 +205,7 @@ class Qwen35 final : public Family {
                     .ldy = Dv,
                     .rows = N * Hv,
                     .dim = Dv,
-                    .w = w.norm.data(),
+                    .w = w.norm.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::w,
                     .gate = z,
@@ -236,7 +239,7 @@ class Qwen35 final : public Family {
                     .rows = N,
                     .heads = Hq,
                     .dim = D,
-                    .w = w.q_norm.data(),
+                    .w = w.q_norm.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::one_plus_w});
     x.ops.rms_norm({.x = k,
@@ -246,7 +249,7 @@ class Qwen35 final : public Family {
                     .rows = N,
                     .heads = Hkv,
                     .dim = D,
-                    .w = w.k_norm.data(),
+                    .w = w.k_norm.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::one_plus_w});
     x.ops.rope({.rows = c.rows, .table = &rope_, .x = q, .ldx = OW, .heads = Hq, .hs = D});
@@ -275,7 +278,7 @@ class Qwen35 final : public Family {
   Qwen35Config cfg_;
   BackboneSpec spec_;
   Tensor embed_, head_;
-  std::vector<float> final_norm_;
+  Tensor final_norm_;
   std::vector<LayerWeights> layers_;
   RopeTable rope_;
 };
@@ -416,8 +419,9 @@ std::vector<std::pair<std::string, Shape>> qwen35_tensor_table(const Qwen35Confi
   return t;
 }
 
-std::unique_ptr<Family> qwen35_family(const Qwen35Config& cfg, const TensorMap& weights) {
-  return std::make_unique<Qwen35>(cfg, weights);
+std::unique_ptr<Family> qwen35_family(const Qwen35Config& cfg, const TensorMap& weights,
+                                      const Ops& ops) {
+  return std::make_unique<Qwen35>(cfg, weights, ops);
 }
 
 TensorMap qwen35_random_weights(const Qwen35Config& cfg, DType dtype, uint64_t seed) {

@@ -52,7 +52,9 @@ std::vector<std::pair<std::string, Shape>> qwen35_tensor_table(const Qwen35Confi
 
 // Weights by table name. Big matrices stay views (mmap'd, f32 or bf16); small vectors are read
 // into f32 copies. Throws deg::Error naming a missing tensor or a wrong shape.
-std::unique_ptr<Family> qwen35_family(const Qwen35Config& cfg, const TensorMap& weights);
+// The family on `ops`' device (its weights are copied there when that is a GPU).
+std::unique_ptr<Family> qwen35_family(const Qwen35Config& cfg, const TensorMap& weights,
+                                      const Ops& ops = cpu_ops());
 
 // Random weights for benchmarks (every matrix `dtype`, N(0, 0.02); norms around their identity).
 TensorMap qwen35_random_weights(const Qwen35Config& cfg, DType dtype, uint64_t seed);

@@ -462,42 +462,6 @@ class CpuOps final : public Ops {
 
 }  // namespace
 
-float* Arena::floats(int64_t n) {
-  DEG_CHECK(device_ == Device::cpu, "arena: only host memory is implemented");
-  const size_t want = size_t(std::max<int64_t>(n, 1) + 15) / 16 * 16;  // 64-byte steps
-  for (Block& b : blocks_) {
-    if (b.size - b.used >= want) {
-      float* p = b.data.get() + b.used;
-      b.used += want;
-      return p;
-    }
-  }
-  size_t size = want;
-  for (const Block& b : blocks_) size = std::max(size, 2 * b.size);
-  blocks_.push_back(
-      {.data = std::make_unique_for_overwrite<float[]>(size), .size = size, .used = 0});
-  blocks_.back().used = want;
-  return blocks_.back().data.get();
-}
-
-int32_t* Arena::ints(int64_t n) {
-  static_assert(sizeof(int32_t) == sizeof(float) && alignof(int32_t) <= alignof(float));
-  return new (floats(n)) int32_t[size_t(std::max<int64_t>(n, 1))];  // starts their lifetime
-}
-
-void Arena::reset() {
-  // Several blocks mean the last use outgrew the first: keep one block of their total size, so
-  // the next use of the same size takes no allocation.
-  if (blocks_.size() > 1) {
-    size_t total = 0;
-    for (const Block& b : blocks_) total += b.size;
-    blocks_.clear();
-    blocks_.push_back(
-        {.data = std::make_unique_for_overwrite<float[]>(total), .size = total, .used = 0});
-  }
-  for (Block& b : blocks_) b.used = 0;
-}
-
 const Ops& cpu_ops() {
   static const CpuOps ops;
   return ops;

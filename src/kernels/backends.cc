@@ -1,0 +1,89 @@
+// What the backends share: call arenas on host or device memory, and the backend of a device.
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <string>
+
+#include "core/error.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
+
+namespace deg {
+
+Arena::Block Arena::block(size_t floats) const {
+  if (device_ == Device::cuda) {
+    return {.data = std::shared_ptr<float>(static_cast<float*>(cuda_malloc(floats * sizeof(float))),
+                                           [](float* p) { cuda_free(p); }),
+            .size = floats};
+  }
+  return {.data = std::shared_ptr<float>(new float[floats], std::default_delete<float[]>()),
+          .size = floats};
+}
+
+float* Arena::floats(int64_t n) {
+  const size_t want = size_t(std::max<int64_t>(n, 1) + 63) / 64 * 64;  // 256-byte steps
+  for (Block& b : blocks_) {
+    if (b.size - b.used >= want) {
+      float* p = b.data.get() + b.used;
+      b.used += want;
+      return p;
+    }
+  }
+  size_t size = want;
+  for (const Block& b : blocks_) size = std::max(size, 2 * b.size);
+  blocks_.push_back(block(size));
+  blocks_.back().used = want;
+  return blocks_.back().data.get();
+}
+
+int32_t* Arena::ints(int64_t n) {
+  static_assert(sizeof(int32_t) == sizeof(float) && alignof(int32_t) <= alignof(float));
+  if (device_ == Device::cuda) return reinterpret_cast<int32_t*>(floats(n));  // device memory
+  return new (floats(n)) int32_t[size_t(std::max<int64_t>(n, 1))];  // starts their lifetime
+}
+
+void Arena::reset() {
+  // Several blocks mean the last use outgrew the first: keep one block of their total size, so
+  // the next use of the same size takes no allocation.
+  if (blocks_.size() > 1) {
+    size_t total = 0;
+    for (const Block& b : blocks_) total += b.size;
+    blocks_.clear();
+    blocks_.push_back(block(total));
+  }
+  for (Block& b : blocks_) b.used = 0;
+}
+
+DeviceChoice pick_device(const std::string& name) {
+  std::string d = name;
+  const bool automatic = d == "auto";
+  if (automatic) {
+    const char* env = std::getenv("DEG_DEVICE");
+    d = env && *env ? env : (cuda_available() ? "cuda" : "cpu");
+  }
+  if (d == "cpu") return {.device = Device::cpu, .automatic = automatic};
+  if (d == "cuda") {
+    if (!cuda_built()) {
+      throw Error(ErrorKind::unsupported,
+                  "device cuda: this deg was built without CUDA (nvcc was not found when it was "
+                  "compiled); use --device cpu");
+    }
+    return {.device = Device::cuda, .automatic = automatic};
+  }
+  throw Error(ErrorKind::invalid_argument,
+              "the device must be cpu, cuda or auto (DEG_DEVICE: cpu or cuda), got \"" + d + "\"");
+}
+
+Tensor host_copy(const Tensor& t) {
+  if (t.device() == Device::cpu) return t;
+  DEG_CHECK(t.is_contiguous(), "host_copy: {} is not contiguous", t.describe());
+  Tensor h = Tensor::empty(t.shape(), t.dtype());
+  ops_for(t.device()).to_host(h.raw_mutable(), t.raw(), t.nbytes());
+  return h;
+}
+
+const Ops& ops_for(Device device) {
+  return device == Device::cuda ? cuda_ops() : cpu_ops();
+}
+
+}  // namespace deg

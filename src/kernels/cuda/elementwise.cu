@@ -1,0 +1,358 @@
+// The CUDA backend's row-wise and elementwise ops (launch.h): norms, rotary embedding, K/V
+// writes, the causal conv, the delta-rule gates, GLU gates, residual adds, gathers, copies and
+// the GEMM operand conversions. All f32, in the CPU backend's expression order where it has one.
+//
+// Batch invariance: every output element is computed by one thread, or (norms) one block per
+// vector with a reduction whose shape depends on the vector's length only, so no result depends
+// on how many rows a call has.
+#include <cstdint>
+
+#include "kernels/cuda/launch.h"
+
+namespace deg::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kNormThreads = 128;  // one block per normalised vector
+
+// Blocks for n threads' worth of work, capped (the kernels loop over the rest).
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+// A loop over [0, n) spread over the whole grid.
+#define DEG_GRID_LOOP(i, n)                                                 \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+__device__ float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+__device__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+// PyTorch's gelu(approximate="tanh").
+__device__ float gelu_tanh(float x) {
+  const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// The sum of v over the block's kNormThreads threads, in a fixed order: warp shuffles, then the
+// four warp sums in order. Every thread gets the result.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[kNormThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = warp_sums[0];
+  for (int w = 1; w < kNormThreads / 32; ++w) s += warp_sums[w];
+  __syncthreads();  // warp_sums is reused by the next call
+  return s;
+}
+
+// ---- norms ----
+
+__global__ void rms_norm_kernel(NormLaunch a) {
+  const int64_t r = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+  const float* x = a.x + r * a.ldx + h * a.hx;
+  float* y = a.y + r * a.ldy + h * a.hy;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(block_sum(ss) / float(a.dim) + a.eps);
+  if (a.gate) {
+    const float* g = a.gate + r * a.ldg + h * a.hg;
+    for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) {
+      const float w = a.w ? a.w[i] : 1.0f;
+      y[i] = (w * (x[i] * inv)) * silu(g[i]);
+    }
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) {
+    const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[i] : a.w[i]) : 1.0f;
+    y[i] = (x[i] * inv) * w;
+  }
+}
+
+__global__ void l2_norm_kernel(L2NormLaunch a) {
+  const int64_t r = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+  float* x = a.x + r * a.ldx + h * a.dim;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(block_sum(ss) + a.eps);
+  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) x[i] = (x[i] * inv) * a.post_scale;
+}
+
+// ---- per-row ops (one chunk of rows; blockIdx.y = row of the chunk) ----
+
+__global__ void rope_kernel(RopeLaunch a) {
+  const int i = blockIdx.y;
+  const int64_t n = a.rows.length[i], per_token = a.heads * a.half;
+  const int64_t row0 = (a.rows.first + i) * a.rows.tokens;
+  DEG_GRID_LOOP(e, n * per_token) {
+    const int64_t t = e / per_token, h = (e % per_token) / a.half, j = e % a.half;
+    const float angle = float(a.rows.position[i] + t) * a.inv_freq[j];
+    const float c = cosf(angle), s = sinf(angle);
+    float* v = a.x + (row0 + t) * a.ldx + h * a.hs;
+    const float x0 = v[j], x1 = v[j + a.half];
+    v[j] = x0 * c - x1 * s;
+    v[j + a.half] = x1 * c + x0 * s;
+  }
+}
+
+__global__ void kv_write_kernel(KvWriteLaunch a) {
+  const int i = blockIdx.y;
+  const int64_t n = a.rows.length[i], width = a.k_dim > a.v_dim ? a.k_dim : a.v_dim;
+  const int64_t per_token = a.kv_heads * width;
+  const int64_t row0 = (a.rows.first + i) * a.rows.tokens;
+  const KvRow& kv = a.kv[i];
+  DEG_GRID_LOOP(e, n * per_token) {
+    const int64_t t = e / per_token, h = (e % per_token) / width, d = e % width;
+    const int64_t at = h * kv.own_stride + (kv.own_before + t) * a.dim + d;
+    if (d < a.k_dim) kv.own_k[at] = a.k[(row0 + t) * a.ldk + h * a.hk + d];
+    if (d < a.v_dim) kv.own_v[at] = a.v[(row0 + t) * a.ldv + h * a.hv + d];
+  }
+}
+
+// y over the row's tokens (padded ones zeroed): input s < 0 reads the tail's row K - 1 + s.
+__global__ void conv_kernel(ConvLaunch a) {
+  const int i = blockIdx.y;
+  const int64_t n = a.rows.length[i], L = a.rows.tokens, K = a.kernel, C = a.channels;
+  const int64_t row0 = (a.rows.first + i) * L;
+  const float* tail = a.state[i].tail_in;
+  DEG_GRID_LOOP(e, L * C) {
+    const int64_t t = e / C, c = e % C;
+    float* y = a.y + (row0 + t) * a.ldy + c;
+    if (t >= n) {
+      *y = 0.0f;
+      continue;
+    }
+    float acc = 0.0f;
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t s = t - (K - 1) + j;
+      const float in = s >= 0 ? a.x[(row0 + s) * a.ldx + c] : tail[(K - 1 + s) * a.ldt + c];
+      acc += a.w[c * K + j] * in;
+    }
+    *y = a.silu ? silu(acc) : acc;
+  }
+}
+
+// The new tail: the last K - 1 inputs of [tail_in, the row's real x]; one thread per channel
+// reads them all before writing (tail_out may be tail_in).
+__global__ void conv_tail_kernel(ConvLaunch a) {
+  const int i = blockIdx.y;
+  const StateRow st = a.state[i];
+  if (!st.tail_out) return;
+  const int64_t n = a.rows.length[i], K = a.kernel, C = a.channels;
+  const int64_t row0 = (a.rows.first + i) * a.rows.tokens;
+  constexpr int kMaxTail = 16;
+  DEG_GRID_LOOP(c, C) {
+    float keep[kMaxTail];
+    for (int64_t j = 0; j < K - 1 && j < kMaxTail; ++j) {
+      const int64_t s = n + j;  // index into [tail_in (K - 1), x (n)]
+      keep[j] = s < K - 1 ? st.tail_in[s * a.ldt + c] : a.x[(row0 + s - (K - 1)) * a.ldx + c];
+    }
+    for (int64_t j = 0; j < K - 1 && j < kMaxTail; ++j) st.tail_out[j * a.ldt + c] = keep[j];
+  }
+}
+
+__global__ void delta_gates_kernel(DeltaGatesLaunch a) {
+  const int i = blockIdx.y;
+  const int64_t n = a.rows.length[i], H = a.heads, L = a.rows.tokens;
+  const int64_t row0 = (a.rows.first + i) * L;
+  DEG_GRID_LOOP(e, L * H) {
+    const int64_t t = e / H, h = e % H;
+    float* bt = a.beta + (row0 + t) * a.ld + h;
+    float* gt = a.g + (row0 + t) * a.ld + h;
+    const bool real = t < n;
+    *bt = real ? 1.0f / (1.0f + expf(-*bt)) : 0.0f;
+    const float x = *gt + a.dt_bias[h];
+    *gt = real ? a.neg_decay[h] * (x > 20.0f ? x : log1pf(expf(x))) : 0.0f;
+  }
+}
+
+// ---- elementwise ----
+
+__global__ void glu_kernel(GluLaunch a) {
+  DEG_GRID_LOOP(e, a.rows * a.n) {
+    const int64_t r = e / a.n, j = e % a.n;
+    const float g = a.gate[r * a.ldg + j];
+    const float act = a.act == 0 ? silu(g) : a.act == 1 ? gelu_tanh(g) : sigmoid(g);
+    float* out = a.out + r * a.ldo + j;
+    *out = a.up ? act * a.up[r * a.ldu + j] : act * *out;
+  }
+}
+
+__global__ void binary_kernel(BinaryLaunch a) {
+  DEG_GRID_LOOP(e, a.rows * a.n) {
+    const int64_t r = e / a.n, j = e % a.n;
+    float* y = a.y + r * a.ldy + j;
+    if (!a.a) {
+      *y = *y * a.s;
+    } else {
+      const float v = a.a[r * a.lda + j];
+      *y = a.mul ? *y * v : *y + v;
+    }
+  }
+}
+
+__global__ void softcap_kernel(float* y, int64_t n, float cap) {
+  DEG_GRID_LOOP(i, n) y[i] = tanhf(y[i] / cap) * cap;
+}
+
+__global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                                 int64_t n) {
+  DEG_GRID_LOOP(e, rows * n) {
+    const int64_t r = e / n, j = e % n;
+    y[r * ldy + j] = x[r * ldx + j];
+  }
+}
+
+__device__ float bf16_bits_to_f32(uint16_t b) {
+  return __uint_as_float(uint32_t(b) << 16);
+}
+
+__global__ void gather_kernel(GatherLaunch a) {
+  const int64_t C = a.cols;
+  DEG_GRID_LOOP(e, a.n * C) {
+    const int64_t i = e / C, c = e % C;
+    float* y = a.y + i * a.ldy + c;
+    if (a.soft_rows && a.soft_rows[i] >= 0) {
+      *y = a.soft[int64_t(a.soft_rows[i]) * C + c];
+      continue;
+    }
+    const int64_t id = a.id_lane ? int64_t(a.id_lane[i * a.ld_id]) : a.ids[i];
+    if (id < 0) continue;
+    const float v = a.bf16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(a.table)[id * C + c])
+                           : static_cast<const float*>(a.table)[id * C + c];
+    const float scale = a.row_scale ? a.row_scale[i * a.ld_scale] : a.scale;
+    if (!a.keep && scale == 1.0f && a.mix == 1.0f) {
+      *y = v;
+    } else {
+      const float before = a.keep ? *y : 0.0f;
+      *y = (before * (a.keep ? 1.0f : 0.0f) + v * scale) * a.mix;
+    }
+  }
+}
+
+// Round to nearest even, NaN kept quiet: the CPU's f32_to_bf16.
+__device__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t b = __float_as_uint(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return uint16_t(b >> 16);
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t ldx, int64_t rows, int64_t n,
+                               uint16_t* out) {
+  DEG_GRID_LOOP(e, rows * n) out[e] = f32_to_bf16_bits(x[(e / n) * ldx + e % n]);
+}
+
+__global__ void widen_bf16_kernel(const uint16_t* in, int64_t count, float* out) {
+  DEG_GRID_LOOP(i, count) out[i] = bf16_bits_to_f32(in[i]);
+}
+
+cudaError_t launched() {
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.heads == 0) return cudaSuccess;
+  rms_norm_kernel<<<unsigned(a.rows * a.heads), kNormThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.heads == 0) return cudaSuccess;
+  l2_norm_kernel<<<unsigned(a.rows * a.heads), kNormThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_rope(const RopeLaunch& a, cudaStream_t stream) {
+  if (a.rows.count == 0) return cudaSuccess;
+  int64_t most = 0;
+  for (int i = 0; i < a.rows.count; ++i) most = a.rows.length[i] > most ? a.rows.length[i] : most;
+  if (most == 0) return cudaSuccess;
+  rope_kernel<<<dim3(grid_for(most * a.heads * a.half), unsigned(a.rows.count)), kThreads, 0,
+                stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream) {
+  int64_t most = 0;
+  for (int i = 0; i < a.rows.count; ++i) most = a.rows.length[i] > most ? a.rows.length[i] : most;
+  if (most == 0) return cudaSuccess;
+  const int64_t width = a.k_dim > a.v_dim ? a.k_dim : a.v_dim;
+  kv_write_kernel<<<dim3(grid_for(most * a.kv_heads * width), unsigned(a.rows.count)), kThreads, 0,
+                    stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
+  if (a.rows.count == 0 || a.channels == 0) return cudaSuccess;
+  if (a.kernel - 1 > 16) return cudaErrorInvalidValue;
+  const dim3 rows_grid(1, unsigned(a.rows.count));
+  conv_kernel<<<dim3(grid_for(a.rows.tokens * a.channels), unsigned(a.rows.count)), kThreads, 0,
+                stream>>>(a);
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  conv_tail_kernel<<<dim3(grid_for(a.channels), rows_grid.y), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
+  if (a.rows.count == 0 || a.rows.tokens == 0) return cudaSuccess;
+  delta_gates_kernel<<<dim3(grid_for(a.rows.tokens * a.heads), unsigned(a.rows.count)), kThreads, 0,
+                       stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.n == 0) return cudaSuccess;
+  glu_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_binary(const BinaryLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.n == 0) return cudaSuccess;
+  binary_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, n, cap);
+  return launched();
+}
+
+cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                             int64_t n, cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  copy_rows_kernel<<<grid_for(rows * n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
+  return launched();
+}
+
+cudaError_t launch_gather(const GatherLaunch& a, cudaStream_t stream) {
+  if (a.n * a.cols == 0) return cudaSuccess;
+  gather_kernel<<<grid_for(a.n * a.cols), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,
+                           cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  to_bf16_kernel<<<grid_for(rows * n), kThreads, 0, stream>>>(x, ldx, rows, n,
+                                                              static_cast<uint16_t*>(out));
+  return launched();
+}
+
+cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream) {
+  if (count == 0) return cudaSuccess;
+  widen_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(static_cast<const uint16_t*>(in),
+                                                              count, out);
+  return launched();
+}
+
+}  // namespace deg::cuda

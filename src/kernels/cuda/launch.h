@@ -1,0 +1,202 @@
+// The CUDA backend's kernel launchers (src/kernels/cuda/*.cu), as plain C++ that both nvcc and
+// the host compiler read: the .cu files hold kernels and their launchers only (no deg headers:
+// nvcc cannot compile fmt), and cuda/ops.cc turns the op interface's arguments into these
+// structs. Row tables travel BY VALUE as kernel parameters (up to 32 KB on sm_90): a call's rows
+// go to the device in chunks of kRows, one launch per chunk, so no table is copied through memory
+// and no launch waits for a copy (a CUDA graph can capture any op). Rows are independent in every
+// op that reads a row table, so chunking changes no result.
+//
+// Each launcher enqueues its kernels on `stream` and returns the launch's error (cudaSuccess, or
+// what cudaGetLastError says), which the caller turns into a deg::Error.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace deg::cuda {
+
+// Rows [first, first + count) of a call.
+constexpr int kRows = 64;
+struct Rows {
+  int count = 0;
+  int64_t tokens = 0;  // L: row i's token t is token row (first + i) L + t of the call
+  int64_t first = 0;
+  int64_t length[kRows];
+  int64_t position[kRows];  // the position of the row's token 0
+};
+
+// Row i's K/V (the attention half of a RowView; kernels/ops.h says what each field means).
+struct KvRow {
+  const float* prefix_k;
+  const float* prefix_v;
+  int64_t prefix_len, prefix_stride;
+  float* own_k;
+  float* own_v;
+  int64_t own_before, own_stride;
+};
+
+// Row i's recurrent state and conv tail (the recurrent half of a RowView).
+struct StateRow {
+  const float* rec_in;
+  float* rec_out;
+  const float* tail_in;
+  float* tail_out;
+};
+
+// ---- attention.cu: AttendArgs of kernels/ops.h for the rows of one chunk ----
+struct AttentionLaunch {
+  Rows rows;
+  KvRow kv[kRows];
+  const float* q;  // token row (rows.first + i) L + t at q + that * ldq
+  int64_t ldq;
+  float* out;
+  int64_t ldo;
+  int64_t kv_heads, group, head_dim;
+  float scale;
+  int64_t window;
+};
+cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream);
+
+// ---- delta_rule.cu: DeltaRuleOpArgs of kernels/ops.h for the rows of one chunk ----
+struct DeltaRuleLaunch {
+  Rows rows;
+  StateRow state[kRows];  // rec_in / rec_out: [Hv, Dk, Dv] per row
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t ld;
+  const float* g;
+  const float* beta;
+  int64_t ldg;
+  float* out;
+  int64_t ldo;
+  int64_t k_heads, v_heads, dk, dv;
+};
+cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream);
+
+// ---- elementwise.cu: the row-wise and elementwise ops ----
+
+// rms_norm (NormArgs): scale 0 = w, 1 = one_plus_w; w null = unit weight; gate null = plain.
+struct NormLaunch {
+  const float* x;
+  int64_t ldx, hx;
+  float* y;
+  int64_t ldy, hy;
+  int64_t rows, heads, dim;
+  const float* w;
+  float eps;
+  int one_plus_w;
+  const float* gate;
+  int64_t ldg, hg;
+};
+cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream);
+
+struct L2NormLaunch {
+  float* x;
+  int64_t ldx, rows, heads, dim;
+  float eps, post_scale;
+};
+cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream);
+
+// rope (RopeArgs): the table's inverse frequencies by value.
+constexpr int kRopeFreqs = 256;
+struct RopeLaunch {
+  Rows rows;
+  float* x;
+  int64_t ldx, heads, hs;
+  int half;  // rot / 2
+  float inv_freq[kRopeFreqs];
+};
+cudaError_t launch_rope(const RopeLaunch& a, cudaStream_t stream);
+
+struct KvWriteLaunch {
+  Rows rows;
+  KvRow kv[kRows];
+  const float* k;
+  int64_t ldk;
+  const float* v;
+  int64_t ldv;
+  int64_t kv_heads, dim, k_dim, v_dim, hk, hv;
+};
+cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream);
+
+struct ConvLaunch {
+  Rows rows;
+  StateRow state[kRows];
+  const float* x;
+  int64_t ldx;
+  float* y;
+  int64_t ldy;
+  int64_t channels, kernel;
+  const float* w;  // [channels, kernel]
+  int64_t ldt;
+  bool silu;
+};
+cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream);
+
+struct DeltaGatesLaunch {
+  Rows rows;
+  float* beta;
+  float* g;
+  int64_t ld, heads;
+  const float* neg_decay;
+  const float* dt_bias;
+};
+cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream);
+
+// act: 0 silu, 1 gelu_tanh, 2 sigmoid (the GLU gates of kernels/ops.h).
+struct GluLaunch {
+  const float* gate;
+  int64_t ldg;
+  const float* up;
+  int64_t ldu;
+  float* out;
+  int64_t ldo, rows, n;
+  int act;
+};
+cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream);
+
+// y = y + a (mul: y * a), or with a null y = y * s; rows of n.
+struct BinaryLaunch {
+  const float* a;
+  int64_t lda;
+  float* y;
+  int64_t ldy, rows, n;
+  bool mul;
+  float s;
+};
+cudaError_t launch_binary(const BinaryLaunch& a, cudaStream_t stream);
+cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream);
+// y[r, 0:n] = x[r, 0:n]; the caller stages overlapping copies.
+cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                             int64_t n, cudaStream_t stream);
+
+// gather (GatherArgs): table rows f32 (bf16 false) or bf16 of `cols` columns.
+struct GatherLaunch {
+  const void* table;
+  bool bf16;
+  int64_t cols;
+  const int32_t* ids;
+  int64_t n;
+  float* y;
+  int64_t ldy;
+  float scale;
+  bool keep;
+  float mix;
+  const int32_t* soft_rows;
+  const float* soft;
+  const float* id_lane;
+  int64_t ld_id;
+  const float* row_scale;
+  int64_t ld_scale;
+};
+cudaError_t launch_gather(const GatherLaunch& a, cudaStream_t stream);
+
+// GEMM operand conversions: x [rows, n] at ldx -> bf16 [rows, n] contiguous (round to nearest
+// even, as the CPU's f32_to_bf16); bf16 [count] -> f32 [count].
+cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,
+                           cudaStream_t stream);
+cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream);
+
+}  // namespace deg::cuda

@@ -1,0 +1,615 @@
+// The CUDA backend (kernels/ops.h): every op enqueued in order on one stream of the first GPU.
+// GEMMs go through cuBLASLt with one pinned algorithm per (weight shape, dtype, alignment) and no
+// split-K, so a row's output never depends on how many rows share the call; the other ops are
+// own kernels (launch.h), whose row tables travel by value in the launch.
+//
+// The ops the Qwen3.5 family uses are here, and the other families' cheap ones; the gpt family's
+// (and LFM2 / Gemma 4's remaining ones) throw an `unsupported` error naming the op.
+#include "kernels/ops.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops_decorator.h"
+
+namespace deg {
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorKind::internal, fmt::format("CUDA {}: {}", what, cudaGetErrorString(e)));
+  }
+}
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorKind::internal, fmt::format("cuBLASLt {}: status {}", what, int(s)));
+  }
+}
+
+[[noreturn]] void not_on_cuda(const char* op) {
+  throw Error(
+      ErrorKind::unsupported,
+      fmt::format("the CUDA backend has no {} op yet; run this model with --device cpu", op));
+}
+
+// The largest power of two (up to 16) dividing every address and byte stride: what vector
+// widths a GEMM kernel may assume.
+int alignment_of(std::initializer_list<uint64_t> values) {
+  int a = 16;
+  for (uint64_t v : values)
+    while (a > 1 && v % uint64_t(a)) a /= 2;
+  return a;
+}
+
+// One cuBLASLt matrix layout, released with the object.
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
+    check_blas(cublasLtMatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(h); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  MatmulDesc() {
+    check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)),
+               "transa");
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)),
+               "transb");
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+};
+
+// Row tables by value, one launch per chunk of cuda::kRows rows.
+template <class F>
+void for_row_chunks(const RowTable& t, F&& launch) {
+  for (int64_t first = 0; first < t.rows; first += cuda::kRows) {
+    cuda::Rows r;
+    r.count = int(std::min<int64_t>(cuda::kRows, t.rows - first));
+    r.tokens = t.tokens;
+    r.first = first;
+    for (int i = 0; i < r.count; ++i) {
+      r.length[i] = t.lengths[first + i];
+      r.position[i] = t.positions[first + i];
+    }
+    launch(r, first);
+  }
+}
+
+cuda::KvRow kv_row(const RowView& v) {
+  return {v.prefix_k, v.prefix_v, v.prefix_len, v.prefix_stride,
+          v.own_k,    v.own_v,    v.own_before, v.own_stride};
+}
+
+cuda::StateRow state_row(const RowView& v) {
+  return {v.rec_in, v.rec_out, v.tail_in, v.tail_out};
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps() {
+    const std::vector<CudaDeviceInfo> devices = cuda_devices();
+    if (devices.empty()) {
+      throw Error(ErrorKind::unsupported,
+                  "no CUDA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them); use "
+                  "--device cpu");
+    }
+    if (devices[0].compute_capability != 90) {
+      throw Error(ErrorKind::unsupported,
+                  fmt::format("deg's CUDA kernels are built for Hopper (sm_90a); GPU 0 is {} "
+                              "(compute capability {}.{}); use --device cpu",
+                              devices[0].name, devices[0].compute_capability / 10,
+                              devices[0].compute_capability % 10));
+    }
+    name_ = "cuda (" + devices[0].name + ")";
+    check(cudaSetDevice(0), "set device");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check_blas(cublasLtCreate(&blas_), "create");
+  }
+
+  Device device() const override { return Device::cuda; }
+  const char* name() const override { return name_.c_str(); }
+
+  Tensor alloc(const Shape& shape, DType dtype) const override {
+    const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+    return Tensor(cuda_buffer(std::max<size_t>(bytes, 1)), 0, dtype, shape);
+  }
+
+  Tensor upload(const Tensor& host) const override {
+    if (host.device() == Device::cuda) return host;
+    const Tensor c = host.contiguous();
+    Tensor d(cuda_buffer(std::max<size_t>(c.nbytes(), 1)), 0, c.dtype(), c.shape());
+    to_device(d.raw_mutable(), c.raw(), c.nbytes());
+    return d;
+  }
+
+  void to_device(void* dst, const void* src, size_t bytes) const override {
+    if (bytes == 0) return;
+    // From pageable memory the copy has taken the source when this returns.
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "copy to device");
+  }
+
+  void to_host(void* dst, const void* src, size_t bytes) const override {
+    if (bytes == 0) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "copy to host");
+    synchronize();
+  }
+
+  void synchronize() const override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- GEMM ----
+
+  void gemm(const GemmArgs& a) const override {
+    if (a.m == 0) return;
+    DEG_CHECK(a.k > 0, "cuda gemm: K = 0");
+    std::lock_guard lock(mu_);
+    // bf16 dot products: x rounded to bf16 once for every output.
+    const void* xb = nullptr;
+    bool any_bf16 = false;
+    for (const GemmOutput& o : a.outputs) any_bf16 |= o.w->dtype() == DType::bf16;
+    if (any_bf16 && a.precision == GemmPrecision::bf16) {
+      void* buf = scratch(0, size_t(a.m * a.k) * 2);
+      check(cuda::launch_to_bf16(a.x, a.ldx, a.m, a.k, buf, stream_), "to bf16");
+      xb = buf;
+    }
+    for (const GemmOutput& o : a.outputs) {
+      const Tensor& w = *o.w;
+      DEG_CHECK(w.rank() == 2 && w.dim(1) == a.k && w.is_contiguous() && w.device() == Device::cuda,
+                "cuda gemm: weight {} is not a contiguous [N, {}] device tensor", w.describe(),
+                a.k);
+      const int64_t N = w.dim(0);
+      if (w.dtype() == DType::f32) {
+        matmul(w.data<float>(), CUDA_R_32F, N, a.x, CUDA_R_32F, a.ldx, a.m, a.k, o);
+      } else if (w.dtype() == DType::bf16 && xb) {
+        matmul(w.raw(), CUDA_R_16BF, N, xb, CUDA_R_16BF, a.k, a.m, a.k, o);
+      } else if (w.dtype() == DType::bf16) {
+        // Exact: the weight widened to f32 (exactly), a block of its rows at a time.
+        const int64_t block = std::max<int64_t>(1, (int64_t(1) << 25) / a.k);
+        for (int64_t n0 = 0; n0 < N; n0 += block) {
+          const int64_t nb = std::min(block, N - n0);
+          float* wf = static_cast<float*>(scratch(1, size_t(nb * a.k) * sizeof(float)));
+          check(cuda::launch_widen_bf16(w.raw() + size_t(n0 * a.k) * 2, nb * a.k, wf, stream_),
+                "widen bf16");
+          GemmOutput part = o;
+          part.y = o.y + n0;
+          matmul(wf, CUDA_R_32F, nb, a.x, CUDA_R_32F, a.ldx, a.m, a.k, part);
+        }
+      } else {
+        throw Error(ErrorKind::unsupported,
+                    fmt::format("cuda gemm: {} weights", dtype_name(w.dtype())));
+      }
+    }
+  }
+
+  // ---- row-wise ops ----
+
+  void rms_norm(const NormArgs& a) const override {
+    check(cuda::launch_rms_norm({.x = a.x,
+                                 .ldx = a.ldx,
+                                 .hx = a.hx ? a.hx : a.dim,
+                                 .y = a.y,
+                                 .ldy = a.ldy,
+                                 .hy = a.hy ? a.hy : a.dim,
+                                 .rows = a.rows,
+                                 .heads = a.heads,
+                                 .dim = a.dim,
+                                 .w = a.w,
+                                 .eps = a.eps,
+                                 .one_plus_w = a.scale == NormScale::one_plus_w,
+                                 .gate = a.gate,
+                                 .ldg = a.ldg,
+                                 .hg = a.hg ? a.hg : a.dim},
+                                stream_),
+          "rms_norm");
+  }
+
+  void l2_norm(const L2NormArgs& a) const override {
+    check(cuda::launch_l2_norm({.x = a.x,
+                                .ldx = a.ldx,
+                                .rows = a.rows,
+                                .heads = a.heads,
+                                .dim = a.dim,
+                                .eps = a.eps,
+                                .post_scale = a.post_scale},
+                               stream_),
+          "l2_norm");
+  }
+
+  void rope(const RopeArgs& a) const override {
+    const int64_t half = a.table->rot / 2;
+    DEG_CHECK(half <= cuda::kRopeFreqs, "cuda rope: {} rotary dims", a.table->rot);
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      cuda::RopeLaunch l{.rows = r, .x = a.x, .ldx = a.ldx, .heads = a.heads, .hs = a.hs};
+      l.half = int(half);
+      std::copy(a.table->inv_freq.begin(), a.table->inv_freq.begin() + half, l.inv_freq);
+      check(cuda::launch_rope(l, stream_), "rope");
+    });
+  }
+
+  void kv_write(const KvWriteArgs& a) const override {
+    const int64_t kd = a.k_dim ? a.k_dim : a.dim, vd = a.v_dim ? a.v_dim : a.dim;
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::KvWriteLaunch l{.rows = r,
+                            .k = a.k,
+                            .ldk = a.ldk,
+                            .v = a.v,
+                            .ldv = a.ldv,
+                            .kv_heads = a.kv_heads,
+                            .dim = a.dim,
+                            .k_dim = kd,
+                            .v_dim = vd,
+                            .hk = a.hk ? a.hk : kd,
+                            .hv = a.hv ? a.hv : vd};
+      for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+      check(cuda::launch_kv_write(l, stream_), "kv_write");
+    });
+  }
+
+  void attention(const AttendArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::AttentionLaunch l{.rows = r,
+                              .q = a.q,
+                              .ldq = a.ldq,
+                              .out = a.out,
+                              .ldo = a.ldo,
+                              .kv_heads = a.kv_heads,
+                              .group = a.group,
+                              .head_dim = a.head_dim,
+                              .scale = a.scale,
+                              .window = a.window};
+      for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+      check(cuda::launch_attention(l, stream_), "attention");
+    });
+  }
+
+  void causal_conv(const ConvArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::ConvLaunch l{.rows = r,
+                         .x = a.x,
+                         .ldx = a.ldx,
+                         .y = a.y,
+                         .ldy = a.ldy,
+                         .channels = a.channels,
+                         .kernel = a.kernel,
+                         .w = a.w,
+                         .ldt = a.ldt ? a.ldt : a.channels,
+                         .silu = a.silu};
+      for (int i = 0; i < r.count; ++i) l.state[i] = state_row(a.views[first + i]);
+      check(cuda::launch_causal_conv(l, stream_), "causal_conv");
+    });
+  }
+
+  void delta_gates(const DeltaGatesArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      check(cuda::launch_delta_gates({.rows = r,
+                                      .beta = a.beta,
+                                      .g = a.g,
+                                      .ld = a.ld,
+                                      .heads = a.heads,
+                                      .neg_decay = a.neg_decay,
+                                      .dt_bias = a.dt_bias},
+                                     stream_),
+            "delta_gates");
+    });
+  }
+
+  void delta_rule(const DeltaRuleOpArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::DeltaRuleLaunch l{.rows = r,
+                              .q = a.q,
+                              .k = a.k,
+                              .v = a.v,
+                              .ld = a.ld,
+                              .g = a.g,
+                              .beta = a.beta,
+                              .ldg = a.ldg,
+                              .out = a.out,
+                              .ldo = a.ldo,
+                              .k_heads = a.k_heads,
+                              .v_heads = a.v_heads,
+                              .dk = a.dk,
+                              .dv = a.dv};
+      for (int i = 0; i < r.count; ++i) l.state[i] = state_row(a.views[first + i]);
+      check(cuda::launch_delta_rule(l, stream_), "delta_rule");
+    });
+  }
+
+  // ---- elementwise ----
+
+  void glu(const GluArgs& a) const override {
+    int act = 0;
+    if (a.act == Activation::gelu_tanh) {
+      act = 1;
+    } else if (a.act == Activation::sigmoid) {
+      act = 2;
+    } else if (a.act != Activation::silu) {
+      not_on_cuda("glu with this activation");
+    }
+    check(cuda::launch_glu({.gate = a.gate,
+                            .ldg = a.ldg,
+                            .up = a.up,
+                            .ldu = a.ldu,
+                            .out = a.out,
+                            .ldo = a.ldo,
+                            .rows = a.rows,
+                            .n = a.n,
+                            .act = act},
+                           stream_),
+          "glu");
+  }
+
+  void binary(const BinaryArgs& a) const override {
+    check(cuda::launch_binary({.a = a.a,
+                               .lda = a.lda,
+                               .y = a.y,
+                               .ldy = a.ldy,
+                               .rows = a.rows,
+                               .n = a.n,
+                               .mul = a.mul,
+                               .s = 1.0f},
+                              stream_),
+          "binary");
+  }
+
+  void scale(const ScaleArgs& a) const override {
+    check(cuda::launch_binary(
+              {.a = nullptr, .y = a.y, .ldy = a.ldy, .rows = a.rows, .n = a.n, .s = a.s}, stream_),
+          "scale");
+  }
+
+  void gather(const GatherArgs& a) const override {
+    const Tensor& t = *a.table;
+    DEG_CHECK(t.rank() == 2 && t.is_contiguous() && t.device() == Device::cuda &&
+                  (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
+              "cuda gather: table {} is not an f32 / bf16 device matrix", t.describe());
+    check(cuda::launch_gather({.table = t.raw(),
+                               .bf16 = t.dtype() == DType::bf16,
+                               .cols = t.dim(1),
+                               .ids = a.ids,
+                               .n = a.n,
+                               .y = a.y,
+                               .ldy = a.ldy,
+                               .scale = a.scale,
+                               .keep = a.keep,
+                               .mix = a.mix,
+                               .soft_rows = a.soft_rows,
+                               .soft = a.soft,
+                               .id_lane = a.id_lane,
+                               .ld_id = a.ld_id,
+                               .row_scale = a.row_scale,
+                               .ld_scale = a.ld_scale},
+                              stream_),
+          "gather");
+  }
+
+  void softcap(const SoftcapArgs& a) const override {
+    check(cuda::launch_softcap(a.y, a.n, a.cap, stream_), "softcap");
+  }
+
+  void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t n) const override {
+    if (rows * n == 0) return;
+    // Overlapping rows (packing a buffer in place) go through scratch: threads of one launch
+    // run in no particular order.
+    const float* x_end = x + (rows - 1) * ldx + n;
+    const float* y_end = y + (rows - 1) * ldy + n;
+    if (x < y_end && y < x_end && x != y) {
+      std::lock_guard lock(mu_);
+      float* tmp = static_cast<float*>(scratch(0, size_t(rows * n) * sizeof(float)));
+      check(cuda::launch_copy_rows(x, ldx, tmp, n, rows, n, stream_), "copy_rows");
+      check(cuda::launch_copy_rows(tmp, n, y, ldy, rows, n, stream_), "copy_rows");
+      return;
+    }
+    if (x == y && ldx == ldy) return;
+    check(cuda::launch_copy_rows(x, ldx, y, ldy, rows, n, stream_), "copy_rows");
+  }
+
+  // ---- not on CUDA yet (the gpt family's ops) ----
+
+  void activation(const ActivationArgs&) const override { not_on_cuda("activation"); }
+  void bias_scale(const BiasScaleArgs&) const override { not_on_cuda("bias_scale"); }
+  void combine(const CombineArgs&) const override { not_on_cuda("combine"); }
+  void shift_ids(const ShiftIdsArgs&) const override { not_on_cuda("shift_ids"); }
+  void ngram_embed(const NgramEmbedArgs&) const override { not_on_cuda("ngram_embed"); }
+  void sigmoid_gates(const SigmoidGateArgs&) const override { not_on_cuda("sigmoid_gates"); }
+  void rope_pairs(const RopePairsArgs&) const override { not_on_cuda("rope_pairs"); }
+  void attention_f64(const AttendF64Args&) const override { not_on_cuda("attention_f64"); }
+  void subtract_projection(const ProjectionArgs&) const override {
+    not_on_cuda("subtract_projection");
+  }
+
+ private:
+  // Device scratch `slot` of at least `bytes` (kept and grown; stream order makes reuse safe).
+  // Callers hold mu_.
+  void* scratch(int slot, size_t bytes) const {
+    auto& s = scratch_[size_t(slot)];
+    if (s.size < bytes) {
+      s.data.reset();  // cudaFree waits for the work that used it
+      s.data = std::shared_ptr<void>(cuda_malloc(bytes), [](void* p) { cuda_free(p); });
+      s.size = bytes;
+    }
+    return s.data.get();
+  }
+
+  // y[M, N] (+)= x[M, K] · W[N, K]ᵀ in cuBLASLt's column-major terms: Yᵀ = W · Xᵀ, with W read
+  // as a K x N matrix transposed and Xᵀ as K x M.
+  void matmul(const void* w, cudaDataType wt, int64_t N, const void* x, cudaDataType xt,
+              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o) const {
+    const size_t we = wt == CUDA_R_32F ? 4 : 2, xe = xt == CUDA_R_32F ? 4 : 2;
+    const int align =
+        alignment_of({uint64_t(reinterpret_cast<uintptr_t>(w)), uint64_t(K) * we,
+                      uint64_t(reinterpret_cast<uintptr_t>(x)), uint64_t(ldx) * xe,
+                      uint64_t(reinterpret_cast<uintptr_t>(o.y)), uint64_t(o.ldy) * 4});
+    MatmulDesc desc;
+    Layout la(wt, uint64_t(K), uint64_t(N), K), lb(xt, uint64_t(K), uint64_t(M), ldx),
+        lc(CUDA_R_32F, uint64_t(N), uint64_t(M), o.ldy);
+    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, wt, xt, N, K, ldx, o.ldy, align);
+    const float alpha = 1.0f, beta = o.accumulate ? 1.0f : 0.0f;
+    check_blas(cublasLtMatmul(blas_, desc.h, &alpha, w, la.h, x, lb.h, &beta, o.y, lc.h, o.y, lc.h,
+                              &algo, nullptr, 0, stream_),
+               "matmul");
+  }
+
+  // The algorithm of every GEMM of this weight shape, dtype, strides and alignment, whatever its
+  // M: the heuristic's first choice for M = 1024 without workspace and without split-K reduction
+  // (neither stream-K fix-ups nor split-K sums, whose order would depend on M).
+  const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, cudaDataType wt, cudaDataType xt,
+                                          int64_t N, int64_t K, int64_t ldx, int64_t ldy,
+                                          int align) const {
+    const auto key = std::make_tuple(int(wt), int(xt), N, K, ldx, ldy, align);
+    if (auto it = algos_.find(key); it != algos_.end()) return it->second;
+    constexpr int64_t kProbeM = 1024;
+    const size_t we = wt == CUDA_R_32F ? 4 : 2;
+    Layout la(wt, uint64_t(K), uint64_t(N), K), lb(xt, uint64_t(K), uint64_t(kProbeM), ldx),
+        lc(CUDA_R_32F, uint64_t(N), uint64_t(kProbeM), ldy);
+    cublasLtMatmulPreference_t pref = nullptr;
+    check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t no_workspace = 0;
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+    const uint32_t a_align = uint32_t(std::min<int>(align, int(we) * 8)), c_align = uint32_t(align);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                         &no_workspace, sizeof(no_workspace));
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                         &no_reduction, sizeof(no_reduction));
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
+    }
+    // The heuristic's candidates in its order; the first that also runs a single row.
+    cublasLtMatmulHeuristicResult_t results[8] = {};
+    int found = 0;
+    const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
+                                                            pref, 8, results, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    Layout lb1(xt, uint64_t(K), 1, ldx), lc1(CUDA_R_32F, uint64_t(N), 1, ldy);
+    const cublasLtMatmulHeuristicResult_t* chosen = nullptr;
+    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS && !chosen; ++i) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo,
+                                  &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize == 0) {
+        chosen = &results[i];
+      }
+    }
+    if (!chosen) {
+      throw Error(ErrorKind::unsupported,
+                  fmt::format("cuBLASLt has no algorithm for a [{}, {}] weight at {}-byte "
+                              "alignment (status {}, {} candidates)",
+                              N, K, align, int(s), found));
+    }
+    return algos_.emplace(key, chosen->algo).first->second;
+  }
+
+  struct Scratch {
+    std::shared_ptr<void> data;
+    size_t size = 0;
+  };
+
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t blas_ = nullptr;
+  mutable std::recursive_mutex mu_;
+  mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int>,
+                   cublasLtMatmulAlgo_t>
+      algos_;
+  mutable std::array<Scratch, 2> scratch_;
+};
+
+// The backend as cuda_ops() hands it out: each op timed with CUDA events while a profile is on
+// (each then waits for its op, so a profile shows where the time goes, not how ops overlap).
+class ProfiledOps final : public OpsDecorator {
+ public:
+  explicit ProfiledOps(const Ops& inner) : OpsDecorator(inner) {
+    check(cudaEventCreate(&start_), "event");
+    check(cudaEventCreate(&end_), "event");
+  }
+
+  void start() const {
+    std::lock_guard lock(mu_);
+    synchronize();
+    times_.clear();
+    on_ = true;
+  }
+
+  std::vector<OpTime> stop() const {
+    std::lock_guard lock(mu_);
+    on_ = false;
+    std::vector<OpTime> out;
+    for (const auto& [op, t] : times_) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
+    return out;
+  }
+
+ protected:
+  void run(const char* op, const std::function<void()>& call) const override {
+    if (!on_) {
+      call();
+      return;
+    }
+    std::lock_guard lock(mu_);
+    check(cudaEventRecord(start_, cuda_stream()), "event");
+    call();
+    check(cudaEventRecord(end_, cuda_stream()), "event");
+    check(cudaEventSynchronize(end_), "event");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start_, end_), "event");
+    OpTime& t = times_[op];
+    t.op = op;
+    t.ms += ms;
+    ++t.calls;
+  }
+
+ private:
+  cudaStream_t cuda_stream() const { return static_cast<const CudaOps&>(inner()).stream(); }
+
+  cudaEvent_t start_ = nullptr, end_ = nullptr;
+  mutable std::recursive_mutex mu_;
+  mutable bool on_ = false;
+  mutable std::map<std::string, OpTime> times_;
+};
+
+const ProfiledOps& profiled() {
+  static const CudaOps ops;
+  static const ProfiledOps profiled(ops);
+  return profiled;
+}
+
+}  // namespace
+
+const Ops& cuda_ops() {
+  return profiled();
+}
+
+void cuda_profile_start() {
+  profiled().start();
+}
+
+std::vector<OpTime> cuda_profile_stop() {
+  return profiled().stop();
+}
+
+}  // namespace deg

@@ -1,0 +1,111 @@
+// A backend that wraps another: every op goes to `inner` through run(op name, call), which a
+// decorator overrides to add something around each op (a wait until the results are in memory,
+// a timing). Memory and copies go straight to `inner`.
+#pragma once
+
+#include <functional>
+
+#include "kernels/ops.h"
+
+namespace deg {
+
+class OpsDecorator : public Ops {
+ public:
+  explicit OpsDecorator(const Ops& inner) : inner_(inner) {}
+  const Ops& inner() const { return inner_; }
+
+  Device device() const override { return inner_.device(); }
+  const char* name() const override { return inner_.name(); }
+  Tensor alloc(const Shape& s, DType t) const override { return inner_.alloc(s, t); }
+  Tensor upload(const Tensor& host) const override { return inner_.upload(host); }
+  void to_device(void* dst, const void* src, size_t bytes) const override {
+    inner_.to_device(dst, src, bytes);
+  }
+  void to_host(void* dst, const void* src, size_t bytes) const override {
+    inner_.to_host(dst, src, bytes);
+  }
+  void synchronize() const override { inner_.synchronize(); }
+
+  void gemm(const GemmArgs& a) const override {
+    run("gemm", [&] { inner_.gemm(a); });
+  }
+  void rms_norm(const NormArgs& a) const override {
+    run("rms_norm", [&] { inner_.rms_norm(a); });
+  }
+  void l2_norm(const L2NormArgs& a) const override {
+    run("l2_norm", [&] { inner_.l2_norm(a); });
+  }
+  void rope(const RopeArgs& a) const override {
+    run("rope", [&] { inner_.rope(a); });
+  }
+  void kv_write(const KvWriteArgs& a) const override {
+    run("kv_write", [&] { inner_.kv_write(a); });
+  }
+  void attention(const AttendArgs& a) const override {
+    run("attention", [&] { inner_.attention(a); });
+  }
+  void causal_conv(const ConvArgs& a) const override {
+    run("causal_conv", [&] { inner_.causal_conv(a); });
+  }
+  void delta_gates(const DeltaGatesArgs& a) const override {
+    run("delta_gates", [&] { inner_.delta_gates(a); });
+  }
+  void delta_rule(const DeltaRuleOpArgs& a) const override {
+    run("delta_rule", [&] { inner_.delta_rule(a); });
+  }
+  void glu(const GluArgs& a) const override {
+    run("glu", [&] { inner_.glu(a); });
+  }
+  void binary(const BinaryArgs& a) const override {
+    run("binary", [&] { inner_.binary(a); });
+  }
+  void scale(const ScaleArgs& a) const override {
+    run("scale", [&] { inner_.scale(a); });
+  }
+  void gather(const GatherArgs& a) const override {
+    run("gather", [&] { inner_.gather(a); });
+  }
+  void softcap(const SoftcapArgs& a) const override {
+    run("softcap", [&] { inner_.softcap(a); });
+  }
+  void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t n) const override {
+    run("copy_rows", [&] { inner_.copy_rows(x, ldx, y, ldy, rows, n); });
+  }
+  void activation(const ActivationArgs& a) const override {
+    run("activation", [&] { inner_.activation(a); });
+  }
+  void bias_scale(const BiasScaleArgs& a) const override {
+    run("bias_scale", [&] { inner_.bias_scale(a); });
+  }
+  void combine(const CombineArgs& a) const override {
+    run("combine", [&] { inner_.combine(a); });
+  }
+  void shift_ids(const ShiftIdsArgs& a) const override {
+    run("shift_ids", [&] { inner_.shift_ids(a); });
+  }
+  void ngram_embed(const NgramEmbedArgs& a) const override {
+    run("ngram_embed", [&] { inner_.ngram_embed(a); });
+  }
+  void sigmoid_gates(const SigmoidGateArgs& a) const override {
+    run("sigmoid_gates", [&] { inner_.sigmoid_gates(a); });
+  }
+  void rope_pairs(const RopePairsArgs& a) const override {
+    run("rope_pairs", [&] { inner_.rope_pairs(a); });
+  }
+  void attention_f64(const AttendF64Args& a) const override {
+    run("attention_f64", [&] { inner_.attention_f64(a); });
+  }
+  void subtract_projection(const ProjectionArgs& a) const override {
+    run("subtract_projection", [&] { inner_.subtract_projection(a); });
+  }
+
+ protected:
+  // Runs one op (`call`), named `op`.
+  virtual void run(const char* op, const std::function<void()>& call) const = 0;
+
+ private:
+  const Ops& inner_;
+};
+
+}  // namespace deg
