@@ -208,7 +208,7 @@ void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
                tflops);
     out["gemm_8192_tflops"] = tflops;
   }
-  // --profile: one more run of a figure with every op timed (CUDA events, each op waited for).
+  // --profile: one more run of a figure with every op's device time taken (CUDA events).
   auto profile = [&](const char* figure, const std::function<void()>& fn) {
     if (!o.profile) return;
     cuda_profile_start();
@@ -218,14 +218,24 @@ void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
     double total = 0;
     const std::vector<OpTime> ops_time = cuda_profile_stop();
     for (const OpTime& t : ops_time) total += t.ms;
-    fmt::print("  profile of {}: {:.2f} ms in ops of {:.2f} ms (op by op, each waited for)\n",
-               figure, total, wall);
+    fmt::print("  profile of {}: {:.2f} ms of device time in ops, {:.2f} ms wall\n", figure, total,
+               wall);
     for (const OpTime& t : ops_time) {
       fmt::print("    {:<12} {:8.3f} ms {:5.1f}%  {:6} calls\n", t.op, t.ms, 100 * t.ms / total,
                  t.calls);
       out["profile"][figure][t.op] = {{"ms", t.ms}, {"calls", t.calls}};
     }
     out["profile"][figure]["wall_ms"] = wall;
+  };
+  // The same figure with cuBLASLt's per-shape GEMM choice (batch-variant): what the pinned
+  // algorithms cost.
+  auto invariance_cost = [&](const char* figure, double pinned, const std::function<void()>& fn) {
+    cuda_gemm_heuristic(true);
+    const double h = median_seconds(o.repeats, fn);
+    cuda_gemm_heuristic(false);
+    fmt::print("  {} with cuBLASLt's heuristic GEMMs: {:.2f} ms; batch invariance costs {:+.1f}%\n",
+               figure, 1e3 * h, 100 * (pinned / h - 1));
+    out["heuristic_gemm"][figure] = {{"ms", 1e3 * h}, {"pinned_over_heuristic", pinned / h}};
   };
   auto t0 = Clock::now();
   Backbone bb(model.make_on(ops), {.precision = prec});
@@ -240,7 +250,10 @@ void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
     const double dt = median_seconds(o.repeats, once);
     fmt::print("prefill {:>6} tokens: {:10.0f} tok/s  ({:.2f} ms)\n", L, double(L) / dt, 1e3 * dt);
     out["prefill"].push_back({{"tokens", L}, {"tok_per_s", double(L) / dt}, {"ms", 1e3 * dt}});
-    if (L == o.prefill.back()) profile("prefill", once);
+    if (L == o.prefill.back()) {
+      invariance_cost("prefill", dt, once);
+      profile("prefill", once);
+    }
   }
   State trunk = bb.empty_state(1);
   bb.prefill(TokenBatch::single(random_ids(o.fork_prefix, vocab, 7)), trunk);
@@ -259,13 +272,14 @@ void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
                o.fork_prefix, 1e3 * dt);
     out["fork"] = {
         {"rows", o.forks}, {"tokens", o.fork_tokens}, {"prefix", o.fork_prefix}, {"ms", 1e3 * dt}};
+    invariance_cost("fork pass", dt, once);
     profile("fork", once);
   }
   {
     // A decode step of `forks` rows (each kept after a short header).
     const int64_t R = o.forks, steps = o.decode_steps;
     ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(R), 0),
-                           8 + steps * (o.repeats + 2) + 1);
+                           8 + steps * (2 * o.repeats + 3) + 1);
     std::vector<std::vector<int32_t>> header;
     for (int64_t r = 0; r < R; ++r) header.push_back(random_ids(8, vocab, uint32_t(200 + r)));
     bb.fork_forward(TokenBatch::padded(header), fs, true);
@@ -273,15 +287,15 @@ void run_cuda(const BenchOpts& o, const BenchModel& model, GemmPrecision prec) {
                     .rows = R,
                     .tokens = 1,
                     .lengths = std::vector<int64_t>(size_t(R), 1)};
-    const double dt = median_seconds(o.repeats, [&] {
+    auto steps_once = [&] {
       for (int64_t i = 0; i < steps; ++i) bb.fork_forward(step, fs, true, true);
-    });
+    };
+    const double dt = median_seconds(o.repeats, steps_once);
     fmt::print("decode step, {} rows over {} + 8 tokens: {:.3f} ms (backbone, no LM head)\n", R,
                o.fork_prefix, 1e3 * dt / double(steps));
     out["decode"] = {{"rows", R}, {"steps", steps}, {"step_ms", 1e3 * dt / double(steps)}};
-    profile("decode", [&] {
-      for (int64_t i = 0; i < steps; ++i) bb.fork_forward(step, fs, true, true);
-    });
+    invariance_cost("decode steps", dt, steps_once);
+    profile("decode", steps_once);
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

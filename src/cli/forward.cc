@@ -72,7 +72,7 @@ void add_forward_command(CLI::App& app) {
   struct Opts {
     std::string model, ids, out, soft, gemm = "exact", device = "auto";
     bool hidden = false;
-    int64_t fork_at = 0, read_chunk = 512;
+    int64_t fork_at = 0, read_chunk = 0;
   };
   auto o = std::make_shared<Opts>();
   cmd->add_option("--model", o->model, "HF snapshot directory (config.json + *.safetensors)")
@@ -85,7 +85,8 @@ void add_forward_command(CLI::App& app) {
   cmd->add_option("--soft", o->soft,
                   "Media embeddings f32 [n, hidden] (.npy) read as soft tokens where the ids hold "
                   "the model's image / audio placeholder ids, in order (Gemma 4)");
-  cmd->add_option("--read-chunk", o->read_chunk, "Prefill tokens per pass (multiple of 64)")
+  cmd->add_option("--read-chunk", o->read_chunk,
+                  "Prefill tokens per pass (a multiple of 64; 0: 512 on the CPU, 8192 on a GPU)")
       ->capture_default_str();
   cmd->add_option("--gemm", o->gemm,
                   "exact (f32 activations) or bf16 (bf16 dot products over bf16 weights)")
@@ -95,8 +96,8 @@ void add_forward_command(CLI::App& app) {
     if (o->gemm != "exact" && o->gemm != "bf16") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be exact or bf16, got " + o->gemm);
     }
-    if (o->read_chunk <= 0) {
-      throw Error(ErrorKind::invalid_argument, "--read-chunk must be positive");
+    if (o->read_chunk < 0) {
+      throw Error(ErrorKind::invalid_argument, "--read-chunk must be positive (or 0: the default)");
     }
     std::vector<int32_t> ids = read_ids(o->ids);
     if (ids.empty()) throw Error(ErrorKind::invalid_argument, "no token ids", {.path = o->ids});

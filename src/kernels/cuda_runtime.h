@@ -37,8 +37,8 @@ void* cuda_malloc(size_t bytes);
 void cuda_free(void* p) noexcept;  // null: nothing
 // Zero-filled device memory as a tensor buffer (Device::cuda).
 std::shared_ptr<Buffer> cuda_buffer(size_t bytes);
-// A profile of the CUDA backend's ops: from start to stop, each op is timed with CUDA events
-// (and waited for), summed per op; stop returns the sums, the largest first.
+// A profile of the CUDA backend's ops: from start to stop, each op's device time is taken with
+// CUDA events (nothing waits), summed per op; stop returns the sums, the largest first.
 struct OpTime {
   std::string op;
   double ms = 0;
@@ -46,6 +46,9 @@ struct OpTime {
 };
 void cuda_profile_start();
 std::vector<OpTime> cuda_profile_stop();
+// Benchmarks only: GEMMs with cuBLASLt's own algorithm choice for each M (split-K, workspace)
+// instead of the pinned one — faster for some shapes, but a row's bits then depend on its batch.
+void cuda_gemm_heuristic(bool on);
 
 // Memory both the host and the GPU address (the op table's buffers in tests).
 void* cuda_managed_alloc(size_t bytes);

@@ -45,6 +45,9 @@ void cuda_profile_start() {
 std::vector<OpTime> cuda_profile_stop() {
   no_cuda();
 }
+void cuda_gemm_heuristic(bool) {
+  no_cuda();
+}
 
 }  // namespace deg
 #endif

@@ -286,11 +286,15 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   if (S != C) x.ops.copy_rows(h, S, h, C, B * count, C);  // drop the side streams
   // Final norm straight into the host result, or on the device and then copied back.
   float* normed = host ? nullptr : x.arena.floats(B * count * C);
-  for (int64_t b = 0; b < B; ++b) {
-    float* out = hidden_out + (b * out_tokens + offset) * C;
-    family_->final_norm(x, h + b * count * C, host ? out : normed + b * count * C, count);
+  if (!host || count == out_tokens) {  // one call over every row
+    family_->final_norm(x, h, host ? hidden_out : normed, B * count);
+  } else {
+    for (int64_t b = 0; b < B; ++b)
+      family_->final_norm(x, h + b * count * C, hidden_out + (b * out_tokens + offset) * C, count);
   }
-  if (!host) {
+  if (!host && count == out_tokens) {  // the whole result at once
+    ops_->to_host(hidden_out, normed, size_t(B * count * C) * sizeof(float));
+  } else if (!host) {
     for (int64_t b = 0; b < B; ++b) {
       ops_->to_host(hidden_out + (b * out_tokens + offset) * C, normed + b * count * C,
                     size_t(count * C) * sizeof(float));
@@ -311,7 +315,9 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
             "prefill: state without token history (make states with empty_state)");
   // Room for every row's whole input now, so chunks append in place; sliding layers: room for
   // their kept tail plus one chunk.
-  const int64_t R = std::max<int64_t>(1, options_.read_chunk);
+  const int64_t R = options_.read_chunk > 0          ? options_.read_chunk
+                    : ops_->device() == Device::cuda ? 8192
+                                                     : 512;
   int64_t needed = 0;
   for (int64_t b = 0; b < B; ++b)
     needed = std::max(needed, state.lengths[size_t(b)] + batch.lengths[size_t(b)]);

@@ -207,7 +207,9 @@ struct BackboneOptions {
   Device device = Device::cpu;
   // The device was picked automatically: a family not on that device yet runs on the CPU.
   bool cpu_fallback = false;
-  int64_t read_chunk = 512;  // prefill tokens per pass through the stack (a multiple of 64)
+  // Prefill tokens per pass through the stack (a multiple of 64); 0: the device's default, 512
+  // on the CPU (scratch stays small), 8192 on a GPU (a pass fills the GPU).
+  int64_t read_chunk = 0;
 };
 
 class Backbone {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "kernels/cuda/stream.h"
 #include "kernels/cuda_runtime.h"
 
 namespace deg {
@@ -21,6 +22,29 @@ std::string gib(size_t bytes) {
 }
 
 }  // namespace
+
+namespace cuda {
+
+cudaStream_t stream() {
+  static const cudaStream_t s = [] {
+    cudaStream_t made = nullptr;
+    if (cudaSetDevice(0) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      throw Error(ErrorKind::io, "cannot create a CUDA stream on GPU 0");
+    }
+    // Memory released to the pool stays there for the next allocation.
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) == cudaSuccess) {
+      uint64_t keep = UINT64_MAX;
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    return made;
+  }();
+  return s;
+}
+
+}  // namespace cuda
 
 bool cuda_built() {
   return true;
@@ -49,7 +73,7 @@ bool cuda_available() {
 void* cuda_malloc(size_t bytes) {
   void* p = nullptr;
   if (bytes == 0) bytes = 256;
-  if (cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+  if (cudaError_t e = cudaMallocAsync(&p, bytes, cuda::stream()); e != cudaSuccess) {
     cudaGetLastError();
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
@@ -61,12 +85,12 @@ void* cuda_malloc(size_t bytes) {
 }
 
 void cuda_free(void* p) noexcept {
-  if (p) cudaFree(p);
+  if (p) cudaFreeAsync(p, cuda::stream());  // once the work queued before it is done
 }
 
 std::shared_ptr<Buffer> cuda_buffer(size_t bytes) {
   auto* p = static_cast<std::byte*>(cuda_malloc(bytes));
-  if (cudaError_t e = cudaMemset(p, 0, bytes); e != cudaSuccess) {
+  if (cudaError_t e = cudaMemsetAsync(p, 0, bytes, cuda::stream()); e != cudaSuccess) {
     cuda_free(p);
     throw Error(ErrorKind::internal, fmt::format("cudaMemset: {}", cudaGetErrorString(e)));
   }
