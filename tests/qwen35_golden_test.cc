@@ -11,6 +11,7 @@
 #include "io/json.h"
 #include "io/npy.h"
 #include "io/safetensors.h"
+#include "kernels/cuda_runtime.h"
 #include "model/load.h"
 #include "model/qwen35.h"
 #include "test_util.h"
@@ -111,23 +112,51 @@ TEST(Qwen35Golden, TensorTableCountsHfParameters) {
 }
 
 TEST(Qwen35Cli, ForwardWritesLogitsAndForkAtAgrees) {
+  for (Device device : testing::test_devices()) {
+    const std::string dev = device == Device::cuda ? "cuda" : "cpu";
+    testing::TempDir tmp;
+    const auto dir = testing::fixture_path("qwen35/fl_tied");
+    auto a = testing::run_deg({"forward", "--model", dir.string(), "--ids-file",
+                               (dir / "ids.npy").string(), "--out", (tmp / "a.npy").string(),
+                               "--device", dev});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    Tensor expected = npy_read(dir / "logits.npy");
+    EXPECT_LT(rel_max_error(npy_read(tmp / "a.npy"), expected), 1e-4) << dev;
+    // Text ids file, --fork-at and --hidden.
+    std::vector<int32_t> ids = fixture_ids("fl_tied");
+    std::string text;
+    for (int32_t id : ids) text += std::to_string(id) + " ";
+    testing::write_text(tmp / "ids.txt", text);
+    auto b = testing::run_deg({"forward", "--model", dir.string(), "--ids-file",
+                               (tmp / "ids.txt").string(), "--out", (tmp / "b.npy").string(),
+                               "--fork-at", "37", "--hidden", "--device", dev});
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_LT(rel_max_error(npy_read(tmp / "b.npy"), npy_read(dir / "hidden.npy")), 1e-4) << dev;
+  }
+}
+
+TEST(Qwen35Cli, DeviceChoiceIsChecked) {
   testing::TempDir tmp;
   const auto dir = testing::fixture_path("qwen35/fl_tied");
-  auto a = testing::run_deg({"forward", "--model", dir.string(), "--ids-file",
-                             (dir / "ids.npy").string(), "--out", (tmp / "a.npy").string()});
-  ASSERT_EQ(a.exit_code, 0) << a.err;
-  Tensor expected = npy_read(dir / "logits.npy");
-  EXPECT_LT(rel_max_error(npy_read(tmp / "a.npy"), expected), 1e-4);
-  // Text ids file, --fork-at and --hidden.
-  std::vector<int32_t> ids = fixture_ids("fl_tied");
-  std::string text;
-  for (int32_t id : ids) text += std::to_string(id) + " ";
-  testing::write_text(tmp / "ids.txt", text);
-  auto b = testing::run_deg({"forward", "--model", dir.string(), "--ids-file",
-                             (tmp / "ids.txt").string(), "--out", (tmp / "b.npy").string(),
-                             "--fork-at", "37", "--hidden"});
-  ASSERT_EQ(b.exit_code, 0) << b.err;
-  EXPECT_LT(rel_max_error(npy_read(tmp / "b.npy"), npy_read(dir / "hidden.npy")), 1e-4);
+  auto run = [&](const std::string& device) {
+    return testing::run_deg({"forward", "--model", dir.string(), "--ids-file",
+                             (dir / "ids.npy").string(), "--out", (tmp / "o.npy").string(),
+                             "--device", device});
+  };
+  auto r = run("tpu");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("cpu, cuda or auto"), std::string::npos) << r.err;
+  // cuda without a GPU (or without a CUDA build) says so; with one it runs.
+  r = run("cuda");
+  if (cuda_available()) {
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  } else {
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find("--device cpu"), std::string::npos) << r.err;
+  }
+  // auto runs wherever it lands.
+  r = run("auto");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 TEST(Qwen35Cli, BadInputsFailWithAMessage) {
