@@ -1,15 +1,17 @@
 // The CUDA backend's causal softmax attention (launch.h's AttentionLaunch; AttendArgs of
-// kernels/ops.h): flash-style, f32 on the CUDA cores, bitwise batch invariant.
+// kernels/ops.h): flash-style with the key sequence cut into splits (flash-decoding), f32 on the
+// CUDA cores, bitwise batch invariant.
 //
 // Letters: G query heads per KV head (group), D head dim (at most 256), a row's "query rows" are
-// its n real tokens times G heads of one KV head, flattened as f = t G + g.
+// its n real tokens times G heads of one KV head, flattened as f = t G + g; a query row's key
+// index is that of its token (prefix_len + own_before + t), its "reach" the keys it sees.
 //
-// Decomposition. A CTA (256 threads) takes one row, one KV head and a block of that row's query
-// rows: 64 of them in the block kernel (prefill), 8 in the few-query kernel (decode, rows whose
-// n G is at most kFewLimit). It walks the row's key sequence — prefix keys [0, prefix_len), then
-// own keys, read in place from the row's buffers — in blocks of 64 keys aligned at key index 0,
-// from the block holding the first key any of its queries can see (0 without a window) to the
-// block holding its last query's key. Per key block:
+// Splits. Keys are read in blocks of 64 aligned at key index 0. A query row whose key index is k
+// cuts its reach into splits of split_blocks(k) blocks, aligned at key index 0: 1 block (64 keys)
+// while k < 1024, 4 blocks (256 keys) while k < 8192, then twice as many per doubling of k (at
+// most 32 splits). The geometry depends on the query's own key index only, so it is the same
+// whatever batch, L, row chunk or prefill chunk the query comes in. Per split the query runs the
+// flash recurrence from scratch over the split's blocks:
 //   1. scores: S = scale (Q K^T), each score one dot product summed over d = 0, 1, ... with f32
 //      FMAs (dims padded to a multiple of 4 with zeros);
 //   2. softmax step, per query row, by 4 lanes (lane / 8 is the part): part p reads keys
@@ -18,31 +20,59 @@
 //      p_j = exp(s_j - m') for seen keys and exactly 0 for the others; the block sum is each
 //      part's 16 terms in key order, then (part0 + part1) + (part2 + part3); l = l alpha + sum;
 //   3. values: acc = acc alpha, then acc = fma(p_j, v_j, acc) for j = 0 .. 63 in order.
-// At the end out = acc / l. Padded tokens' outputs are zeroed by a separate kernel.
+// A query whose reach lies in one split stores out = acc / l at that split's end. Otherwise it
+// stores the split's partial (m, l, acc) in the workspace, and the merge kernel combines its
+// splits in order: M = max m_s, w_s = exp(m_s - M), l = sum_s fma(w_s, l_s, .), acc likewise,
+// out = acc / l.
+//
+// Decomposition. Work comes as jobs (planned on the host from the rows alone): a job is a list
+// of query rows of one or more rows (for each KV head) and a range of key blocks, cut into
+// chunks of whole splits; a CTA (256 threads) takes one job, KV head, block of the job's query
+// rows and chunk, walks the chunk's key blocks that its queries can see, and at each block that
+// ends a split of one of its queries stores that query's partial or output and restarts it.
+//   * Rows that share a prefix (the same prefix K/V buffers and length: fork rows over one
+//     trunk) and have 16 query rows or more together form one packed job over the prefix keys
+//     that whole splits of all of them cover: their query rows are flattened into blocks of 64
+//     and each prefix key block is read once per query block, not once per row.
+//   * Each row then has its own job over its remaining keys: 64 query rows per CTA in the block
+//     kernel, 8 per CTA in the few-query kernel when its n G is at most 16 (decode).
+//   * The chunk size is a multiple of every query's split of the job; a job's range is cut when
+//     the kernel would otherwise have fewer than about four CTAs' worth of work per SM (decode,
+//     fork passes, short prefill chunks), and left whole otherwise (long prefill). CTAs run
+//     costliest first.
 //
 // Shared memory (floats; P = D rounded up to 32, plus 4, so rows of a tile start 4 banks apart):
-//   block kernel: Q [64][P], K [64][P], V [64][P], probabilities [64 keys][72], alpha [64],
-//     sums [64]: 218,624 bytes at D = 256 (one CTA per SM);
-//   few kernel:   Q [8][P],  K [64][P], V [64][P], probabilities [64 keys][8], alpha [8],
-//     sums [8]: 143,552 bytes at D = 256.
+//   block kernel: Q [64][P], K [64][P], V [64][P], probabilities [64 keys][72], alpha, sums,
+//     split ends, destinations and query rows [64] each: 219,904 bytes at D = 256 (one CTA per
+//     SM);
+//   few kernel:   Q [8][P],  K [64][P], V [64][P], probabilities [64 keys][8], and [8] of the
+//     others: 143,680 bytes at D = 256.
 // K and V tiles arrive with cp.async, each overlapping the other half of the previous block's
 // work: V of block b + 1 loads during scores and softmax of b + 1, K of block b + 1 during the
 // softmax and values of b. Keys past the CTA's last query's key are zero-filled, never read (a
 // row's spare capacity may hold anything).
 //
+// Workspace: per row with a query past key 63, per token t, per query head, split_slots(k)
+// records of D rounded up to 4, plus 4, floats (acc, then m and l); attention_workspace_floats.
+//
 // Batch invariance. A query's output depends only on its own q, the key sequence it sees and D:
+//   * its split geometry depends on its key index only (above), and every split it sees is
+//     computed by exactly one CTA, from scratch, over the split's key blocks in order;
 //   * every dot product and every value sum runs in one fixed order (explicit _rn intrinsics, so
-//     no contraction choice can differ between the two kernels);
+//     no contraction choice can differ between the kernels);
 //   * key blocks are aligned at key index 0, so the key sequence alone fixes the blocks a query
-//     sees, whichever CTA computes it, whether its keys lie in the prefix or in own, whatever L,
-//     chunk or batch it comes in;
+//     sees, whichever CTA computes it, whether its keys lie in the prefix or in own, whatever
+//     rows share its CTA;
 //   * a block holding no key the query sees leaves its state bitwise unchanged (block max -inf,
 //     so m' == m and alpha is exactly 1; every p is exactly 0, and fma(0, v, acc) == acc for the
 //     finite v of the row's real keys and the zeros of the zero-filled ones); so do the masked
 //     keys inside a block. The blocks a CTA walks beyond a query's reach change nothing for it;
 //   * the softmax step is one function, called by both kernels with the same lane layout, and
 //     the score and value chains are the same sequence of operations in both kernels, so the
-//     block and few-query kernels give the same bits for a query.
+//     block and few-query kernels give the same bits for a query (a batch may pack a row that
+//     runs alone in the few-query kernel);
+//   * the merge reads the query's splits in index order with one fixed sequence of operations.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -53,19 +83,90 @@ namespace deg::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kKeyBlock = 64;      // keys per softmax block, aligned at key index 0
-constexpr int kBlockQueries = 64;  // query rows per block-kernel CTA
-constexpr int kFewQueries = 8;     // query rows per few-query CTA
-constexpr int64_t kFewLimit = 16;  // rows with n G <= this go to the few-query kernel
+constexpr int kKeyBlock = 64;         // keys per softmax block, aligned at key index 0
+constexpr int kBlockQueries = 64;     // query rows per block-kernel CTA
+constexpr int kFewQueries = 8;        // query rows per few-query CTA
+constexpr int64_t kFewLimit = 16;     // a row's own job with n G <= this runs in the few kernel
+constexpr int64_t kPackQueries = 16;  // rows sharing a prefix pack from this many query rows
 constexpr int kMaxHeadDim = 256;
 constexpr int kBlockProbPitch = 72;  // floats per key of the block kernel's probabilities
 constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kMaxJobs = 2 * kRows;  // a packed job per group (>= 2 rows) and one per row
+constexpr int kMergeWarps = kThreads / 32;
+constexpr int kCtasPerSm = 4;  // the chunking aims at this many CTAs per SM, when needed
+
+// ---- the split geometry (host and device) ----
+
+constexpr int64_t kFineKeys = 1024;  // below: splits of 1 key block
+constexpr int64_t kWideKeys = 8192;  // below: 4 blocks; then doubling per doubling of the key
+constexpr int64_t kMaxSplits = 32;
+
+// Key blocks per split of a query row with key index `key` (a power of 2).
+__host__ __device__ inline int64_t split_blocks(int64_t key) {
+  if (key < kFineKeys) return 1;
+  if (key < kWideKeys) return 4;
+  int64_t blocks = 8;
+  for (int64_t k = key / kWideKeys; k > 1; k /= 2) blocks *= 2;
+  return blocks;
+}
+
+// Workspace records of a query row with key index `key`: its last split + 1 (at most 32).
+__host__ __device__ inline int64_t split_slots(int64_t key) {
+  if (key < kFineKeys) return key / kKeyBlock + 1;
+  if (key < kWideKeys) return key / (4 * kKeyBlock) + 1;
+  return kMaxSplits;
+}
+
+// sum of k / w (rounded down) over k in [0, x).
+__host__ __device__ inline int64_t floor_sum(int64_t x, int64_t w) {
+  const int64_t q = x / w, r = x % w;
+  return w * (q * (q - 1) / 2) + r * q;
+}
+
+// sum of split_slots(k) over k in [0, x).
+__host__ __device__ inline int64_t slot_prefix(int64_t x) {
+  const int64_t fine = x < kFineKeys ? x : kFineKeys;
+  int64_t s = fine + floor_sum(fine, kKeyBlock);
+  if (x > kFineKeys) {
+    const int64_t mid = x < kWideKeys ? x : kWideKeys;
+    s += mid - kFineKeys + floor_sum(mid, 4 * kKeyBlock) - floor_sum(kFineKeys, 4 * kKeyBlock);
+  }
+  if (x > kWideKeys) s += kMaxSplits * (x - kWideKeys);
+  return s;
+}
+
+// ---- the plan: jobs (host-made, passed by value) ----
+
+// Query rows [0, queries) of the job are its members' query rows in member order; key blocks
+// [key_begin, key_end) are cut into chunks of chunk_blocks aligned at block 0 (chunk0 is the
+// first chunk holding a block of the range). CTAs: (query block from the last, KV head, chunk),
+// the chunk fastest.
+struct Job {
+  int32_t cta_begin;                 // the job's first CTA in its kernel's grid
+  int16_t member_begin, member_end;  // Plan::member[member_begin, member_end)
+  int32_t queries, query_blocks;
+  int32_t key_begin, key_end;
+  int32_t chunk_blocks, chunk0, chunks;
+  int32_t shared;  // nonzero: the keys are the members' common prefix (a packed job)
+};
+
+struct Plan {
+  int32_t block_jobs, few_jobs;  // jobs[0, block_jobs), then the few kernel's
+  int32_t block_ctas, few_ctas;
+  int64_t records;        // workspace records
+  int64_t merge_queries;  // the most query rows (n kv_heads G) of a row with records
+  Job jobs[kMaxJobs];
+  uint8_t member[kRows];        // rows, each once, a packed group's rows side by side
+  int32_t member_query[kRows];  // query rows of the group's members before this one
+  int64_t row_records[kRows];   // row i's first record; -1: the row has none
+};
 
 // Launch-wide sizes and layout choices (host-computed).
 struct Geometry {
   int head_dim;   // D
   int dim4;       // D rounded up to 4: the dot products run over dim4 dims (zeros past D)
   int pitch;      // floats per Q / K / V row in shared memory
+  int record;     // floats per workspace record: acc [dim4], m, l, 2 spare
   bool q_wide;    // Q rows are 16-byte aligned with D % 4 == 0: float4 copies
   bool kv_wide;   // the same for every K / V row of the chunk
   bool out_wide;  // the same for the output rows: float4 stores
@@ -151,7 +252,7 @@ struct HeadKeys {
   int64_t token0;     // token row of the row's token 0 in q and out
 };
 
-__device__ HeadKeys head_keys(const AttentionLaunch& a, int row, int64_t head) {
+__host__ __device__ HeadKeys head_keys(const AttentionLaunch& a, int row, int64_t head) {
   const KvRow& kv = a.kv[row];
   const bool prefix = kv.prefix_len > 0;
   return {prefix ? kv.prefix_k + head * kv.prefix_stride : nullptr,
@@ -194,11 +295,116 @@ struct Reach {
   int64_t lo, hi;
 };
 
-__device__ Reach reach_of(const AttentionLaunch& a, const HeadKeys& hk, int64_t f) {
+__host__ __device__ Reach reach_of(const AttentionLaunch& a, const HeadKeys& hk, int64_t f) {
   if (f >= hk.count) return {0, -1};
   const int64_t hi = hk.token_key + f / a.group;
   const int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
   return {lo, hi};
+}
+
+// A query row's splits: `blocks` key blocks each; first / last hold its first and last seen key
+// (last < first: it sees none).
+struct Split {
+  int64_t blocks, first, last;
+};
+
+__host__ __device__ Split split_of(Reach r) {
+  if (r.hi < r.lo) return {1, 0, -1};
+  const int64_t blocks = split_blocks(r.hi);
+  return {blocks, r.lo / kKeyBlock / blocks, r.hi / kKeyBlock / blocks};
+}
+
+// What a query row stores after key block `block` of a walk ending at `walk_last`.
+enum SplitEnd : int { kGoOn = 0, kPartial = 1, kOutput = 2 };
+
+__host__ __device__ int split_end(const Split& s, int64_t block, int64_t walk_last) {
+  if (s.last < s.first || (((block + 1) & (s.blocks - 1)) != 0 && block != walk_last)) return kGoOn;
+  const int64_t split = block / s.blocks;
+  if (split < s.first || split > s.last) return kGoOn;
+  return s.first == s.last ? kOutput : kPartial;
+}
+
+// The workspace record of query row f of `row`, KV head `head`, split `split`.
+__host__ __device__ int64_t record_index(const AttentionLaunch& a, const Plan& p, int row,
+                                         int64_t head, int64_t f, int64_t split) {
+  const KvRow& kv = a.kv[row];
+  const int64_t G = a.group, key0 = kv.prefix_len + kv.own_before, key = key0 + f / G;
+  return p.row_records[row] + (slot_prefix(key) - slot_prefix(key0)) * a.kv_heads * G +
+         (head * G + f % G) * split_slots(key) + split;
+}
+
+__device__ float* record_of(const AttentionLaunch& a, const Plan& p, const Geometry& g, int row,
+                            int64_t head, int64_t f, int64_t split) {
+  return a.workspace + record_index(a, p, row, head, f, split) * g.record;
+}
+
+__device__ float* output_of(const AttentionLaunch& a, int row, int64_t head, int64_t f) {
+  const int64_t G = a.group;
+  return a.out + ((a.rows.first + row) * a.rows.tokens + f / G) * a.ldo +
+         (head * G + f % G) * a.head_dim;
+}
+
+// The job of CTA `cta` among jobs [first, first + count) (the last whose cta_begin <= cta).
+__host__ __device__ const Job& find_job(const Plan& p, int first, int count, int cta) {
+  int lo = first, hi = first + count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.jobs[mid].cta_begin <= cta) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return p.jobs[lo];
+}
+
+// What CTA `cta` of `job` does: KV head, query rows [x0, x0 + live) of the job, key blocks
+// [first_block, last_block] (none when first_block > last_block), zeros past last_key, the
+// keys coming from row0's buffers.
+struct Task {
+  int64_t head, x0;
+  int live, row0;
+  int64_t first_block, last_block, last_key;
+};
+
+__host__ __device__ Task task_of(const AttentionLaunch& a, const Plan& p, const Job& job, int cta,
+                                 int block_queries) {
+  const int64_t local = cta - job.cta_begin;
+  const int64_t chunk = job.chunk0 + local % job.chunks, rest = local / job.chunks;
+  Task t;
+  t.head = rest % a.kv_heads;
+  t.x0 = (job.query_blocks - 1 - rest / a.kv_heads) * block_queries;
+  t.live = int(job.queries - t.x0 < block_queries ? job.queries - t.x0 : block_queries);
+  t.row0 = p.member[job.member_begin];
+  const int64_t chunk_first = chunk * job.chunk_blocks, chunk_end = chunk_first + job.chunk_blocks;
+  t.first_block = chunk_first > job.key_begin ? chunk_first : job.key_begin;
+  t.last_block = (chunk_end < job.key_end ? chunk_end : job.key_end) - 1;
+  if (job.shared) {
+    t.last_key = int64_t(job.key_end) * kKeyBlock - 1;  // within every member's prefix
+  } else {
+    const HeadKeys hk = head_keys(a, t.row0, t.head);
+    const Reach first = reach_of(a, hk, t.x0), last = reach_of(a, hk, t.x0 + t.live - 1);
+    if (first.lo / kKeyBlock > t.first_block) t.first_block = first.lo / kKeyBlock;
+    if (last.hi / kKeyBlock < t.last_block) t.last_block = last.hi / kKeyBlock;
+    t.last_key = last.hi;
+  }
+  return t;
+}
+
+// Query row x of the job as (row, f); row -1 past the job's query rows.
+__host__ __device__ int2 query_of(const Plan& p, const Job& job, int64_t x) {
+  if (x >= job.queries) return make_int2(-1, 0);
+  const int32_t base = p.member_query[job.member_begin];
+  int lo = job.member_begin, hi = job.member_end - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.member_query[mid] - base <= x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return make_int2(p.member[lo], int(x - (p.member_query[lo] - base)));
 }
 
 // ---- the softmax step (shared by both kernels, so it is the same code for every query) ----
@@ -239,6 +445,31 @@ __device__ __noinline__ Running softmax_step(float* scores, int pitch, int64_t k
   block_sum = __fadd_rn(block_sum, __shfl_xor_sync(kFullWarp, block_sum, 8));
   block_sum = __fadd_rn(block_sum, __shfl_xor_sync(kFullWarp, block_sum, 16));
   return {new_max, __fadd_rn(__fmul_rn(sum, alpha), block_sum), alpha};
+}
+
+// After a query row's softmax step over key block `block`: publishes alpha and what the row
+// stores now (ends; dests: its record or output row; sums: l), stores a partial's m and l, and
+// restarts the row's state at a split's end. Run by the row's four lanes; lane < 8 writes.
+__device__ __forceinline__ void end_step(Running& run, const AttentionLaunch& a, const Plan& p,
+                                         const Geometry& g, int2 query, int64_t head,
+                                         const Split& split, int64_t block, int64_t walk_last,
+                                         int slot, float* alphas, float* sums, int* ends,
+                                         float** dests) {
+  const int end = split_end(split, block, walk_last);
+  if (threadIdx.x % 32 < 8) {
+    alphas[slot] = run.alpha;
+    sums[slot] = run.sum;
+    ends[slot] = end;
+    if (end == kPartial) {
+      float* rec = record_of(a, p, g, query.x, head, query.y, block / split.blocks);
+      rec[g.dim4] = run.max;
+      rec[g.dim4 + 1] = run.sum;
+      dests[slot] = rec;
+    } else if (end == kOutput) {
+      dests[slot] = output_of(a, query.x, head, query.y);
+    }
+  }
+  if (end != kGoOn) run = {-INFINITY, 0.0f, 1.0f};
 }
 
 // s = fma chains over 4 dims, in the order x, y, z, w (the same in both kernels).
@@ -294,27 +525,25 @@ __device__ __forceinline__ void accumulate_values(float (&acc)[8][8], const floa
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_block_kernel(const __grid_constant__ AttentionLaunch a, const Geometry g) {
+    attention_block_kernel(const __grid_constant__ AttentionLaunch a,
+                           const __grid_constant__ Plan p, const Geometry g) {
   extern __shared__ float4 shared[];
-  float* const q_tile = reinterpret_cast<float*>(shared);     // [64 query rows][pitch]
-  float* const k_tile = q_tile + kBlockQueries * g.pitch;     // [64 keys][pitch]
-  float* const v_tile = k_tile + kKeyBlock * g.pitch;         // [64 keys][pitch]
-  float* const probs = v_tile + kKeyBlock * g.pitch;          // [64 keys][kBlockProbPitch]
-  float* const alphas = probs + kKeyBlock * kBlockProbPitch;  // [64 query rows]
-  float* const sums = alphas + kBlockQueries;                 // [64 query rows]
+  float* const q_tile = reinterpret_cast<float*>(shared);          // [64 query rows][pitch]
+  float* const k_tile = q_tile + kBlockQueries * g.pitch;          // [64 keys][pitch]
+  float* const v_tile = k_tile + kKeyBlock * g.pitch;              // [64 keys][pitch]
+  float* const probs = v_tile + kKeyBlock * g.pitch;               // [64 keys][kBlockProbPitch]
+  float* const alphas = probs + kKeyBlock * kBlockProbPitch;       // [64 query rows]
+  float* const sums = alphas + kBlockQueries;                      // [64 query rows]
+  int* const ends = reinterpret_cast<int*>(sums + kBlockQueries);  // [64 query rows]
+  float** const dests = reinterpret_cast<float**>(ends + kBlockQueries);  // [64 query rows]
+  int2* const queries = reinterpret_cast<int2*>(dests + kBlockQueries);   // [64 query rows]
 
-  // blockIdx.x = (query block counted from the last, KV head): costly blocks (late queries) of
-  // every head first.
-  const int row = int(blockIdx.y);
-  const int64_t head = blockIdx.x % a.kv_heads, G = a.group, D = g.head_dim;
-  const HeadKeys hk = head_keys(a, row, head);
-  const int64_t blocks = gridDim.x / a.kv_heads;
-  const int64_t f0 = (blocks - 1 - blockIdx.x / a.kv_heads) * kBlockQueries;
-  if (hk.count <= kFewLimit || f0 >= hk.count) return;
-  const int64_t live = hk.count - f0 < kBlockQueries ? hk.count - f0 : kBlockQueries;
-  const int64_t last_key = reach_of(a, hk, f0 + live - 1).hi;
-  const int64_t first_block = reach_of(a, hk, f0).lo / kKeyBlock;
-  const int64_t last_block = last_key / kKeyBlock;
+  const Job& job = find_job(p, 0, p.block_jobs, int(blockIdx.x));
+  const Task task = task_of(a, p, job, int(blockIdx.x), kBlockQueries);
+  if (task.first_block > task.last_block) return;
+  const int64_t head = task.head, G = a.group, D = g.head_dim;
+  const int64_t first_block = task.first_block, last_block = task.last_block;
+  const HeadKeys hk = head_keys(a, task.row0, head);
 
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const int score_row = 8 * (warp % 2) + lane % 8, score_key = 4 * (warp / 2) + lane / 8;
@@ -323,18 +552,24 @@ __global__ void __launch_bounds__(kThreads, 1)
             value_col = 4 * (8 * (warp / 2) + lane % 8);
   const bool cols_low = value_col < g.dim4, cols_high = value_col + 128 < g.dim4;
 
+  if (threadIdx.x < kBlockQueries)
+    queries[threadIdx.x] = query_of(p, job, task.x0 + int64_t(threadIdx.x));
+  __syncthreads();
+
   const Walk q_walk = make_walk(g.q_wide, g.dim4), kv_walk = make_walk(g.kv_wide, g.dim4);
   auto query = [&](int v) -> const float* {
-    const int64_t f = f0 + v;
-    return f < hk.count ? a.q + (hk.token0 + f / G) * a.ldq + (head * G + f % G) * D : nullptr;
+    const int2 q = queries[v];
+    if (q.x < 0) return nullptr;
+    return a.q + ((a.rows.first + q.x) * a.rows.tokens + q.y / G) * a.ldq +
+           (head * G + q.y % G) * D;
   };
   auto stage_keys = [&](int64_t block) {
-    const KeyBlock kb = key_block(hk, block, last_key, D);
+    const KeyBlock kb = key_block(hk, block, task.last_key, D);
     stage_tile(k_tile, kKeyBlock, kv_walk, g,
                [&](int v) { return kb.vector(hk.prefix_k, hk.own_k, v); });
   };
   auto stage_values = [&](int64_t block) {
-    const KeyBlock kb = key_block(hk, block, last_key, D);
+    const KeyBlock kb = key_block(hk, block, task.last_key, D);
     stage_tile(v_tile, kKeyBlock, kv_walk, g,
                [&](int v) { return kb.vector(hk.prefix_v, hk.own_v, v); });
   };
@@ -345,7 +580,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   stage_values(first_block);
   commit_copies();
 
-  const Reach reach = reach_of(a, hk, f0 + soft_row);
+  const int2 soft_query = queries[soft_row];
+  const Reach reach =
+      soft_query.x < 0 ? Reach{0, -1} : reach_of(a, head_keys(a, soft_query.x, head), soft_query.y);
+  const Split split = split_of(reach);
   Running run{-INFINITY, 0.0f, 1.0f};
   float acc[8][8] = {};
 
@@ -378,7 +616,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (block < last_block) stage_keys(block + 1);
     commit_copies();
     run = softmax_step(probs + soft_row, kBlockProbPitch, key0, reach, run.max, run.sum);
-    if (lane < 8) alphas[soft_row] = run.alpha;
+    end_step(run, a, p, g, soft_query, head, split, block, last_block, soft_row, alphas, sums, ends,
+             dests);
     wait_copies<1>();  // this block's V
     __syncthreads();
 
@@ -393,34 +632,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     } else if (cols_low) {
       accumulate_values<false>(acc, probs + value_row, v_tile + value_col, g.pitch);
     }
-    __syncthreads();  // the V tile and the probabilities are free
+
+    // Rows whose split ends here store their partial or output and start afresh.
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
+      const int end = ends[r];
+      if (end == kGoOn) continue;
+      float* dst = dests[r];
+      if (end == kPartial) {
+        if (cols_low)
+          *reinterpret_cast<float4*>(dst + value_col) =
+              make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        if (cols_high)
+          *reinterpret_cast<float4*>(dst + value_col + 128) =
+              make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+      } else {
+        const float sum = sums[r];
+        const float low[4] = {__fdiv_rn(acc[i][0], sum), __fdiv_rn(acc[i][1], sum),
+                              __fdiv_rn(acc[i][2], sum), __fdiv_rn(acc[i][3], sum)};
+        if (cols_low) store_out(dst, value_col, g.head_dim, g.out_wide, low);
+        const float high[4] = {__fdiv_rn(acc[i][4], sum), __fdiv_rn(acc[i][5], sum),
+                               __fdiv_rn(acc[i][6], sum), __fdiv_rn(acc[i][7], sum)};
+        if (cols_high) store_out(dst, value_col + 128, g.head_dim, g.out_wide, high);
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
+    }
+    __syncthreads();  // the V tile, the probabilities and the row states are free
 
     if (block < last_block) stage_values(block + 1);
     commit_copies();
   }
-
-  if (lane < 8) sums[soft_row] = run.sum;
-  __syncthreads();
-  if (!cols_low) return;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
-    const int64_t f = f0 + r;
-    if (f >= hk.count) continue;
-    float* dst = a.out + (hk.token0 + f / G) * a.ldo + (head * G + f % G) * D;
-    const float sum = sums[r];
-    const float low[4] = {__fdiv_rn(acc[i][0], sum), __fdiv_rn(acc[i][1], sum),
-                          __fdiv_rn(acc[i][2], sum), __fdiv_rn(acc[i][3], sum)};
-    store_out(dst, value_col, g.head_dim, g.out_wide, low);
-    if (cols_high) {
-      const float high[4] = {__fdiv_rn(acc[i][4], sum), __fdiv_rn(acc[i][5], sum),
-                             __fdiv_rn(acc[i][6], sum), __fdiv_rn(acc[i][7], sum)};
-      store_out(dst, value_col + 128, g.head_dim, g.out_wide, high);
-    }
-  }
 }
 
-// ---- few-query kernel: up to 8 query rows per CTA (decode) ----
+// ---- few-query kernel: up to 8 query rows of one row per CTA (decode) ----
 //
 // Thread roles: scores: threads < 128, key t % 64, rows 4 (t / 64) + i (i < 4), skipped when
 // those rows hold no query; softmax: warp 0, row l % 8, part l / 8; values: column t (t < D),
@@ -441,25 +687,28 @@ __device__ __forceinline__ void accumulate_few(float (&acc)[kFewQueries], const 
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_few_kernel(const __grid_constant__ AttentionLaunch a, const Geometry g) {
+    attention_few_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
+                         const Geometry g) {
   extern __shared__ float4 shared[];
-  float* const q_tile = reinterpret_cast<float*>(shared);  // [8 query rows][pitch]
-  float* const k_tile = q_tile + kFewQueries * g.pitch;    // [64 keys][pitch]
-  float* const v_tile = k_tile + kKeyBlock * g.pitch;      // [64 keys][pitch]
-  float* const probs = v_tile + kKeyBlock * g.pitch;       // [64 keys][8 query rows]
-  float* const alphas = probs + kKeyBlock * kFewQueries;   // [8 query rows]
-  float* const sums = alphas + kFewQueries;                // [8 query rows]
+  float* const q_tile = reinterpret_cast<float*>(shared);               // [8 query rows][pitch]
+  float* const k_tile = q_tile + kFewQueries * g.pitch;                 // [64 keys][pitch]
+  float* const v_tile = k_tile + kKeyBlock * g.pitch;                   // [64 keys][pitch]
+  float* const probs = v_tile + kKeyBlock * g.pitch;                    // [64 keys][8 query rows]
+  float* const alphas = probs + kKeyBlock * kFewQueries;                // [8 query rows]
+  float* const sums = alphas + kFewQueries;                             // [8 query rows]
+  int* const ends = reinterpret_cast<int*>(sums + kFewQueries);         // [8 query rows]
+  float** const dests = reinterpret_cast<float**>(ends + kFewQueries);  // [8 query rows]
 
-  const int row = int(blockIdx.z);
-  const int64_t head = blockIdx.y, G = a.group, D = g.head_dim;
+  const Job& job = find_job(p, p.block_jobs, p.few_jobs, int(blockIdx.x));
+  const Task task = task_of(a, p, job, int(blockIdx.x), kFewQueries);
+  if (task.first_block > task.last_block) return;
+  const int64_t head = task.head, G = a.group, D = g.head_dim;
+  const int64_t first_block = task.first_block, last_block = task.last_block;
+  const int row = task.row0;
   const HeadKeys hk = head_keys(a, row, head);
-  const int64_t f0 = int64_t(blockIdx.x) * kFewQueries;
-  if (hk.count > kFewLimit || f0 >= hk.count) return;
-  const int live = int(hk.count - f0 < kFewQueries ? hk.count - f0 : kFewQueries);
+  const int64_t f0 = task.x0;  // a row's own job: query row x is f = x
+  const int live = task.live;
   const int quads = (live + 3) / 4;
-  const int64_t last_key = reach_of(a, hk, f0 + live - 1).hi;
-  const int64_t first_block = reach_of(a, hk, f0).lo / kKeyBlock;
-  const int64_t last_block = last_key / kKeyBlock;
 
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int score_key = t % kKeyBlock, score_quad = t / kKeyBlock;
@@ -472,12 +721,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     return f < hk.count ? a.q + (hk.token0 + f / G) * a.ldq + (head * G + f % G) * D : nullptr;
   };
   auto stage_keys = [&](int64_t block) {
-    const KeyBlock kb = key_block(hk, block, last_key, D);
+    const KeyBlock kb = key_block(hk, block, task.last_key, D);
     stage_tile(k_tile, kKeyBlock, kv_walk, g,
                [&](int v) { return kb.vector(hk.prefix_k, hk.own_k, v); });
   };
   auto stage_values = [&](int64_t block) {
-    const KeyBlock kb = key_block(hk, block, last_key, D);
+    const KeyBlock kb = key_block(hk, block, task.last_key, D);
     stage_tile(v_tile, kKeyBlock, kv_walk, g,
                [&](int v) { return kb.vector(hk.prefix_v, hk.own_v, v); });
   };
@@ -488,7 +737,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   stage_values(first_block);
   commit_copies();
 
+  const int2 soft_query = make_int2(row, int(f0 + soft_row));
   const Reach reach = reach_of(a, hk, f0 + soft_row);
+  const Split split = split_of(reach);
   Running run{-INFINITY, 0.0f, 1.0f};
   float acc[kFewQueries] = {};
 
@@ -517,7 +768,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     commit_copies();
     if (warp == 0) {
       run = softmax_step(probs + soft_row, kFewQueries, key0, reach, run.max, run.sum);
-      if (lane < 8) alphas[soft_row] = run.alpha;
+      end_step(run, a, p, g, soft_query, head, split, block, last_block, soft_row, alphas, sums,
+               ends, dests);
     }
     wait_copies<1>();  // this block's V
     __syncthreads();
@@ -530,22 +782,53 @@ __global__ void __launch_bounds__(kThreads, 1)
       } else {
         accumulate_few<4>(acc, probs, v_tile + t, g.pitch);
       }
+      // Rows whose split ends here store their partial or output and start afresh.
+#pragma unroll
+      for (int i = 0; i < kFewQueries; ++i) {
+        const int end = ends[i];
+        if (end == kGoOn) continue;
+        dests[i][t] = end == kPartial ? acc[i] : __fdiv_rn(acc[i], sums[i]);
+        acc[i] = 0.0f;
+      }
     }
-    __syncthreads();  // the V tile and the probabilities are free
+    __syncthreads();  // the V tile, the probabilities and the row states are free
 
     if (block < last_block) stage_values(block + 1);
     commit_copies();
   }
+}
 
-  if (warp == 0 && lane < 8) sums[soft_row] = run.sum;
-  __syncthreads();
-  if (t >= D) return;
+// ---- merge: a query row's split partials, in split order; one warp per query row ----
+
+__global__ void __launch_bounds__(kThreads)
+    attention_merge_kernel(const __grid_constant__ AttentionLaunch a,
+                           const __grid_constant__ Plan p, const Geometry g) {
+  const int row = int(blockIdx.y);
+  if (p.row_records[row] < 0) return;
+  const int64_t G = a.group, HG = a.kv_heads * G;
+  const int64_t x = int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
+  if (x >= a.rows.length[row] * HG) return;
+  const int64_t token = x / HG, query_head = x % HG, head = query_head / G;
+  const int64_t f = token * G + query_head % G;
+  const Split s = split_of(reach_of(a, head_keys(a, row, head), f));
+  if (s.first >= s.last) return;  // one split: its CTA stored the output
+  const float* rec = record_of(a, p, g, row, head, f, 0);
+  float max = -INFINITY;
+  for (int64_t k = s.first; k <= s.last; ++k) max = fmaxf(max, rec[k * g.record + g.dim4]);
+  const int lane = int(threadIdx.x % 32), D = g.head_dim;
+  float sum = 0.0f, acc[kMaxHeadDim / 32] = {};
+  for (int64_t k = s.first; k <= s.last; ++k) {
+    const float* r = rec + k * g.record;
+    const float w = expf(__fsub_rn(r[g.dim4], max));
+    sum = __fmaf_rn(w, r[g.dim4 + 1], sum);
 #pragma unroll
-  for (int i = 0; i < kFewQueries; ++i) {
-    const int64_t f = f0 + i;
-    if (i >= live) break;
-    a.out[(hk.token0 + f / G) * a.ldo + (head * G + f % G) * D + t] = __fdiv_rn(acc[i], sums[i]);
+    for (int c = 0; c < kMaxHeadDim / 32; ++c)
+      if (lane + 32 * c < D) acc[c] = __fmaf_rn(w, r[lane + 32 * c], acc[c]);
   }
+  float* out = output_of(a, row, head, f);
+#pragma unroll
+  for (int c = 0; c < kMaxHeadDim / 32; ++c)
+    if (lane + 32 * c < D) out[lane + 32 * c] = __fdiv_rn(acc[c], sum);
 }
 
 // ---- padded tokens: out = 0 for every head ----
@@ -559,34 +842,238 @@ __global__ void zero_padding_kernel(const __grid_constant__ AttentionLaunch a, i
   }
 }
 
+// ---- host: the plan ----
+
 bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
 }
 
+bool valid_launch(const AttentionLaunch& a) {
+  return a.head_dim > 0 && a.head_dim <= kMaxHeadDim && a.group > 0 && a.kv_heads > 0 &&
+         a.kv_heads <= 65535 && a.rows.count <= kRows;
+}
+
+int record_floats(const AttentionLaunch& a) {
+  return int((a.head_dim + 3) / 4 * 4 + 4);
+}
+
+// The workspace records of each row (row_records, records, merge_queries of the plan): a row
+// whose last query row's key index is 64 or more may have query rows of several splits.
+void plan_records(const AttentionLaunch& a, Plan& p) {
+  const int64_t HG = a.kv_heads * a.group;
+  for (int i = 0; i < a.rows.count; ++i) {
+    p.row_records[i] = -1;
+    const int64_t n = a.rows.length[i];
+    const int64_t key0 = a.kv[i].prefix_len + a.kv[i].own_before;
+    if (n <= 0 || key0 + n - 1 < kKeyBlock) continue;
+    p.row_records[i] = p.records;
+    p.records += (slot_prefix(key0 + n) - slot_prefix(key0)) * HG;
+    p.merge_queries = std::max(p.merge_queries, n * HG);
+  }
+}
+
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n > 0 ? n : 132;
+  }();
+  return sms;
+}
+
+// A job before its chunking: split_blocks is the largest split of its query rows.
+struct Draft {
+  Job job;
+  int64_t split_blocks;
+  bool few;
+  int64_t passes;  // key blocks per CTA at most (the sort key)
+};
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Chunks the drafts of one kernel (aiming at kCtasPerSm CTAs per SM), orders them costliest
+// first and numbers their CTAs from 0. Returns the CTA count, or -1 past the grid's limit.
+int64_t chunk_jobs(Draft* d, int count, int64_t kv_heads) {
+  int64_t work = 0;
+  for (int i = 0; i < count; ++i)
+    work += int64_t(d[i].job.query_blocks) * kv_heads * (d[i].job.key_end - d[i].job.key_begin);
+  const int64_t target = std::max<int64_t>(1, work / (int64_t(kCtasPerSm) * sm_count()));
+  for (int i = 0; i < count; ++i) {
+    Job& j = d[i].job;
+    const int64_t range = j.key_end - j.key_begin;
+    // A range up to half past the target stays whole (prefill: no Q tile loaded twice).
+    const int64_t pieces = range * 2 <= target * 3 ? 1 : ceil_div(range, target);
+    const int64_t per = ceil_div(range, pieces);
+    const int64_t chunk = ceil_div(per, d[i].split_blocks) * d[i].split_blocks;
+    j.chunk_blocks = int32_t(chunk);
+    j.chunk0 = int32_t(j.key_begin / chunk);
+    j.chunks = int32_t((j.key_end - 1) / chunk - j.chunk0 + 1);
+    d[i].passes = std::min(chunk, range);
+  }
+  std::stable_sort(d, d + count,
+                   [](const Draft& x, const Draft& y) { return x.passes > y.passes; });
+  int64_t ctas = 0;
+  for (int i = 0; i < count; ++i) {
+    d[i].job.cta_begin = int32_t(ctas);
+    ctas += int64_t(d[i].job.query_blocks) * kv_heads * d[i].job.chunks;
+    if (ctas > INT32_MAX) return -1;
+  }
+  return ctas;
+}
+
+bool same_prefix(const KvRow& x, const KvRow& y) {
+  return x.prefix_k == y.prefix_k && x.prefix_v == y.prefix_v &&
+         x.prefix_stride == y.prefix_stride && x.prefix_len == y.prefix_len;
+}
+
+// The jobs of a launch. False when the grid would be too large.
+bool make_plan(const AttentionLaunch& a, Plan& p) {
+  p = Plan{};
+  plan_records(a, p);
+  const Rows& r = a.rows;
+  const int64_t G = a.group;
+  int64_t count[kRows] = {}, lo_block[kRows] = {}, end_block[kRows] = {}, blocks[kRows] = {};
+  for (int i = 0; i < r.count; ++i) {
+    if (r.length[i] <= 0) continue;
+    const int64_t key0 = a.kv[i].prefix_len + a.kv[i].own_before, hi = key0 + r.length[i] - 1;
+    const int64_t lo = a.window > 0 && key0 - a.window + 1 > 0 ? key0 - a.window + 1 : 0;
+    count[i] = r.length[i] * G;
+    lo_block[i] = lo / kKeyBlock;
+    end_block[i] = hi / kKeyBlock + 1;
+    blocks[i] = split_blocks(hi);  // the row's largest split: its last query row's
+  }
+
+  Draft block[kMaxJobs], few[kMaxJobs];
+  int blocks_n = 0, few_n = 0, pos = 0;
+  auto add = [&](int member_begin, int member_end, int64_t queries, int64_t key_begin,
+                 int64_t key_end, int64_t split, bool shared, bool to_few) {
+    Draft d{};
+    const int64_t per_cta = to_few ? kFewQueries : kBlockQueries;
+    d.job.member_begin = int16_t(member_begin);
+    d.job.member_end = int16_t(member_end);
+    d.job.queries = int32_t(queries);
+    d.job.query_blocks = int32_t(ceil_div(queries, per_cta));
+    d.job.key_begin = int32_t(key_begin);
+    d.job.key_end = int32_t(key_end);
+    d.job.shared = shared ? 1 : 0;
+    d.split_blocks = split;
+    d.few = to_few;
+    (to_few ? few[few_n++] : block[blocks_n++]) = d;
+  };
+
+  bool placed[kRows] = {};
+  for (int i = 0; i < r.count; ++i) {
+    if (count[i] == 0 || placed[i]) continue;
+    int members[kRows], m = 0;
+    members[m++] = i;
+    placed[i] = true;
+    if (a.kv[i].prefix_len > 0)
+      for (int j = i + 1; j < r.count; ++j)
+        if (count[j] > 0 && !placed[j] && same_prefix(a.kv[i], a.kv[j])) {
+          members[m++] = j;
+          placed[j] = true;
+        }
+    int64_t queries = 0, split = 1, lo = INT64_MAX;
+    for (int k = 0; k < m; ++k) {
+      queries += count[members[k]];
+      split = std::max(split, blocks[members[k]]);
+      lo = std::min(lo, lo_block[members[k]]);
+    }
+    // The prefix blocks that whole splits of every member cover.
+    const int64_t shared_end = a.kv[i].prefix_len / kKeyBlock / split * split;
+    const bool pack = m >= 2 && queries >= kPackQueries && lo < shared_end;
+    const int begin = pos;
+    int64_t before = 0;
+    for (int k = 0; k < m; ++k) {
+      p.member[pos] = uint8_t(members[k]);
+      p.member_query[pos++] = int32_t(before);
+      before += count[members[k]];
+    }
+    if (pack) add(begin, pos, queries, lo, shared_end, split, true, false);
+    for (int k = 0; k < m; ++k) {
+      const int row = members[k];
+      const int64_t from = pack ? std::max(shared_end, lo_block[row]) : lo_block[row];
+      if (from < end_block[row])
+        add(begin + k, begin + k + 1, count[row], from, end_block[row], blocks[row], false,
+            count[row] <= kFewLimit);
+    }
+  }
+
+  const int64_t block_ctas = chunk_jobs(block, blocks_n, a.kv_heads);
+  const int64_t few_ctas = chunk_jobs(few, few_n, a.kv_heads);
+  if (block_ctas < 0 || few_ctas < 0) return false;
+  p.block_jobs = blocks_n;
+  p.few_jobs = few_n;
+  p.block_ctas = int32_t(block_ctas);
+  p.few_ctas = int32_t(few_ctas);
+  for (int i = 0; i < blocks_n; ++i) p.jobs[i] = block[i].job;
+  for (int i = 0; i < few_n; ++i) p.jobs[blocks_n + i] = few[i].job;
+  return true;
+}
+
+cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry& g,
+                        cudaStream_t stream) {
+  const dim3 threads(kThreads);
+  if (p.block_ctas > 0) {
+    const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kBlockQueries) * g.pitch +
+                                          kKeyBlock * kBlockProbPitch + 3 * kBlockQueries) +
+                         kBlockQueries * (sizeof(float*) + sizeof(int2));
+    cudaError_t e = cudaFuncSetAttribute(attention_block_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (e != cudaSuccess) return e;
+    attention_block_kernel<<<unsigned(p.block_ctas), threads, bytes, stream>>>(a, p, g);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (p.few_ctas > 0) {
+    const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kFewQueries) * g.pitch +
+                                          kKeyBlock * kFewQueries + 4 * kFewQueries) +
+                         kFewQueries * sizeof(float*);
+    cudaError_t e = cudaFuncSetAttribute(attention_few_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    if (e != cudaSuccess) return e;
+    attention_few_kernel<<<unsigned(p.few_ctas), threads, bytes, stream>>>(a, p, g);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  if (p.records > 0) {
+    const dim3 grid(unsigned(ceil_div(p.merge_queries, kMergeWarps)), unsigned(a.rows.count));
+    attention_merge_kernel<<<grid, threads, 0, stream>>>(a, p, g);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
+
+int64_t attention_workspace_floats(const AttentionLaunch& a) {
+  if (a.rows.count <= 0 || !valid_launch(a)) return 0;
+  Plan p{};
+  plan_records(a, p);
+  return p.records * record_floats(a);
+}
 
 cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
   const Rows& r = a.rows;
   if (r.count <= 0) return cudaSuccess;
-  if (a.head_dim <= 0 || a.head_dim > kMaxHeadDim || a.group <= 0 || a.kv_heads <= 0 ||
-      a.kv_heads > 65535 || r.count > kRows)
-    return cudaErrorInvalidValue;
+  if (!valid_launch(a)) return cudaErrorInvalidValue;
 
   const int D = int(a.head_dim), dim4 = (D + 3) / 4 * 4;
-  Geometry g{D, dim4, (D + 31) / 32 * 32 + 4, false, false, false, a.scale};
+  Geometry g{D, dim4, (D + 31) / 32 * 32 + 4, record_floats(a), false, false, false, a.scale};
   const bool d4 = D % 4 == 0;
   g.q_wide = d4 && a.ldq % 4 == 0 && aligned16(a.q);
   g.out_wide = d4 && a.ldo % 4 == 0 && aligned16(a.out);
   g.kv_wide = d4;
-  int64_t few_rows = 0, block_rows = 0, shortest = r.tokens;
+  int64_t shortest = r.tokens;
   for (int i = 0; i < r.count; ++i) {
     const KvRow& kv = a.kv[i];
-    const int64_t count = r.length[i] * a.group;
-    if (count <= kFewLimit) {
-      few_rows = count > few_rows ? count : few_rows;
-    } else {
-      block_rows = count > block_rows ? count : block_rows;
-    }
     shortest = r.length[i] < shortest ? r.length[i] : shortest;
     if (kv.prefix_len > 0)
       g.kv_wide = g.kv_wide && kv.prefix_stride % 4 == 0 && aligned16(kv.prefix_k) &&
@@ -594,35 +1081,33 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
     g.kv_wide = g.kv_wide && kv.own_stride % 4 == 0 && aligned16(kv.own_k) && aligned16(kv.own_v);
   }
 
-  const dim3 threads(kThreads);
-  if (block_rows > 0) {
-    const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kBlockQueries) * g.pitch +
-                                          kKeyBlock * kBlockProbPitch + 2 * kBlockQueries);
-    cudaError_t e = cudaFuncSetAttribute(attention_block_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    if (e != cudaSuccess) return e;
-    const int64_t blocks = (block_rows + kBlockQueries - 1) / kBlockQueries;
-    const dim3 grid(unsigned(blocks * a.kv_heads), unsigned(r.count));
-    attention_block_kernel<<<grid, threads, bytes, stream>>>(a, g);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+  static thread_local Plan p;  // 6 KB: off the stack
+  if (!make_plan(a, p)) return cudaErrorInvalidConfiguration;
+  AttentionLaunch l = a;
+  const int64_t need = p.records * g.record;
+  bool pooled = false;
+  if (need > 0) {
+    if (l.workspace) {
+      if (l.workspace_floats < need || !aligned16(l.workspace)) return cudaErrorInvalidValue;
+    } else {
+      void* w = nullptr;
+      const cudaError_t e = cudaMallocAsync(&w, size_t(need) * sizeof(float), stream);
+      if (e != cudaSuccess) return e;
+      l.workspace = static_cast<float*>(w);
+      pooled = true;
+    }
   }
-  if (few_rows > 0) {
-    const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kFewQueries) * g.pitch +
-                                          kKeyBlock * kFewQueries + 2 * kFewQueries);
-    cudaError_t e = cudaFuncSetAttribute(attention_few_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-    if (e != cudaSuccess) return e;
-    const dim3 grid(unsigned((few_rows + kFewQueries - 1) / kFewQueries), unsigned(a.kv_heads),
-                    unsigned(r.count));
-    attention_few_kernel<<<grid, threads, bytes, stream>>>(a, g);
-    e = cudaGetLastError();
-    if (e != cudaSuccess) return e;
+  cudaError_t e = run_kernels(l, p, g, stream);
+  if (pooled) {
+    const cudaError_t freed = cudaFreeAsync(l.workspace, stream);
+    if (e == cudaSuccess) e = freed;
   }
+  if (e != cudaSuccess) return e;
+
   if (shortest < r.tokens) {
     const int64_t padded = r.tokens - shortest;
     const dim3 grid(unsigned(padded < 1024 ? padded : 1024), unsigned(r.count));
-    zero_padding_kernel<<<grid, threads, 0, stream>>>(a, a.kv_heads * a.group * a.head_dim);
+    zero_padding_kernel<<<grid, dim3(kThreads), 0, stream>>>(a, a.kv_heads * a.group * a.head_dim);
     return cudaGetLastError();
   }
   return cudaSuccess;

@@ -55,8 +55,16 @@ struct AttentionLaunch {
   int64_t kv_heads, group, head_dim;
   float scale;
   int64_t window;
+  // Device scratch for the key splits' partial results (16-byte aligned): at least
+  // attention_workspace_floats(*this) floats; null: the launcher takes it from the stream's
+  // memory pool (cudaMallocAsync) and gives it back after the launch.
+  float* workspace;
+  int64_t workspace_floats;
 };
 cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream);
+// The floats of scratch launch_attention needs for `a` (its rows, K/V and shapes; the workspace
+// fields are not read). 0: none.
+int64_t attention_workspace_floats(const AttentionLaunch& a);
 
 // ---- delta_rule.cu: DeltaRuleOpArgs of kernels/ops.h for the rows of one chunk ----
 struct DeltaRuleLaunch {
