@@ -4,45 +4,64 @@
 //   S <- S e^(g_t);  S <- S + k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t
 // and S ends in rec_out. Padded tokens get zero outputs; q, k come from key head h / (Hv / Hk).
 //
-// Two kernels, each launched over the rows it owns (rows are independent):
+// A row of n tokens splits into 64-token chunks from its token 0. Its full chunks, and a last
+// partial chunk of more than kRecurTokens tokens, run the chunked form (chunk_kernel); a last
+// partial chunk of at most kRecurTokens tokens runs the plain recurrence (recur_kernel, after
+// chunk_kernel has written the state to rec_out). The choice depends on n only, and a row fed in
+// 64-aligned pieces makes the same choices, chunk by chunk, as the whole row. Decode (n == 1) and
+// short rows (n <= kRecurTokens: fork rows) are recurrence only; an empty row copies its state.
 //
-// * decode_kernel, rows with n <= 1: the plain recurrence (n == 1) or a copy of the state
-//   (n == 0). One CTA per (row, head, 32 value columns); lane = column, warp w owns a fixed
-//   slice of Dk; the two dot products over Dk add the 8 warps' partial sums in warp order.
+// * recur_kernel: one CTA per (row, head, 64 value columns), 4 warps of 16 columns each. A lane
+//   holds 4 columns x R rows of S (8 R >= Dk, R 4, 16 or 32) in registers for all the row's
+//   tokens (loaded once, stored once); the sums over Dk add each lane's rows in order, then the
+//   8 lanes of a column group by an xor butterfly (every lane gets the same sum). No barrier
+//   inside the token loop: each warp owns its columns. q, k, g, beta of the tokens are staged in
+//   shared memory.
 //
-// * chunk_kernel, rows with n >= 2: the chunked form, chunks of 64 tokens from the row's token 0,
-//   the last one shorter (zero-filled to 64 rows, which adds exact zeros). One CTA per (row,
-//   head, block of 16 value columns); the CTAs of one (row, head) form a thread-block cluster
-//   (up to 8). A CTA keeps its 16 columns of S in shared memory for the whole row. Per chunk,
-//   with cumulative log decay c_i (double), Γ_ij = e^(c_i - c_j), A = diag(beta) (K Kᵀ ⊙ Γ)
-//   strictly lower, P = (Q Kᵀ ⊙ Γ) lower with the diagonal, T = (I + A)^-1:
-//     1. [K; Q] S -> KS, QS (this CTA's columns), and warp 0 scans g into c.
-//     2. G = K Kᵀ and P: 72 tiles of 8 x 8 on and below the diagonal, split over the cluster's
-//        CTAs; each CTA scales its tiles and stores them into every CTA's A and P (distributed
-//        shared memory), so the Dv-independent products are computed once per (row, head).
-//     3. X = beta ⊙ (V - e^c ⊙ KS); the 16 x 16 diagonal blocks of T by forward substitution.
-//     4. the blocks below the diagonal, block row by block row: T_ij = -D_i Σ_k A_ik T_kj.
-//     5. v' = T X (the UT transform of FLA / HF's torch_chunk_gated_delta_rule), v'' = e^(c_last
-//        - c) ⊙ v'.
-//     6. o = e^c ⊙ QS + P v' to the output; S <- e^(c_last) S + Kᵀ v''.
-//   The next chunk's q, k, v, g, beta load with cp.async (zero-filled past the row's end) while
-//   steps 3-6 run; k is double-buffered when shared memory allows (Dk <= 128 or so).
+// * chunk_kernel: one CTA of 256 threads per (row, head, block of 16 value columns); the CTAs of
+//   one (row, head) form a thread-block cluster (up to 8). A CTA keeps its 16 columns of S in
+//   shared memory for the whole row. Per chunk, with cumulative log decay c_i (double),
+//   Γ_ij = e^(c_i - c_j), A = diag(beta) (K Kᵀ ⊙ Γ) strictly lower, P = (Q Kᵀ ⊙ Γ) lower with
+//   the diagonal and T = (I + A)^-1, the Dv-independent part (c, A, P, T) is prepared apart from
+//   the state: the cluster's CTAs take the row's chunks in rounds of one chunk per CTA, each CTA
+//   preparing its chunk of the round in parallel with the others:
+//     a. g, beta of the round's chunks -> c, e^c, e^(c_last - c), e^(c_last) (a warp per chunk);
+//     b. G = K Kᵀ and P: the 72 tiles of 8 x 8 on and below the diagonal (a thread per 8 x 4
+//        half), scaled; A, P;
+//     c. T: the 16 x 16 diagonal blocks by forward substitution, then the blocks below the
+//        diagonal block row by block row, T_ij = -D_i Σ_k A_ik T_kj.
+//   Then every CTA runs the round's chunks in order, copying each chunk's T and P (the blocks on
+//   and below the diagonal) from the CTA that prepared it (distributed shared memory; the next
+//   chunk's copy is in flight while this one runs):
+//     1. [K; Q] S -> KS, QS (this CTA's columns); X = beta ⊙ (V - e^c ⊙ KS).
+//     2. v' = T X (the UT transform of FLA / HF's torch_chunk_gated_delta_rule),
+//        v'' = e^(c_last - c) ⊙ v'.
+//     3. o = e^c ⊙ QS + P v' to the output; S <- e^(c_last) S + Kᵀ v''.
+//   Four CTA barriers per chunk; cluster barriers only around a round's preparation. The next
+//   chunk's q, k, v (and the next round's q, k, g, beta) load with cp.async, zero-filled past the
+//   chunk's end, while steps 1-3 run; k is double-buffered when shared memory allows. With a
+//   cluster of one CTA (or when the copies do not fit), the CTA prepares each chunk itself.
+//   Steps 1-3 are bound by shared-memory reads (an H200 SM hands its threads 32 floats per
+//   cycle, against 128 FMAs), so step 1 and the S update give a thread a 4 x 4 block of outputs
+//   (128 threads; a CTA of 16 columns caps the block); the other 128 threads start the next
+//   chunk's k, v loads meanwhile.
 //
-// Shared memory of chunk_kernel, in floats (L4 = ldk = round_up(Dk, 32) + 4, Dk4 = Dk rounded
-// up to 4): q [64][L4], k [1 or 2][64][L4], A, P, T [64][68] each, S [Dk4][16], KS|QS [128][16]
-// (X overwrites KS), v' [64][16] (step 4's scratch before that), v'' [64][16], v [2][64][16],
-// g|beta [2][128], e^c, e^(c_last - c), beta [64] each, e^(c_last), c [64] as doubles. Dk = Dv
-// = 128: 188,688 bytes, one CTA of 256 threads per SM; Dk = 256: 228,624 bytes with one k
-// buffer.
+// Shared memory of chunk_kernel, in floats (L4 = ldk = round_up(Dk, 32) + 4, Dk4 = Dk rounded up
+// to 4): q [64][L4], k [1 or 2][64][L4], T, P (the chunk being run), T, P (the chunk this CTA
+// prepares; the same two without copies) and A (the first T with copies) [64][68] each, S
+// [Dk4][16], X|QS [128][16], v' [64][16] (step c's scratch before that), v'' [64][16], v
+// [2][64][16], g|beta [ctas][128], the decay factors [ctas][196], c [64] as doubles. Dk = Dv =
+// 128: 206,880 bytes with clusters of 2, 214,656 with 8; one CTA per SM. Dk = 256 fits with
+// clusters of one CTA and one k buffer (228,112 bytes).
 //
 // Batch invariance: each (row, head, column) result depends on that row's inputs and n only.
 // Chunk boundaries count from the row's token 0; every sum runs in a fixed order (ascending
-// index, one accumulator per element) set by Dk and Dv, never by the row count, L, the cluster
-// size or which CTA or thread computes it: a G / P element is computed by the same code in
-// whichever CTA of the cluster owns its tile, and the cluster size (chosen per launch from what
-// the device can co-schedule) only decides who computes it. Columns of S are independent, so
-// splitting Dv over CTAs is exact. Arithmetic is f32 (FMA) on CUDA cores, with the decay sums
-// in double like the CPU form; no TF32.
+// index, one accumulator per element, or the butterfly above) set by Dk and Dv, never by the row
+// count, L, the cluster size or which CTA or thread computes it: a chunk's c, A, P, T come from
+// the same code in whichever CTA prepares them, and the cluster size (chosen per launch from
+// what the device can co-schedule) only decides who does. Columns of S are independent, so
+// splitting Dv over CTAs and warps is exact. Arithmetic is f32 (FMA) on CUDA cores, with the
+// decay sums in double like the CPU form; no TF32.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -52,81 +71,36 @@
 namespace deg::cuda {
 namespace {
 
-constexpr int kChunk = 64;      // tokens per chunk (kDeltaRuleChunk)
-constexpr int kThreads = 256;   // both kernels
-constexpr int kCols = 16;       // value columns of S per chunk_kernel CTA
-constexpr int kLdm = 68;        // row stride of A, P, T (float4 rows, 4 banks apart)
-constexpr int kMaxDim = 256;    // largest Dk, Dv
-constexpr int kMaxCluster = 8;  // portable cluster size
-constexpr int kHalfTiles = 36;  // 8 x 8 tiles on and below the diagonal of a 64 x 64 matrix
-constexpr int kDecodeWarps = kThreads / 32;
+constexpr int kChunk = 64;        // tokens per chunk (kDeltaRuleChunk)
+constexpr int kRecurTokens = 32;  // a last partial chunk of at most this many runs the recurrence
+constexpr int kThreads = 256;     // chunk_kernel
+constexpr int kCols = 16;         // value columns of S per chunk_kernel CTA
+constexpr int kLdm = 68;          // row stride of A, P, T (float4 rows, 4 banks apart)
+constexpr int kMaxDim = 256;      // largest Dk, Dv
+constexpr int kMaxCluster = 8;    // portable cluster size
+constexpr int kHalfTiles = 36;    // 8 x 8 tiles on and below the diagonal of a 64 x 64 matrix
+constexpr int kDecStride = 196;   // e^c [64], e^(c_last - c) [64], beta [64], e^(c_last), pad
+constexpr int kLowerQuads = 640;  // float4s in the ten 16 x 16 blocks on and below the diagonal
+constexpr int kQuadsPerThread = (kLowerQuads + kThreads - 1) / kThreads;
+constexpr int kRecWarps = 4;  // recur_kernel: warps per CTA, 16 value columns each
+constexpr int kRecThreads = 32 * kRecWarps;
+constexpr int kRecCols = 16 * kRecWarps;
 
 static_assert(kCols == 16 && kChunk == 64 && kThreads == 256, "index arithmetic assumes these");
+static_assert(kMaxCluster <= kThreads / 32, "a warp scans each chunk of a round");
+
+// Tokens of a row of n that chunk_kernel runs: all but a last partial chunk of at most
+// kRecurTokens tokens.
+__host__ __device__ inline int64_t chunked_tokens(int64_t n) {
+  const int64_t tail = n % kChunk;
+  return tail <= kRecurTokens ? n - tail : n;
+}
 
 // The rows of the launch one kernel handles.
 struct RowList {
   int count;
   int index[kRows];
 };
-
-struct ChunkPlan {
-  int dkp;         // Dk rounded up to 4: the reduction length over Dk (zero-padded)
-  int ldk;         // row stride of the q, k tiles, 4 mod 32
-  int col_blocks;  // ceil(Dv / kCols): CTAs per (row, head)
-  int k_buffers;   // 2: the next chunk's k loads during this one; 1 when 2 do not fit
-  int vec4;        // q, k, v rows 16-byte aligned: 16-byte cp.async
-};
-
-struct ChunkSmem {
-  float* q;     // [64][ldk]
-  float* k;     // [k_buffers][64][ldk]
-  int k_step;   // floats from one k buffer to the next (0 with one buffer)
-  float* a;     // [64][kLdm] A (strictly lower)
-  float* p;     // [64][kLdm] P (lower, zero above the diagonal)
-  float* t;     // [64][kLdm] T (block lower)
-  float* s;     // [dkp][16] this CTA's columns of S
-  float* kqs;   // [128][16] KS (then X) over QS
-  float* vn;    // [64][16] v' (before it: the block-row scratch of T)
-  float* vd;    // [64][16] v'' = e^(c_last - c) v'
-  float* v;     // [2][64][16]
-  float* gb;    // [2][128]: g, then beta
-  float* ec;    // [64] e^c
-  float* el;    // [64] e^(c_last - c)
-  float* beta;  // [64]
-  float* misc;  // [4]: e^(c_last)
-  double* cum;  // [64] c
-};
-
-// Carves the shared memory of chunk_kernel from base (null: only counts); returns its size in
-// floats. Every piece is a multiple of 4 floats, so each starts 16-byte aligned.
-__host__ __device__ inline int chunk_smem_layout(const ChunkPlan& p, float* base, ChunkSmem* m) {
-  int off = 0;
-  auto take = [&](int floats) {
-    float* at = base ? base + off : nullptr;
-    off += floats;
-    return at;
-  };
-  ChunkSmem x;
-  x.q = take(kChunk * p.ldk);
-  x.k = take(p.k_buffers * kChunk * p.ldk);
-  x.k_step = p.k_buffers == 2 ? kChunk * p.ldk : 0;
-  x.a = take(kChunk * kLdm);  // a then p: zeroed as one range
-  x.p = take(kChunk * kLdm);
-  x.t = take(kChunk * kLdm);
-  x.s = take(p.dkp * kCols);
-  x.kqs = take(2 * kChunk * kCols);
-  x.vn = take(kChunk * kCols);
-  x.vd = take(kChunk * kCols);
-  x.v = take(2 * kChunk * kCols);
-  x.gb = take(2 * 2 * kChunk);
-  x.ec = take(kChunk);
-  x.el = take(kChunk);
-  x.beta = take(kChunk);
-  x.misc = take(4);
-  x.cum = reinterpret_cast<double*>(take(2 * kChunk));
-  if (m) *m = x;
-  return off;
-}
 
 // ---- PTX helpers: cp.async, cluster barriers, distributed shared memory ----
 
@@ -166,21 +140,22 @@ __device__ __forceinline__ void cluster_arrive() {
 __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// Stores two floats at shared address addr (of this CTA's layout) in cluster CTA `rank`.
-__device__ __forceinline__ void store_cluster2(uint32_t addr, int rank, float x, float y) {
+// Loads four floats at shared address addr (of this CTA's layout) in cluster CTA `rank`.
+__device__ __forceinline__ float4 load_cluster4(uint32_t addr, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote)
                : "r"(addr), "r"(static_cast<uint32_t>(rank)));
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(remote), "f"(x), "f"(y)
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
                : "memory");
+  return v;
 }
 
 __device__ __forceinline__ float4 ld4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
-}
-__device__ __forceinline__ float2 ld2(const float* p) {
-  return *reinterpret_cast<const float2*>(p);
 }
 // acc[0..3] += x * (b.x, b.y, b.z, b.w)
 __device__ __forceinline__ void fma4(float* acc, float x, float4 b) {
@@ -197,99 +172,291 @@ __device__ __forceinline__ float dot4(float acc, float4 a, float4 b) {
   return fmaf(a.w, b.w, acc);
 }
 
-// ---- decode: n <= 1 ----
+// Four consecutive columns col.. of a row at p (p points at column col), columns >= dv read as
+// zero. vec: dv % 4 == 0 and p 16-byte aligned, so the four are all in or all out.
+__device__ __forceinline__ float4 load_cols(const float* p, int col, int dv, bool vec) {
+  if (vec) return col < dv ? ld4(p) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  return make_float4(col < dv ? p[0] : 0.0f, col + 1 < dv ? p[1] : 0.0f, col + 2 < dv ? p[2] : 0.0f,
+                     col + 3 < dv ? p[3] : 0.0f);
+}
+__device__ __forceinline__ void store_cols(float* p, int col, int dv, bool vec, float4 x) {
+  if (vec) {
+    if (col < dv) *reinterpret_cast<float4*>(p) = x;
+    return;
+  }
+  if (col < dv) p[0] = x.x;
+  if (col + 1 < dv) p[1] = x.y;
+  if (col + 2 < dv) p[2] = x.z;
+  if (col + 3 < dv) p[3] = x.w;
+}
 
-__global__ void __launch_bounds__(kThreads)
-    decode_kernel(const DeltaRuleLaunch a, const RowList list) {
-  __shared__ float part[2][kDecodeWarps][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// ---- the recurrence: decode, short rows, short last chunks ----
+
+struct RecurPlan {
+  int col_blocks;  // ceil(Dv / kRecCols): CTAs per (row, head)
+  int tmax;        // most tokens a row of the launch runs here (<= kRecurTokens)
+  int dkr;         // 8 R: row stride of the staged q, k
+  int vec_qk;      // q, k rows 16-byte aligned: 16-byte cp.async
+  int vec_state;   // every row's rec_in / rec_out 16-byte aligned and Dv % 4 == 0
+  int vec_v;
+  int vec_out;
+};
+
+__host__ __device__ inline int recur_smem_floats(const RecurPlan& p) {
+  return 2 * p.tmax * p.dkr + 2 * ((p.tmax + 3) / 4 * 4);
+}
+
+// R: rows of S per lane (Dk <= 8 R). Lane (rg = lane / 4, cg = lane % 4) of warp w holds rows
+// rg R .. rg R + R - 1 and columns 16 w + 4 cg .. + 3 of the CTA's block.
+template <int R>
+__global__ void __launch_bounds__(kRecThreads)
+    recur_kernel(const DeltaRuleLaunch a, const RowList list, const RecurPlan p) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);  // [tmax][dkr]
+  float* ks = qs + p.tmax * p.dkr;              // [tmax][dkr]
+  float* gs = ks + p.tmax * p.dkr;              // [tmax]
+  float* bs = gs + (p.tmax + 3) / 4 * 4;        // [tmax]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int cg = lane & 3, rg = lane >> 2;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   const int hv = static_cast<int>(a.v_heads);
-  const int col_blocks = (dv + 31) / 32;
-  const int cb = static_cast<int>(blockIdx.x % col_blocks);
-  const int rest = static_cast<int>(blockIdx.x / col_blocks);
+  const int cb = static_cast<int>(blockIdx.x % p.col_blocks);
+  const int rest = static_cast<int>(blockIdx.x / p.col_blocks);
   const int h = rest % hv, row = list.index[rest / hv];
   const int kh = h / (hv / static_cast<int>(a.k_heads));
   const int64_t n = a.rows.length[row], len = a.rows.tokens;
   const int64_t tok0 = (a.rows.first + row) * len;
-  const int j = cb * 32 + lane;
-  const bool active = j < dv;
+  const int64_t t0 = chunked_tokens(n);  // tokens chunk_kernel ran (state now in rec_out)
+  const int cnt = static_cast<int>(n - t0);
+  const int c0 = cb * kRecCols, col = c0 + 16 * warp + 4 * cg;
 
-  for (int64_t t = n + warp; t < len; t += kDecodeWarps)
-    if (active) a.out[(tok0 + t) * a.ldo + h * dv + j] = 0.0f;
+  if (t0 == 0) {  // no chunk_kernel for this row: zero the padded outputs here
+    const int width = min(kRecCols, dv - c0);
+    for (int64_t w = tid; w < (len - n) * kRecCols; w += kRecThreads) {
+      const int64_t t = n + w / kRecCols;
+      const int j = static_cast<int>(w % kRecCols);
+      if (j < width) a.out[(tok0 + t) * a.ldo + h * dv + c0 + j] = 0.0f;
+    }
+  }
 
+  // Stage q, k (rows past Dk zero-filled), g, beta of the cnt tokens.
+  const int64_t first = tok0 + t0;
+  if (p.vec_qk) {
+    const int w4 = p.dkr / 4;
+    for (int w = tid; w < cnt * w4; w += kRecThreads) {
+      const int t = w / w4, x = 4 * (w - t * w4);
+      const bool ok = x < dk;
+      const int64_t off = (first + t) * a.ld + kh * dk + x;
+      cp_async16(qs + t * p.dkr + x, ok ? a.q + off : a.q, ok);
+      cp_async16(ks + t * p.dkr + x, ok ? a.k + off : a.k, ok);
+    }
+  } else {
+    for (int w = tid; w < cnt * p.dkr; w += kRecThreads) {
+      const int t = w / p.dkr, x = w - t * p.dkr;
+      const bool ok = x < dk;
+      const int64_t off = (first + t) * a.ld + kh * dk + x;
+      cp_async4(qs + w, ok ? a.q + off : a.q, ok);
+      cp_async4(ks + w, ok ? a.k + off : a.k, ok);
+    }
+  }
+  for (int t = tid; t < cnt; t += kRecThreads) {
+    cp_async4(gs + t, a.g + (first + t) * a.ldg + h, true);
+    cp_async4(bs + t, a.beta + (first + t) * a.ldg + h, true);
+  }
+
+  // This lane's part of S, loaded once: rec_out may alias rec_in, and every element is read and
+  // written by the same thread.
   const int64_t head = static_cast<int64_t>(h) * dk * dv;
-  const float* s_in = a.state[row].rec_in + head;
+  const float* s_in = (t0 > 0 ? a.state[row].rec_out : a.state[row].rec_in) + head;
   float* s_out = a.state[row].rec_out + head;
-  const int per = (dk + kDecodeWarps - 1) / kDecodeWarps;
-  const int k0 = warp * per, cnt = max(0, min(dk, k0 + per) - k0);  // cnt <= 32
-
-  if (n == 0) {
-    if (active && s_in != s_out)
-      for (int x = 0; x < cnt; ++x) s_out[(k0 + x) * dv + j] = s_in[(k0 + x) * dv + j];
-    return;
-  }
-  const float* q = a.q + tok0 * a.ld + kh * dk;
-  const float* k = a.k + tok0 * a.ld + kh * dk;
-  const float decay = expf(a.g[tok0 * a.ldg + h]);
-  const float beta = a.beta[tok0 * a.ldg + h];
-
-  // This thread's slice of column j, decayed, in registers: loaded once, so rec_out may alias
-  // rec_in without forcing the loads behind the stores.
-  float s[32];
-  float mem = 0.0f;
+  const bool vs = p.vec_state != 0;
+  float s[R][4];
 #pragma unroll
-  for (int x = 0; x < 32; ++x) {
-    s[x] = 0.0f;
-    if (active && x < cnt) {
-      s[x] = s_in[(k0 + x) * dv + j] * decay;
-      mem = fmaf(k[k0 + x], s[x], mem);
-    }
+  for (int i = 0; i < R; ++i) {
+    const int x = rg * R + i;
+    const float4 v =
+        x < dk ? load_cols(s_in + x * dv + col, col, dv, vs) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    s[i][0] = v.x;
+    s[i][1] = v.y;
+    s[i][2] = v.z;
+    s[i][3] = v.w;
   }
-  part[0][warp][lane] = mem;
+  cp_async_wait_all();
   __syncthreads();
-  mem = part[0][0][lane];
-  for (int w = 1; w < kDecodeWarps; ++w) mem += part[0][w][lane];
-  const float u = active ? (a.v[tok0 * a.ld + h * dv + j] - mem) * beta : 0.0f;
 
-  float o = 0.0f;
+  const float* vp = a.v + first * a.ld + h * dv + col;
+  float* op = a.out + first * a.ldo + h * dv + col;
+  float4 vnext = cnt > 0 ? load_cols(vp, col, dv, p.vec_v) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int t = 0; t < cnt; ++t) {
+    const float vt[4] = {vnext.x, vnext.y, vnext.z, vnext.w};
+    if (t + 1 < cnt) vnext = load_cols(vp + (t + 1) * a.ld, col, dv, p.vec_v);
+    const float decay = expf(gs[t]), beta = bs[t];
+    const float* kr = ks + t * p.dkr + rg * R;
+    const float* qr = qs + t * p.dkr + rg * R;
+    // mem = Sᵀ k (before the decay)
+    float mem[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-  for (int x = 0; x < 32; ++x) {
-    if (active && x < cnt) {
-      const float sx = fmaf(k[k0 + x], u, s[x]);
-      s_out[(k0 + x) * dv + j] = sx;
-      o = fmaf(q[k0 + x], sx, o);
+    for (int i = 0; i < R; i += 4) {
+      const float4 k4 = ld4(kr + i);
+      const float kk[4] = {k4.x, k4.y, k4.z, k4.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mem[e] = fmaf(kk[u], s[i + u][e], mem[e]);
     }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mem[e] += __shfl_xor_sync(0xffffffffu, mem[e], off);
+    float u4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) u4[e] = (vt[e] - decay * mem[e]) * beta;
+    // S <- e^g S + k ⊗ u; o = Sᵀ q
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < R; i += 4) {
+      const float4 k4 = ld4(kr + i), q4 = ld4(qr + i);
+      const float kk[4] = {k4.x, k4.y, k4.z, k4.w}, qq[4] = {q4.x, q4.y, q4.z, q4.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[i + u][e] = fmaf(kk[u], u4[e], s[i + u][e] * decay);
+          o[e] = fmaf(qq[u], s[i + u][e], o[e]);
+        }
+    }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] += __shfl_xor_sync(0xffffffffu, o[e], off);
+    if (rg == 0)
+      store_cols(op + t * a.ldo, col, dv, p.vec_out, make_float4(o[0], o[1], o[2], o[3]));
   }
-  part[1][warp][lane] = o;
-  __syncthreads();
-  if (warp == 0 && active) {
-    o = part[1][0][lane];
-    for (int w = 1; w < kDecodeWarps; ++w) o += part[1][w][lane];
-    a.out[tok0 * a.ldo + h * dv + j] = o;
+
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int x = rg * R + i;
+    if (x < dk)
+      store_cols(s_out + x * dv + col, col, dv, vs,
+                 make_float4(s[i][0], s[i][1], s[i][2], s[i][3]));
   }
 }
 
-// ---- chunked: n >= 2 ----
+// ---- the chunked form ----
+
+struct ChunkPlan {
+  int dkp;         // Dk rounded up to 4: the reduction length over Dk (zero-padded)
+  int ldk;         // row stride of the q, k tiles, 4 mod 32
+  int col_blocks;  // ceil(Dv / kCols): CTAs per (row, head)
+  int k_buffers;   // 2: the next chunk's k loads during this one; 1 when 2 do not fit
+  int vec4;        // q, k, v rows 16-byte aligned: 16-byte cp.async
+  int copies;      // 1: the cluster's CTAs share the preparation (cluster of more than one)
+  int slots;       // the cluster size: chunks per round
+};
+
+struct ChunkSmem {
+  float* q;      // [64][ldk]
+  float* k;      // [k_buffers][64][ldk]
+  int k_step;    // floats from one k buffer to the next (0 with one buffer)
+  float* t;      // [64][kLdm] T of the chunk being run (block lower)
+  float* p;      // [64][kLdm] P of the chunk being run (lower, zero above the diagonal)
+  float* t_own;  // T of the chunk this CTA prepares (== t without copies)
+  float* p_own;  // P of the chunk this CTA prepares (== p without copies)
+  float* a;      // A while preparing (strictly lower; == t with copies)
+  float* s;      // [dkp][16] this CTA's columns of S
+  float* kqs;    // [128][16] X over QS
+  float* vn;     // [64][16] v' (while preparing: the block-row scratch of T)
+  float* vd;     // [64][16] v'' = e^(c_last - c) v'
+  float* v;      // [2][64][16]
+  float* gb;     // [slots][128]: g, then beta, of the round's chunks
+  float* dec;    // [slots][kDecStride]: the round's decay factors and beta
+  double* cum;   // [64] c of the chunk this CTA prepares
+};
+
+// Carves the shared memory of chunk_kernel from base (null: only counts); returns its size in
+// floats. Every piece is a multiple of 4 floats, so each starts 16-byte aligned.
+__host__ __device__ inline int chunk_smem_layout(const ChunkPlan& p, float* base, ChunkSmem* m) {
+  int off = 0;
+  auto take = [&](int floats) {
+    float* at = base ? base + off : nullptr;
+    off += floats;
+    return at;
+  };
+  ChunkSmem x;
+  x.q = take(kChunk * p.ldk);
+  x.k = take(p.k_buffers * kChunk * p.ldk);
+  x.k_step = p.k_buffers == 2 ? kChunk * p.ldk : 0;
+  x.t = take(kChunk * kLdm);
+  x.p = take(kChunk * kLdm);
+  if (p.copies) {
+    x.t_own = take(kChunk * kLdm);
+    x.p_own = take(kChunk * kLdm);
+    x.a = x.t;
+  } else {
+    x.t_own = x.t;
+    x.p_own = x.p;
+    x.a = take(kChunk * kLdm);
+  }
+  x.s = take(p.dkp * kCols);
+  x.kqs = take(2 * kChunk * kCols);
+  x.vn = take(kChunk * kCols);
+  x.vd = take(kChunk * kCols);
+  x.v = take(2 * kChunk * kCols);
+  x.gb = take(p.slots * 2 * kChunk);
+  x.dec = take(p.slots * kDecStride);
+  x.cum = reinterpret_cast<double*>(take(2 * kChunk));
+  if (m) *m = x;
+  return off;
+}
 
 // cp.async of a [64][width] tile (width a multiple of 4) from global rows src + i * ld: rows
 // i < m and columns < valid are read, the rest zero-filled. With vec4, valid is a multiple of 4
-// and src, ld are 16-byte aligned. safe: a mapped address for the zero-filled copies.
+// and src, ld are 16-byte aligned. safe: a mapped address for the zero-filled copies. Threads
+// lo .. lo + threads - 1 issue the copies.
 __device__ void load_tile(float* dst, int ldd, const float* src, int64_t ld, int m, int width,
-                          int valid, bool vec4, const float* safe) {
+                          int valid, bool vec4, const float* safe, int lo, int threads) {
+  const int first = static_cast<int>(threadIdx.x) - lo;
   if (vec4) {
     const int w4 = width >> 2;
-    for (int w = threadIdx.x; w < kChunk * w4; w += kThreads) {
+    for (int w = first; w < kChunk * w4; w += threads) {
       const int i = w / w4, x = 4 * (w - i * w4);
       const bool ok = i < m && x < valid;
       cp_async16(dst + i * ldd + x, ok ? src + i * ld + x : safe, ok);
     }
   } else {
-    for (int w = threadIdx.x; w < kChunk * width; w += kThreads) {
+    for (int w = first; w < kChunk * width; w += threads) {
       const int i = w / width, x = w - i * width;
       const bool ok = i < m && x < valid;
       cp_async4(dst + i * ldd + x, ok ? src + i * ld + x : safe, ok);
     }
+  }
+}
+
+// Offset in a [64][kLdm] matrix of float4 number f (< kLowerQuads) of the 16 x 16 blocks on and
+// below the diagonal.
+__device__ __forceinline__ int lower_quad_offset(int f) {
+  const int b = f >> 6, r = (f >> 2) & 15, q = f & 3;
+  const int bi = b < 1 ? 0 : b < 3 ? 1 : b < 6 ? 2 : 3;
+  const int bj = b - bi * (bi + 1) / 2;
+  return (16 * bi + r) * kLdm + 16 * bj + 4 * q;
+}
+// This thread's share of those blocks of `own` (this CTA's layout) in cluster CTA `rank`.
+struct Quads {
+  float4 x[kQuadsPerThread];
+};
+__device__ __forceinline__ void fetch_lower(const float* own, int rank, Quads& q) {
+#pragma unroll
+  for (int j = 0; j < kQuadsPerThread; ++j) {
+    const int f = threadIdx.x + j * kThreads;
+    if (f < kLowerQuads) q.x[j] = load_cluster4(smem_u32(own + lower_quad_offset(f)), rank);
+  }
+}
+__device__ __forceinline__ void store_lower(float* dst, const Quads& q) {
+#pragma unroll
+  for (int j = 0; j < kQuadsPerThread; ++j) {
+    const int f = threadIdx.x + j * kThreads;
+    if (f < kLowerQuads) *reinterpret_cast<float4*>(dst + lower_quad_offset(f)) = q.x[j];
   }
 }
 
@@ -299,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   ChunkSmem sm;
   chunk_smem_layout(p, reinterpret_cast<float*>(smem4), &sm);
 
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   const int hv = static_cast<int>(a.v_heads);
   const int cb = static_cast<int>(blockIdx.x % p.col_blocks);
@@ -308,9 +475,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kh = h / (hv / static_cast<int>(a.k_heads));
   const int j0 = cb * kCols, ncols = min(kCols, dv - j0);
   const int64_t n = a.rows.length[row], len = a.rows.tokens;
+  const int64_t nc = chunked_tokens(n);
   const int64_t tok0 = (a.rows.first + row) * len;
-  const bool vec4 = p.vec4 != 0;
-  const int nchunks = static_cast<int>((n + kChunk - 1) / kChunk);
+  const bool vec4 = p.vec4 != 0, two_k = p.k_buffers == 2;
+  const int nchunks = static_cast<int>((nc + kChunk - 1) / kChunk);
+  const int rank = cluster_rank(), ctas = cluster_ctas();
 
   // Padded tokens: zero outputs (this CTA's columns).
   for (int64_t w = tid; w < (len - n) * kCols; w += kThreads) {
@@ -318,8 +487,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int j = static_cast<int>(w % kCols);
     if (j < ncols) a.out[(tok0 + t) * a.ldo + h * dv + j0 + j] = 0.0f;
   }
-  // A and P start at zero: entries no tile writes (above the diagonal) stay zero.
-  for (int w = tid; w < 2 * kChunk * kLdm; w += kThreads) sm.a[w] = 0.0f;
+  // P starts at zero: the entries above the diagonal no tile writes stay zero.
+  for (int w = tid; w < kChunk * kLdm; w += kThreads) sm.p_own[w] = 0.0f;
   const int64_t head = static_cast<int64_t>(h) * dk * dv;
   const float* s_in = a.state[row].rec_in + head;
   for (int w = tid; w < p.dkp * kCols; w += kThreads) {
@@ -327,307 +496,383 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm.s[w] = x < dk && j < ncols ? s_in[x * dv + j0 + j] : 0.0f;
   }
 
-  auto load_qk = [&](float* dst, const float* base, int c) {
-    const int64_t s0 = static_cast<int64_t>(c) * kChunk;
-    const int m = static_cast<int>(n - s0 < kChunk ? n - s0 : kChunk);
-    load_tile(dst, p.ldk, base + (tok0 + s0) * a.ld + kh * dk, a.ld, m, p.dkp, dk, vec4, base);
+  auto rows_of = [&](int c) {
+    const int64_t left = nc - static_cast<int64_t>(c) * kChunk;
+    return static_cast<int>(left < kChunk ? left : kChunk);
   };
-  auto load_vgb = [&](int c) {
+  auto k_buf = [&](int b) { return sm.k + b * sm.k_step; };
+  auto load_qk = [&](float* dst, const float* base, int c, int lo = 0, int threads = kThreads) {
     const int64_t s0 = static_cast<int64_t>(c) * kChunk;
-    const int m = static_cast<int>(n - s0 < kChunk ? n - s0 : kChunk);
-    load_tile(sm.v + (c & 1) * kChunk * kCols, kCols, a.v + (tok0 + s0) * a.ld + h * dv + j0, a.ld,
-              m, kCols, ncols, vec4, a.v);
-    for (int w = tid; w < 2 * kChunk; w += kThreads) {
-      const int i = w & (kChunk - 1);
-      const float* base = w < kChunk ? a.g : a.beta;
-      cp_async4(sm.gb + (c & 1) * 2 * kChunk + w, i < m ? base + (tok0 + s0 + i) * a.ldg + h : base,
-                i < m);
+    load_tile(dst, p.ldk, base + (tok0 + s0) * a.ld + kh * dk, a.ld, rows_of(c), p.dkp, dk, vec4,
+              base, lo, threads);
+  };
+  auto load_v = [&](int c, int b, int lo = 0, int threads = kThreads) {
+    const int64_t s0 = static_cast<int64_t>(c) * kChunk;
+    load_tile(sm.v + b * kChunk * kCols, kCols, a.v + (tok0 + s0) * a.ld + h * dv + j0, a.ld,
+              rows_of(c), kCols, ncols, vec4, a.v, lo, threads);
+  };
+  // g, beta of the chunks base .. base + ctas - 1 (zero past the row's chunked tokens).
+  auto load_gb = [&](int base) {
+    for (int w = tid; w < ctas * 2 * kChunk; w += kThreads) {
+      const int slot = w >> 7, i = w & (kChunk - 1), c = base + slot;
+      const float* src = (w >> 6) & 1 ? a.beta : a.g;
+      const bool ok = c < nchunks && i < rows_of(c);
+      const int64_t t = static_cast<int64_t>(c) * kChunk + i;
+      cp_async4(sm.gb + w, ok ? src + (tok0 + t) * a.ldg + h : src, ok);
     }
   };
-  load_qk(sm.q, a.q, 0);
-  load_qk(sm.k, a.k, 0);
-  load_vgb(0);
 
-  // The first "readers done" arrival; its wait (before the first remote store) also makes sure
-  // every CTA of the cluster has started.
+  int kb = 0, vb = 0;  // the k and v buffers of the next chunk to run
+  if (rank < nchunks) {
+    load_qk(sm.q, a.q, rank);
+    load_qk(k_buf(kb), a.k, rank);
+  }
+  load_gb(0);
+  // The first "done reading" arrival; its wait (before the first preparation writes what other
+  // CTAs read) also makes sure every CTA of the cluster has started.
   cluster_arrive();
 
-  for (int c = 0; c < nchunks; ++c) {
-    const int buf = c & 1;
-    const float* kt = sm.k + buf * sm.k_step;
-    const int64_t left = n - static_cast<int64_t>(c) * kChunk;
-    const int m = static_cast<int>(left < kChunk ? left : kChunk);
-    if (p.k_buffers == 1 && c > 0) {  // the previous chunk's S update read k to the end
-      __syncthreads();
-      load_qk(sm.k, a.k, c);
-    }
+  Quads t_next, p_next;
+  for (int base = 0; base < nchunks; base += ctas) {
+    const int round = min(ctas, nchunks - base), pc = base + rank;
+    const bool own = pc < nchunks;
     cp_async_wait_all();
     __syncthreads();
 
-    // 1. c by warp 0 (a double scan; padded g are 0, so c_63 = c_last), then KS and QS.
-    if (tid < 32) {
-      const float* g = sm.gb + buf * 2 * kChunk;
-      const float g0 = g[2 * tid], g1 = g[2 * tid + 1];
+    // a. Decay factors of the round's chunks (warp w: chunk base + w; a double scan; padded g
+    // are 0, so c_63 = c_last).
+    if (warp < round) {
+      const float* g = sm.gb + warp * 2 * kChunk;
+      float* d = sm.dec + warp * kDecStride;
+      const float g0 = g[2 * lane], g1 = g[2 * lane + 1];
       double incl = static_cast<double>(g0) + static_cast<double>(g1);
       for (int off = 1; off < 32; off <<= 1) {
         const double y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (tid >= off) incl += y;
+        if (lane >= off) incl += y;
       }
       double excl = __shfl_up_sync(0xffffffffu, incl, 1);
-      if (tid == 0) excl = 0.0;
+      if (lane == 0) excl = 0.0;
       const double c0 = excl + g0, c1 = c0 + g1;
       const double last = __shfl_sync(0xffffffffu, c1, 31);
-      sm.cum[2 * tid] = c0;
-      sm.cum[2 * tid + 1] = c1;
-      sm.ec[2 * tid] = expf(static_cast<float>(c0));
-      sm.ec[2 * tid + 1] = expf(static_cast<float>(c1));
-      sm.el[2 * tid] = expf(static_cast<float>(last - c0));
-      sm.el[2 * tid + 1] = expf(static_cast<float>(last - c1));
-      sm.beta[2 * tid] = g[kChunk + 2 * tid];
-      sm.beta[2 * tid + 1] = g[kChunk + 2 * tid + 1];
-      if (tid == 0) sm.misc[0] = expf(static_cast<float>(last));
-    }
-    {  // thread: rows K[rg], Q[rg] x columns 4 jg .. 4 jg + 3
-      const int jg = tid & 3, rg = tid >> 2;
-      const float* kr = kt + rg * p.ldk;
-      const float* qr = sm.q + rg * p.ldk;
-      const float* sc = sm.s + 4 * jg;
-      float ak[4] = {0.0f, 0.0f, 0.0f, 0.0f}, aq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 2
-      for (int x = 0; x < p.dkp; x += 4) {
-        const float4 kv = ld4(kr + x), qv = ld4(qr + x);
-        const float4 s0 = ld4(sc + (x + 0) * kCols), s1 = ld4(sc + (x + 1) * kCols);
-        const float4 s2 = ld4(sc + (x + 2) * kCols), s3 = ld4(sc + (x + 3) * kCols);
-        fma4(ak, kv.x, s0);
-        fma4(ak, kv.y, s1);
-        fma4(ak, kv.z, s2);
-        fma4(ak, kv.w, s3);
-        fma4(aq, qv.x, s0);
-        fma4(aq, qv.y, s1);
-        fma4(aq, qv.z, s2);
-        fma4(aq, qv.w, s3);
+      d[2 * lane] = expf(static_cast<float>(c0));
+      d[2 * lane + 1] = expf(static_cast<float>(c1));
+      d[kChunk + 2 * lane] = expf(static_cast<float>(last - c0));
+      d[kChunk + 2 * lane + 1] = expf(static_cast<float>(last - c1));
+      d[2 * kChunk + 2 * lane] = g[kChunk + 2 * lane];
+      d[2 * kChunk + 2 * lane + 1] = g[kChunk + 2 * lane + 1];
+      if (lane == 0) d[3 * kChunk] = expf(static_cast<float>(last));
+      if (warp == rank) {
+        sm.cum[2 * lane] = c0;
+        sm.cum[2 * lane + 1] = c1;
       }
-      *reinterpret_cast<float4*>(sm.kqs + rg * kCols + 4 * jg) =
-          make_float4(ak[0], ak[1], ak[2], ak[3]);
-      *reinterpret_cast<float4*>(sm.kqs + (kChunk + rg) * kCols + 4 * jg) =
-          make_float4(aq[0], aq[1], aq[2], aq[3]);
+    }
+    __syncthreads();
+    // Every CTA is done reading the previous round's T and P of this one.
+    cluster_wait();
+
+    // b. G and P tiles of chunk pc, scaled, into A and P. Thread: an 8 x 4 half of an 8 x 8
+    // tile (threads 0-143), its rows and columns visited in an order rotated by the tile's
+    // place in its quarter warp (so the quarter's loads hit distinct banks; no sum changes).
+    if (own && tid < 4 * kHalfTiles) {
+      const float* kt = k_buf(kb);
+      const float* beta = sm.dec + rank * kDecStride + 2 * kChunk;
+      const int tile = tid >> 1, rot = tile & 3;
+      const bool is_p = tile >= kHalfTiles;
+      const int u = is_p ? tile - kHalfTiles : tile;
+      int bi = 0;
+      while ((bi + 1) * (bi + 2) / 2 <= u) ++bi;
+      const int bj = u - bi * (bi + 1) / 2;
+      const int i0 = 8 * bi, j0t = 8 * bj + 4 * (tid & 1);
+      const float* xs = (is_p ? sm.q : kt) + i0 * p.ldk;
+      const float* ys = kt + j0t * p.ldk;
+      float acc[8][4];
+#pragma unroll
+      for (int di = 0; di < 8; ++di)
+#pragma unroll
+        for (int dj = 0; dj < 4; ++dj) acc[di][dj] = 0.0f;
+      for (int x = 0; x < p.dkp; x += 4) {
+        float4 yv[4];
+#pragma unroll
+        for (int dj = 0; dj < 4; ++dj) yv[dj] = ld4(ys + ((dj + rot) & 3) * p.ldk + x);
+#pragma unroll
+        for (int di = 0; di < 8; ++di) {
+          const float4 xv = ld4(xs + ((di + rot) & 7) * p.ldk + x);
+#pragma unroll
+          for (int dj = 0; dj < 4; ++dj) acc[di][dj] = dot4(acc[di][dj], xv, yv[dj]);
+        }
+      }
+      float* dst = is_p ? sm.p_own : sm.a;
+#pragma unroll
+      for (int di = 0; di < 8; ++di) {
+        const int i = i0 + ((di + rot) & 7);
+#pragma unroll
+        for (int dj = 0; dj < 4; ++dj) {
+          const int jj = j0t + ((dj + rot) & 3);
+          const bool keep = is_p ? jj <= i : jj < i;
+          const float e = keep ? expf(static_cast<float>(sm.cum[i] - sm.cum[jj])) : 0.0f;
+          const float x = is_p ? acc[di][dj] : beta[i] * acc[di][dj];
+          dst[i * kLdm + jj] = keep ? x * e : 0.0f;
+        }
+      }
     }
     __syncthreads();
 
-    // 2. This CTA's share of the G and P tiles, scaled, into A and P of every CTA. The wait
-    // pairs with the previous chunk's "readers done" arrival.
-    cluster_wait();
-    {
-      const int rank = cluster_rank(), ctas = cluster_ctas();
-      const int items = (2 * kHalfTiles - rank + ctas - 1) / ctas * 16;
-      for (int w = tid; w < items; w += kThreads) {
-        const int tile = rank + ctas * (w >> 4), sub = w & 15;
-        const bool is_p = tile >= kHalfTiles;
-        const int u = is_p ? tile - kHalfTiles : tile;
-        int bi = 0;
-        while ((bi + 1) * (bi + 2) / 2 <= u) ++bi;
-        const int bj = u - bi * (bi + 1) / 2;
-        const int i0 = 8 * bi + 2 * (sub >> 2), j0t = 8 * bj + 2 * (sub & 3);
-        const float* xa = (is_p ? sm.q : kt) + i0 * p.ldk;
-        const float* xb = xa + p.ldk;
-        const float* ya = kt + j0t * p.ldk;
-        const float* yb = ya + p.ldk;
-        float c00 = 0.0f, c01 = 0.0f, c10 = 0.0f, c11 = 0.0f;
-#pragma unroll 2
-        for (int x = 0; x < p.dkp; x += 4) {
-          const float4 x0 = ld4(xa + x), x1 = ld4(xb + x), y0 = ld4(ya + x), y1 = ld4(yb + x);
-          c00 = dot4(c00, x0, y0);
-          c01 = dot4(c01, x0, y1);
-          c10 = dot4(c10, x1, y0);
-          c11 = dot4(c11, x1, y1);
-        }
-        const float prod[2][2] = {{c00, c01}, {c10, c11}};
-        float* dst = is_p ? sm.p : sm.a;
+    // The round's first chunk: its q, k (unless they are the tiles just used) and v.
+    if (pc != base) {
+      load_qk(sm.q, a.q, base);
+      load_qk(k_buf(kb), a.k, base);
+    }
+    load_v(base, vb);
+
+    // c. T = (I + A)^-1 of chunk pc.
+    if (own) {
+      // Diagonal blocks D_b = (I + A_bb)^-1 (threads 0-63: column col of block b).
+      if (tid < 64) {
+        const int o = 16 * (tid >> 4), col = tid & 15;
+        float d[16];
 #pragma unroll
-        for (int di = 0; di < 2; ++di) {
-          const int i = i0 + di;
-          float val[2];
+        for (int r = 0; r < 16; ++r) {
+          const float* ar = sm.a + (o + r) * kLdm + o;
+          float acc = 0.0f;
 #pragma unroll
-          for (int dj = 0; dj < 2; ++dj) {
-            const int jj = j0t + dj;
-            const bool keep = is_p ? jj <= i : jj < i;
-            const float e = keep ? expf(static_cast<float>(sm.cum[i] - sm.cum[jj])) : 0.0f;
-            const float x = is_p ? prod[di][dj] : sm.beta[i] * prod[di][dj];
-            val[dj] = keep ? x * e : 0.0f;
+          for (int x4 = 0; x4 < r; x4 += 4) {
+            const float4 av = ld4(ar + x4);
+            acc = fmaf(av.x, d[x4], acc);
+            if (x4 + 1 < r) acc = fmaf(av.y, d[x4 + 1], acc);
+            if (x4 + 2 < r) acc = fmaf(av.z, d[x4 + 2], acc);
+            if (x4 + 3 < r) acc = fmaf(av.w, d[x4 + 3], acc);
           }
-          const uint32_t addr = smem_u32(dst + i * kLdm + j0t);
-          for (int r = 0; r < ctas; ++r) store_cluster2(addr, r, val[0], val[1]);
+          d[r] = r < col ? 0.0f : (r == col ? 1.0f : -acc);
         }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) sm.t_own[(o + r) * kLdm + o + col] = d[r];
+      }
+      __syncthreads();
+      // Block rows 1-3: Y_ij = Σ_{k=j}^{i-1} A_ik T_kj into the scratch, T_ij = -D_i Y_ij.
+      float* scratch = sm.vn;
+      for (int bi = 1; bi < 4; ++bi) {
+        for (int w = tid; w < bi * 256; w += kThreads) {
+          const int bj = w >> 8, r = (w >> 4) & 15, col = w & 15;
+          const float* ar = sm.a + (16 * bi + r) * kLdm;
+          float acc = 0.0f;
+          for (int kb2 = bj; kb2 < bi; ++kb2) {
+            const float* tc = sm.t_own + 16 * kb2 * kLdm + 16 * bj + col;
+#pragma unroll
+            for (int x4 = 0; x4 < 16; x4 += 4) {
+              const float4 av = ld4(ar + 16 * kb2 + x4);
+              acc = fmaf(av.x, tc[(x4 + 0) * kLdm], acc);
+              acc = fmaf(av.y, tc[(x4 + 1) * kLdm], acc);
+              acc = fmaf(av.z, tc[(x4 + 2) * kLdm], acc);
+              acc = fmaf(av.w, tc[(x4 + 3) * kLdm], acc);
+            }
+          }
+          scratch[w] = acc;
+        }
+        __syncthreads();
+        for (int w = tid; w < bi * 256; w += kThreads) {
+          const int bj = w >> 8, r = (w >> 4) & 15, col = w & 15;
+          const float* dr = sm.t_own + (16 * bi + r) * kLdm + 16 * bi;
+          const float* yc = scratch + bj * 256 + col;
+          float acc = 0.0f;
+#pragma unroll
+          for (int x4 = 0; x4 < 16; x4 += 4) {
+            const float4 dv4 = ld4(dr + x4);
+            acc = fmaf(dv4.x, yc[(x4 + 0) * 16], acc);
+            acc = fmaf(dv4.y, yc[(x4 + 1) * 16], acc);
+            acc = fmaf(dv4.z, yc[(x4 + 2) * 16], acc);
+            acc = fmaf(dv4.w, yc[(x4 + 3) * 16], acc);
+          }
+          sm.t_own[(16 * bi + r) * kLdm + 16 * bj + col] = -acc;
+        }
+        __syncthreads();
       }
     }
+    // This CTA's T and P are ready; wait for every CTA's.
     cluster_arrive();
     cluster_wait();
 
-    // q and this chunk's v, g, beta buffers are free now: start the next chunk's loads.
-    if (c + 1 < nchunks) {
-      load_qk(sm.q, a.q, c + 1);
-      if (p.k_buffers == 2) load_qk(sm.k + (buf ^ 1) * sm.k_step, a.k, c + 1);
-      load_vgb(c + 1);
-    }
-
-    // 3. Diagonal blocks D_b = (I + A_bb)^-1 (threads 0-63: column m of block b), and X.
-    if (tid < 64) {
-      const int o = 16 * (tid >> 4), col = tid & 15;
-      float d[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        const float* ar = sm.a + (o + r) * kLdm + o;
-        float acc = 0.0f;
-#pragma unroll
-        for (int x4 = 0; x4 < r; x4 += 4) {
-          const float4 av = ld4(ar + x4);
-          acc = fmaf(av.x, d[x4], acc);
-          if (x4 + 1 < r) acc = fmaf(av.y, d[x4 + 1], acc);
-          if (x4 + 2 < r) acc = fmaf(av.z, d[x4 + 2], acc);
-          if (x4 + 3 < r) acc = fmaf(av.w, d[x4 + 3], acc);
+    // Run the round's chunks in order.
+    for (int slot = 0; slot < round; ++slot) {
+      const int c = base + slot, m = rows_of(c);
+      const float* d = sm.dec + slot * kDecStride;
+      const float* kt = k_buf(kb);
+      const bool fetch_next = p.copies && slot + 1 < round;
+      if (p.copies) {
+        if (slot == 0) {
+          fetch_lower(sm.t_own, slot, t_next);
+          fetch_lower(sm.p_own, slot, p_next);
+          store_lower(sm.t, t_next);
         }
-        d[r] = r < col ? 0.0f : (r == col ? 1.0f : -acc);
+        store_lower(sm.p, p_next);  // P of the previous chunk was last read before the barrier
       }
-#pragma unroll
-      for (int r = 0; r < 16; ++r) sm.t[(o + r) * kLdm + o + col] = d[r];
-    } else {
-      const float* v = sm.v + buf * kChunk * kCols;
-      for (int w = tid - 64; w < kChunk * kCols; w += kThreads - 64) {
-        const int i = w >> 4;
-        sm.kqs[w] = sm.beta[i] * fmaf(-sm.ec[i], sm.kqs[w], v[w]);
-      }
-    }
-    __syncthreads();
+      cp_async_wait_all();
+      __syncthreads();
 
-    // 4. Block rows 1-3 of T: Y_ij = Σ_{k=j}^{i-1} A_ik T_kj into the scratch, T_ij = -D_i Y_ij.
-    float* scratch = sm.vn;
-    for (int bi = 1; bi < 4; ++bi) {
-      for (int w = tid; w < bi * 256; w += kThreads) {
-        const int bj = w >> 8, r = (w >> 4) & 15, col = w & 15;
-        const float* ar = sm.a + (16 * bi + r) * kLdm;
-        float acc = 0.0f;
-        for (int kb = bj; kb < bi; ++kb) {
-          const float* tc = sm.t + 16 * kb * kLdm + 16 * bj + col;
+      // 1. KS, QS, then X = beta (V - e^c KS). Thread (0-127): rows rg, rg + 32 of K and of Q
+      // x columns 4 jg .. 4 jg + 3 (a 4 x 4 block per thread: fewer shared-memory reads per
+      // FMA). Meanwhile threads 128-255 start the next chunk's k and v into the free buffers.
+      const bool next_in_round = slot + 1 < round, early = next_in_round && two_k;
+      const int next_pc = base + ctas + rank;
+      if (tid < 128) {
+        const int jg = tid & 3, rg = tid >> 2;
+        const float* kr = kt + rg * p.ldk;
+        const float* qr = sm.q + rg * p.ldk;
+        const float* sc = sm.s + 4 * jg;
+        float acc[4][4];  // K[rg], K[rg + 32], Q[rg], Q[rg + 32]
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[r][e] = 0.0f;
+#pragma unroll 2
+        for (int x = 0; x < p.dkp; x += 4) {
+          const float4 xv[4] = {ld4(kr + x), ld4(kr + 32 * p.ldk + x), ld4(qr + x),
+                                ld4(qr + 32 * p.ldk + x)};
+          const float4 s0 = ld4(sc + (x + 0) * kCols), s1 = ld4(sc + (x + 1) * kCols);
+          const float4 s2 = ld4(sc + (x + 2) * kCols), s3 = ld4(sc + (x + 3) * kCols);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            fma4(acc[r], xv[r].x, s0);
+            fma4(acc[r], xv[r].y, s1);
+            fma4(acc[r], xv[r].z, s2);
+            fma4(acc[r], xv[r].w, s3);
+          }
+        }
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int r = rg + 32 * h2;
+          const float* ak = acc[h2];
+          const float ec = d[r], beta = d[2 * kChunk + r];
+          const float4 vv = ld4(sm.v + vb * kChunk * kCols + r * kCols + 4 * jg);
+          *reinterpret_cast<float4*>(sm.kqs + r * kCols + 4 * jg) =
+              make_float4(beta * fmaf(-ec, ak[0], vv.x), beta * fmaf(-ec, ak[1], vv.y),
+                          beta * fmaf(-ec, ak[2], vv.z), beta * fmaf(-ec, ak[3], vv.w));
+          *reinterpret_cast<float4*>(sm.kqs + (kChunk + r) * kCols + 4 * jg) =
+              make_float4(acc[2 + h2][0], acc[2 + h2][1], acc[2 + h2][2], acc[2 + h2][3]);
+        }
+      } else if (early) {
+        load_qk(k_buf(kb ^ 1), a.k, c + 1, 128, kThreads - 128);
+        load_v(c + 1, vb ^ 1, 128, kThreads - 128);
+      }
+      __syncthreads();
+
+      // q is free now: the rest of the next loads (the round's next chunk, or the next round's
+      // tiles and g, beta). With one k buffer, k waits for step 3.
+      if (next_in_round) {
+        load_qk(sm.q, a.q, c + 1);
+        if (!early) load_v(c + 1, vb ^ 1);
+      } else if (base + ctas < nchunks) {
+        if (next_pc < nchunks) {
+          load_qk(sm.q, a.q, next_pc);
+          if (two_k) load_qk(k_buf(kb ^ 1), a.k, next_pc);
+        }
+        load_gb(base + ctas);
+      }
+      if (fetch_next) {
+        fetch_lower(sm.t_own, slot + 1, t_next);
+        fetch_lower(sm.p_own, slot + 1, p_next);
+      }
+
+      // 2. v' = T X (row r sums over the blocks up to its own), v'' = e^(c_last - c) v'.
+      // Thread: column j, rows rr + 16 b.
+      const int j = tid & 15, rr = tid >> 4;
+      {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kb2 = 0; kb2 < 4; ++kb2)
 #pragma unroll
           for (int x4 = 0; x4 < 16; x4 += 4) {
-            const float4 av = ld4(ar + 16 * kb + x4);
-            acc = fmaf(av.x, tc[(x4 + 0) * kLdm], acc);
-            acc = fmaf(av.y, tc[(x4 + 1) * kLdm], acc);
-            acc = fmaf(av.z, tc[(x4 + 2) * kLdm], acc);
-            acc = fmaf(av.w, tc[(x4 + 3) * kLdm], acc);
+            const int x = 16 * kb2 + x4;
+            const float4 xv = make_float4(sm.kqs[(x + 0) * kCols + j], sm.kqs[(x + 1) * kCols + j],
+                                          sm.kqs[(x + 2) * kCols + j], sm.kqs[(x + 3) * kCols + j]);
+#pragma unroll
+            for (int b = kb2; b < 4; ++b)
+              acc[b] = dot4(acc[b], ld4(sm.t + (rr + 16 * b) * kLdm + x), xv);
           }
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const int r = rr + 16 * b;
+          sm.vn[r * kCols + j] = acc[b];
+          sm.vd[r * kCols + j] = acc[b] * d[kChunk + r];
         }
-        scratch[w] = acc;
       }
       __syncthreads();
-      for (int w = tid; w < bi * 256; w += kThreads) {
-        const int bj = w >> 8, r = (w >> 4) & 15, col = w & 15;
-        const float* dr = sm.t + (16 * bi + r) * kLdm + 16 * bi;
-        const float* yc = scratch + bj * 256 + col;
-        float acc = 0.0f;
-#pragma unroll
-        for (int x4 = 0; x4 < 16; x4 += 4) {
-          const float4 dv4 = ld4(dr + x4);
-          acc = fmaf(dv4.x, yc[(x4 + 0) * 16], acc);
-          acc = fmaf(dv4.y, yc[(x4 + 1) * 16], acc);
-          acc = fmaf(dv4.z, yc[(x4 + 2) * 16], acc);
-          acc = fmaf(dv4.w, yc[(x4 + 3) * 16], acc);
-        }
-        sm.t[(16 * bi + r) * kLdm + 16 * bj + col] = -acc;
-      }
-      __syncthreads();
-    }
+      if (fetch_next) store_lower(sm.t, t_next);  // T of this chunk was last read above
 
-    // 5. v' = T X (row r sums over the blocks up to its own), v'' = e^(c_last - c) v'. Thread:
-    // column j, rows rr + 16 b.
-    const int j = tid & 15, rr = tid >> 4;
-    {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      // 3. o = e^c QS + P v' to the output; S <- e^(c_last) S + Kᵀ v''.
+      {
+        float acc[4];
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb)
-#pragma unroll
-        for (int x4 = 0; x4 < 16; x4 += 4) {
-          const int x = 16 * kb + x4;
-          const float4 xv = make_float4(sm.kqs[(x + 0) * kCols + j], sm.kqs[(x + 1) * kCols + j],
-                                        sm.kqs[(x + 2) * kCols + j], sm.kqs[(x + 3) * kCols + j]);
-#pragma unroll
-          for (int b = kb; b < 4; ++b)
-            acc[b] = dot4(acc[b], ld4(sm.t + (rr + 16 * b) * kLdm + x), xv);
+        for (int b = 0; b < 4; ++b) {
+          const int r = rr + 16 * b;
+          acc[b] = d[r] * sm.kqs[(kChunk + r) * kCols + j];
         }
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int r = rr + 16 * b;
-        sm.vn[r * kCols + j] = acc[b];
-        sm.vd[r * kCols + j] = acc[b] * sm.el[r];
-      }
-    }
-    __syncthreads();
-
-    // 6. o = e^c QS + P v' to the output; S <- e^(c_last) S + Kᵀ v''.
-    {
-      float acc[4];
+        for (int kb2 = 0; kb2 < 4; ++kb2)
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int r = rr + 16 * b;
-        acc[b] = sm.ec[r] * sm.kqs[(kChunk + r) * kCols + j];
-      }
+          for (int x4 = 0; x4 < 16; x4 += 4) {
+            const int x = 16 * kb2 + x4;
+            const float4 vv = make_float4(sm.vn[(x + 0) * kCols + j], sm.vn[(x + 1) * kCols + j],
+                                          sm.vn[(x + 2) * kCols + j], sm.vn[(x + 3) * kCols + j]);
 #pragma unroll
-      for (int kb = 0; kb < 4; ++kb)
+            for (int b = kb2; b < 4; ++b)
+              acc[b] = dot4(acc[b], ld4(sm.p + (rr + 16 * b) * kLdm + x), vv);
+          }
+        const int64_t s0 = static_cast<int64_t>(c) * kChunk;
 #pragma unroll
-        for (int x4 = 0; x4 < 16; x4 += 4) {
-          const int x = 16 * kb + x4;
-          const float4 vv = make_float4(sm.vn[(x + 0) * kCols + j], sm.vn[(x + 1) * kCols + j],
-                                        sm.vn[(x + 2) * kCols + j], sm.vn[(x + 3) * kCols + j]);
-#pragma unroll
-          for (int b = kb; b < 4; ++b)
-            acc[b] = dot4(acc[b], ld4(sm.p + (rr + 16 * b) * kLdm + x), vv);
+        for (int b = 0; b < 4; ++b) {
+          const int r = rr + 16 * b;
+          if (r < m && j < ncols) a.out[(tok0 + s0 + r) * a.ldo + h * dv + j0 + j] = acc[b];
         }
-      const int64_t s0 = static_cast<int64_t>(c) * kChunk;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int r = rr + 16 * b;
-        if (r < m && j < ncols) a.out[(tok0 + s0 + r) * a.ldo + h * dv + j0 + j] = acc[b];
       }
-    }
-    {  // thread: S rows k0 .. k0 + 3 x columns jj, jj + 1
-      const float eg = sm.misc[0];
-      for (int w = tid; w < 2 * p.dkp; w += kThreads) {
-        const int k0 = 4 * (w >> 3), jj = 2 * (w & 7);
-        float acc[4][2];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          const float2 sv = ld2(sm.s + (k0 + u) * kCols + jj);
-          acc[u][0] = eg * sv.x;
-          acc[u][1] = eg * sv.y;
-        }
-#pragma unroll 4
-        for (int i = 0; i < m; ++i) {
-          const float4 kv = ld4(kt + i * p.ldk + k0);
-          const float2 vv = ld2(sm.vd + i * kCols + jj);
-          const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
+      {  // thread: S rows k0 .. k0 + 3 x columns jj .. jj + 3
+        const float eg = d[3 * kChunk];
+        for (int w = tid; w < p.dkp; w += kThreads) {
+          const int k0 = 4 * (w >> 2), jj = 4 * (w & 3);
+          float acc[4][4];
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
-            acc[u][0] = fmaf(kk[u], vv.x, acc[u][0]);
-            acc[u][1] = fmaf(kk[u], vv.y, acc[u][1]);
+            const float4 sv = ld4(sm.s + (k0 + u) * kCols + jj);
+            acc[u][0] = eg * sv.x;
+            acc[u][1] = eg * sv.y;
+            acc[u][2] = eg * sv.z;
+            acc[u][3] = eg * sv.w;
           }
-        }
+#pragma unroll 4
+          for (int i = 0; i < m; ++i) {
+            const float4 kv = ld4(kt + i * p.ldk + k0);
+            const float4 vv = ld4(sm.vd + i * kCols + jj);
+            const float kk[4] = {kv.x, kv.y, kv.z, kv.w};
 #pragma unroll
-        for (int u = 0; u < 4; ++u)
-          *reinterpret_cast<float2*>(sm.s + (k0 + u) * kCols + jj) =
-              make_float2(acc[u][0], acc[u][1]);
+            for (int u = 0; u < 4; ++u) fma4(acc[u], kk[u], vv);
+          }
+#pragma unroll
+          for (int u = 0; u < 4; ++u)
+            *reinterpret_cast<float4*>(sm.s + (k0 + u) * kCols + jj) =
+                make_float4(acc[u][0], acc[u][1], acc[u][2], acc[u][3]);
+        }
       }
+      __syncthreads();
+      if (!two_k) {  // the single k buffer is free only now
+        if (next_in_round) {
+          load_qk(k_buf(0), a.k, c + 1);
+        } else if (base + ctas < nchunks && next_pc < nchunks) {
+          load_qk(k_buf(0), a.k, next_pc);
+        }
+      } else {
+        kb ^= 1;
+      }
+      vb ^= 1;
     }
-    // This CTA has read A and P for the last time this chunk.
+    // This CTA has read the round's T and P of other CTAs for the last time.
     cluster_arrive();
   }
 
-  __syncthreads();
   float* s_out = a.state[row].rec_out + head;
   for (int w = tid; w < dk * kCols; w += kThreads) {
     const int x = w / kCols, jc = w % kCols;
     if (jc < ncols) s_out[x * dv + j0 + jc] = sm.s[w];
   }
-  cluster_wait();  // pairs with the last arrival: no CTA leaves while others may still write
+  cluster_wait();  // pairs with the last arrival: no CTA leaves while others may still read
 }
 
 int round_up(int x, int m) {
@@ -638,7 +883,10 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-cudaError_t launch_chunked(const DeltaRuleLaunch& a, const RowList& rows, cudaStream_t stream) {
+// Launches chunk_kernel over `rows` with clusters of `force_ctas` CTAs, or (0) the size that
+// the device's co-scheduling makes fastest by an estimate. Results do not depend on the size.
+cudaError_t launch_chunked(const DeltaRuleLaunch& a, const RowList& rows, cudaStream_t stream,
+                           int force_ctas = 0) {
   const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
   ChunkPlan p{};
   p.dkp = round_up(dk, 4);
@@ -651,39 +899,95 @@ cudaError_t launch_chunked(const DeltaRuleLaunch& a, const RowList& rows, cudaSt
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
-  p.k_buffers = 2;
-  if (chunk_smem_layout(p, nullptr, nullptr) * int(sizeof(float)) > optin) p.k_buffers = 1;
-  const int bytes = chunk_smem_layout(p, nullptr, nullptr) * int(sizeof(float));
-  if (bytes > optin) return cudaErrorInvalidValue;
-  err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-  if (err != cudaSuccess) return err;
 
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(p.col_blocks * a.v_heads * rows.count));
+  const int total = p.col_blocks * static_cast<int>(a.v_heads) * rows.count;
+  cfg.gridDim = dim3(static_cast<unsigned>(total));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
   cfg.stream = stream;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  // The largest cluster (a divisor of col_blocks, at most 8) the device can co-schedule; the
-  // results do not depend on it.
+
+  // Per chunk, a CTA runs the chunk (~1 unit) and prepares 1 / ctas of one (~1.3 units); the
+  // waves count how many times the grid's clusters fill the device.
+  ChunkPlan best{};
+  int best_ctas = 0, best_bytes = 0;
+  double best_cost = 0.0;
   for (int ctas = kMaxCluster; ctas >= 1; --ctas) {
-    if (p.col_blocks % ctas != 0) continue;
+    if (p.col_blocks % ctas != 0 || (force_ctas && ctas != force_ctas)) continue;
+    ChunkPlan q = p;
+    q.copies = ctas > 1;
+    q.slots = ctas;
+    q.k_buffers = 2;
+    if (chunk_smem_layout(q, nullptr, nullptr) * int(sizeof(float)) > optin) q.k_buffers = 1;
+    const int bytes = chunk_smem_layout(q, nullptr, nullptr) * int(sizeof(float));
+    if (bytes > optin) continue;
+    err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
     attr.val.clusterDim.x = static_cast<unsigned>(ctas);
-    attr.val.clusterDim.y = 1;
-    attr.val.clusterDim.z = 1;
-    if (ctas == 1) break;
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, chunk_kernel, &cfg) == cudaSuccess &&
-        clusters > 0)
-      break;
-    cudaGetLastError();  // a refused size is not this launch's error
+    cfg.dynamicSmemBytes = static_cast<size_t>(bytes);
+    int fit = 0;
+    if (cudaOccupancyMaxActiveClusters(&fit, chunk_kernel, &cfg) != cudaSuccess || fit <= 0) {
+      cudaGetLastError();  // a refused size is not this launch's error
+      if (ctas > 1) continue;
+      fit = 1;
+    }
+    const int clusters = total / ctas, waves = (clusters + fit - 1) / fit;
+    const double cost = waves * (1.0 + 1.3 / ctas);
+    if (best_ctas == 0 || cost < best_cost) {
+      best = q;
+      best_ctas = ctas;
+      best_bytes = bytes;
+      best_cost = cost;
+    }
   }
-  err = cudaLaunchKernelEx(&cfg, chunk_kernel, a, rows, p);
+  if (best_ctas == 0) return cudaErrorInvalidValue;
+  err = cudaFuncSetAttribute(chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, best_bytes);
+  if (err != cudaSuccess) return err;
+  attr.val.clusterDim.x = static_cast<unsigned>(best_ctas);
+  cfg.dynamicSmemBytes = static_cast<size_t>(best_bytes);
+  err = cudaLaunchKernelEx(&cfg, chunk_kernel, a, rows, best);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
+}
+
+template <int R>
+cudaError_t launch_recur_r(const DeltaRuleLaunch& a, const RowList& rows, const RecurPlan& p,
+                           cudaStream_t stream) {
+  const int bytes = recur_smem_floats(p) * int(sizeof(float));
+  if (bytes > 48 * 1024) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(recur_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+  }
+  const unsigned grid = static_cast<unsigned>(p.col_blocks * a.v_heads * rows.count);
+  recur_kernel<R><<<grid, kRecThreads, bytes, stream>>>(a, rows, p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_recurrent(const DeltaRuleLaunch& a, const RowList& rows, int tmax,
+                             cudaStream_t stream) {
+  const int dk = static_cast<int>(a.dk), dv = static_cast<int>(a.dv);
+  const int r = dk <= 32 ? 4 : dk <= 128 ? 16 : 32;
+  RecurPlan p{};
+  p.col_blocks = (dv + kRecCols - 1) / kRecCols;
+  p.tmax = tmax;
+  p.dkr = 8 * r;
+  p.vec_qk = aligned16(a.q) && aligned16(a.k) && a.ld % 4 == 0 && dk % 4 == 0;
+  p.vec_v = aligned16(a.v) && a.ld % 4 == 0 && dv % 4 == 0;
+  p.vec_out = aligned16(a.out) && a.ldo % 4 == 0 && dv % 4 == 0;
+  p.vec_state = dv % 4 == 0;
+  for (int i = 0; i < rows.count; ++i) {
+    const StateRow& s = a.state[rows.index[i]];
+    p.vec_state = p.vec_state && aligned16(s.rec_in) && aligned16(s.rec_out);
+  }
+  if (r == 4) return launch_recur_r<4>(a, rows, p, stream);
+  if (r == 16) return launch_recur_r<16>(a, rows, p, stream);
+  return launch_recur_r<32>(a, rows, p, stream);
 }
 
 }  // namespace
@@ -693,19 +997,22 @@ cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream) {
   if (a.dk < 1 || a.dk > kMaxDim || a.dv < 1 || a.dv > kMaxDim || a.k_heads < 1 ||
       a.v_heads % a.k_heads != 0 || a.rows.count > kRows)
     return cudaErrorInvalidValue;
-  RowList chunked{}, single{};
+  // chunk_kernel first: a row with both parts continues in recur_kernel from its rec_out.
+  RowList chunked{}, recur{};
+  int tmax = 0;
   for (int i = 0; i < a.rows.count; ++i) {
-    RowList& list = a.rows.length[i] > 1 ? chunked : single;
-    list.index[list.count++] = i;
+    const int64_t n = a.rows.length[i], nc = chunked_tokens(n);
+    if (nc > 0) chunked.index[chunked.count++] = i;
+    if (n - nc > 0 || n == 0) {
+      recur.index[recur.count++] = i;
+      tmax = n - nc > tmax ? static_cast<int>(n - nc) : tmax;
+    }
   }
-  if (single.count > 0) {
-    const int col_blocks = static_cast<int>((a.dv + 31) / 32);
-    const unsigned grid = static_cast<unsigned>(col_blocks * a.v_heads * single.count);
-    decode_kernel<<<grid, kThreads, 0, stream>>>(a, single);
-    const cudaError_t err = cudaGetLastError();
+  if (chunked.count > 0) {
+    const cudaError_t err = launch_chunked(a, chunked, stream);
     if (err != cudaSuccess) return err;
   }
-  if (chunked.count > 0) return launch_chunked(a, chunked, stream);
+  if (recur.count > 0) return launch_recurrent(a, recur, tmax, stream);
   return cudaSuccess;
 }
 
