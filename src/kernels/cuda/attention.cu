@@ -20,10 +20,13 @@
 //      p_j = exp(s_j - m') for seen keys and exactly 0 for the others; the block sum is each
 //      part's 16 terms in key order, then (part0 + part1) + (part2 + part3); l = l alpha + sum;
 //   3. values: acc = acc alpha, then acc = fma(p_j, v_j, acc) for j = 0 .. 63 in order.
-// A query whose reach lies in one split stores out = acc / l at that split's end. Otherwise it
-// stores the split's partial (m, l, acc) in the workspace, and the merge kernel combines its
-// splits in order: M = max m_s, w_s = exp(m_s - M), l = sum_s fma(w_s, l_s, .), acc likewise,
-// out = acc / l.
+// A query whose reach lies in one split stores out = acc / l at that split's end. Otherwise its
+// splits are folded in index order, starting from the first split's (m, l, acc): for split s,
+// m' = max(m, m_s), x = exp(m - m'), y = exp(m_s - m'), l = fma(l, x, l_s y), acc likewise,
+// then out = acc / l. A CTA that walks all of a query's splits (a "local" row: not packed, its
+// own job one chunk, as in a long prefill) folds each split in as it ends, keeping m and l in
+// registers and the running acc in one workspace record; otherwise each split's partial
+// (m, l, acc) goes to the workspace and the merge kernel folds them.
 //
 // Decomposition. Work comes as jobs (planned on the host from the rows alone): a job is a list
 // of query rows of one or more rows (for each KV head) and a range of key blocks, cut into
@@ -42,18 +45,18 @@
 //     costliest first.
 //
 // Shared memory (floats; P = D rounded up to 32, plus 4, so rows of a tile start 4 banks apart):
-//   block kernel: Q [64][P], K [64][P], V [64][P], probabilities [64 keys][72], alpha, sums,
-//     split ends, destinations and query rows [64] each: 219,904 bytes at D = 256 (one CTA per
-//     SM);
-//   few kernel:   Q [8][P],  K [64][P], V [64][P], probabilities [64 keys][8], and [8] of the
-//     others: 143,680 bytes at D = 256.
+//   block kernel: Q [64][P], K [64][P], V [64][P], probabilities [64 keys][72], alpha, split
+//     ends (RowEnd) and query rows [64] each: 220,928 bytes at D = 256 (one CTA per SM);
+//   few kernel:   Q [8][P],  K [64][P], V [64][P], probabilities [64 keys][8], alpha and split
+//     ends [8]: 143,776 bytes at D = 256.
 // K and V tiles arrive with cp.async, each overlapping the other half of the previous block's
 // work: V of block b + 1 loads during scores and softmax of b + 1, K of block b + 1 during the
 // softmax and values of b. Keys past the CTA's last query's key are zero-filled, never read (a
 // row's spare capacity may hold anything).
 //
 // Workspace: per row with a query past key 63, per token t, per query head, split_slots(k)
-// records of D rounded up to 4, plus 4, floats (acc, then m and l); attention_workspace_floats.
+// records of D rounded up to 4, plus 4, floats (acc, then m and l; a local row uses the record
+// of each query's first split only); attention_workspace_floats.
 //
 // Batch invariance. A query's output depends only on its own q, the key sequence it sees and D:
 //   * its split geometry depends on its key index only (above), and every split it sees is
@@ -71,7 +74,9 @@
 //     the score and value chains are the same sequence of operations in both kernels, so the
 //     block and few-query kernels give the same bits for a query (a batch may pack a row that
 //     runs alone in the few-query kernel);
-//   * the merge reads the query's splits in index order with one fixed sequence of operations.
+//   * the fold is one sequence of operations on the splits in index order, the same whether the
+//     CTA (local rows) or the merge kernel runs it; which one does is the batch's choice, the
+//     bits are not.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -159,6 +164,8 @@ struct Plan {
   uint8_t member[kRows];        // rows, each once, a packed group's rows side by side
   int32_t member_query[kRows];  // query rows of the group's members before this one
   int64_t row_records[kRows];   // row i's first record; -1: the row has none
+  uint8_t row_local[kRows];     // 1: one CTA walks every split of each of the row's query rows
+  int32_t merge_rows;           // rows with records that are not local
 };
 
 // Launch-wide sizes and layout choices (host-computed).
@@ -315,7 +322,17 @@ __host__ __device__ Split split_of(Reach r) {
 }
 
 // What a query row stores after key block `block` of a walk ending at `walk_last`.
-enum SplitEnd : int { kGoOn = 0, kPartial = 1, kOutput = 2 };
+// Local rows (one CTA walks all of a query row's splits) fold each split into a running
+// result in the workspace instead: kFoldFirst stores the first split's acc, kFold folds a split
+// in, kFoldOutput folds the last one in and stores the output.
+enum SplitEnd : int {
+  kGoOn = 0,
+  kPartial = 1,
+  kOutput = 2,
+  kFoldFirst = 3,
+  kFold = 4,
+  kFoldOutput = 5
+};
 
 __host__ __device__ int split_end(const Split& s, int64_t block, int64_t walk_last) {
   if (s.last < s.first || (((block + 1) & (s.blocks - 1)) != 0 && block != walk_last)) return kGoOn;
@@ -447,29 +464,69 @@ __device__ __noinline__ Running softmax_step(float* scores, int pitch, int64_t k
   return {new_max, __fadd_rn(__fmul_rn(sum, alpha), block_sum), alpha};
 }
 
-// After a query row's softmax step over key block `block`: publishes alpha and what the row
-// stores now (ends; dests: its record or output row; sums: l), stores a partial's m and l, and
-// restarts the row's state at a split's end. Run by the row's four lanes; lane < 8 writes.
-__device__ __forceinline__ void end_step(Running& run, const AttentionLaunch& a, const Plan& p,
-                                         const Geometry& g, int2 query, int64_t head,
-                                         const Split& split, int64_t block, int64_t walk_last,
-                                         int slot, float* alphas, float* sums, int* ends,
-                                         float** dests) {
-  const int end = split_end(split, block, walk_last);
+// The running result of a query row's splits folded in index order, the same in the kernels
+// (local rows) and in the merge kernel: max and l.
+struct Fold {
+  float max, sum;
+};
+
+// Folds a split's (m, l) in; returns the factors of the running acc (x) and of the split's (y).
+__device__ __forceinline__ float2 fold_step(Fold& f, float m, float l) {
+  const float max = fmaxf(f.max, m);
+  const float x = expf(__fsub_rn(f.max, max)), y = expf(__fsub_rn(m, max));
+  f.sum = __fmaf_rn(f.sum, x, __fmul_rn(l, y));
+  f.max = max;
+  return make_float2(x, y);
+}
+
+__device__ __forceinline__ float fold_value(float running, float split, float2 w) {
+  return __fmaf_rn(running, w.x, __fmul_rn(split, w.y));
+}
+
+// What a query row does with its acc at the end of the current key block (shared memory).
+struct RowEnd {
+  float* dest;  // its partial or fold record, or its output row
+  float* fold;  // its fold record (kFold, kFoldOutput)
+  float2 w;     // fold factors (kFold, kFoldOutput)
+  float sum;    // l of the output (kOutput, kFoldOutput)
+  int end;      // SplitEnd
+};
+
+// After a query row's softmax step over key block `block`: publishes alpha and the row's RowEnd,
+// stores a partial's m and l, folds a local row's split in, and restarts the row's state at a
+// split's end. Run by the row's four lanes (each keeps the fold); lane < 8 writes.
+__device__ __forceinline__ void end_step(Running& run, Fold& fold, const AttentionLaunch& a,
+                                         const Plan& p, const Geometry& g, int2 query, int64_t head,
+                                         const Split& split, bool local, int64_t block,
+                                         int64_t walk_last, float* alpha, RowEnd* row_end) {
+  RowEnd e{nullptr, nullptr, make_float2(0.0f, 0.0f), run.sum, split_end(split, block, walk_last)};
+  const int64_t index = block / split.blocks;
+  if (e.end == kPartial && local) {
+    e.fold = record_of(a, p, g, query.x, head, query.y, split.first);
+    if (index == split.first) {
+      e.end = kFoldFirst;
+      e.dest = e.fold;
+      fold = {run.max, run.sum};
+    } else {
+      e.w = fold_step(fold, run.max, run.sum);
+      e.sum = fold.sum;
+      e.end = index == split.last ? kFoldOutput : kFold;
+      e.dest = e.end == kFold ? e.fold : output_of(a, query.x, head, query.y);
+    }
+  } else if (e.end == kPartial) {
+    e.dest = record_of(a, p, g, query.x, head, query.y, index);
+  } else if (e.end == kOutput) {
+    e.dest = output_of(a, query.x, head, query.y);
+  }
   if (threadIdx.x % 32 < 8) {
-    alphas[slot] = run.alpha;
-    sums[slot] = run.sum;
-    ends[slot] = end;
-    if (end == kPartial) {
-      float* rec = record_of(a, p, g, query.x, head, query.y, block / split.blocks);
-      rec[g.dim4] = run.max;
-      rec[g.dim4 + 1] = run.sum;
-      dests[slot] = rec;
-    } else if (end == kOutput) {
-      dests[slot] = output_of(a, query.x, head, query.y);
+    *alpha = run.alpha;
+    *row_end = e;
+    if (e.end == kPartial) {
+      e.dest[g.dim4] = run.max;
+      e.dest[g.dim4 + 1] = run.sum;
     }
   }
-  if (end != kGoOn) run = {-INFINITY, 0.0f, 1.0f};
+  if (e.end != kGoOn) run = {-INFINITY, 0.0f, 1.0f};
 }
 
 // s = fma chains over 4 dims, in the order x, y, z, w (the same in both kernels).
@@ -528,15 +585,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_block_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
   extern __shared__ float4 shared[];
-  float* const q_tile = reinterpret_cast<float*>(shared);          // [64 query rows][pitch]
-  float* const k_tile = q_tile + kBlockQueries * g.pitch;          // [64 keys][pitch]
-  float* const v_tile = k_tile + kKeyBlock * g.pitch;              // [64 keys][pitch]
-  float* const probs = v_tile + kKeyBlock * g.pitch;               // [64 keys][kBlockProbPitch]
-  float* const alphas = probs + kKeyBlock * kBlockProbPitch;       // [64 query rows]
-  float* const sums = alphas + kBlockQueries;                      // [64 query rows]
-  int* const ends = reinterpret_cast<int*>(sums + kBlockQueries);  // [64 query rows]
-  float** const dests = reinterpret_cast<float**>(ends + kBlockQueries);  // [64 query rows]
-  int2* const queries = reinterpret_cast<int2*>(dests + kBlockQueries);   // [64 query rows]
+  float* const q_tile = reinterpret_cast<float*>(shared);     // [64 query rows][pitch]
+  float* const k_tile = q_tile + kBlockQueries * g.pitch;     // [64 keys][pitch]
+  float* const v_tile = k_tile + kKeyBlock * g.pitch;         // [64 keys][pitch]
+  float* const probs = v_tile + kKeyBlock * g.pitch;          // [64 keys][kBlockProbPitch]
+  float* const alphas = probs + kKeyBlock * kBlockProbPitch;  // [64 query rows]
+  RowEnd* const ends = reinterpret_cast<RowEnd*>(alphas + kBlockQueries);  // [64 query rows]
+  int2* const queries = reinterpret_cast<int2*>(ends + kBlockQueries);     // [64 query rows]
 
   const Job& job = find_job(p, 0, p.block_jobs, int(blockIdx.x));
   const Task task = task_of(a, p, job, int(blockIdx.x), kBlockQueries);
@@ -584,7 +639,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Reach reach =
       soft_query.x < 0 ? Reach{0, -1} : reach_of(a, head_keys(a, soft_query.x, head), soft_query.y);
   const Split split = split_of(reach);
+  const bool local = soft_query.x >= 0 && p.row_local[soft_query.x];
   Running run{-INFINITY, 0.0f, 1.0f};
+  Fold fold{-INFINITY, 0.0f};
   float acc[8][8] = {};
 
   for (int64_t block = first_block; block <= last_block; ++block) {
@@ -616,8 +673,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (block < last_block) stage_keys(block + 1);
     commit_copies();
     run = softmax_step(probs + soft_row, kBlockProbPitch, key0, reach, run.max, run.sum);
-    end_step(run, a, p, g, soft_query, head, split, block, last_block, soft_row, alphas, sums, ends,
-             dests);
+    end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
+             alphas + soft_row, ends + soft_row);
     wait_copies<1>();  // this block's V
     __syncthreads();
 
@@ -637,24 +694,31 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
-      const int end = ends[r];
-      if (end == kGoOn) continue;
-      float* dst = dests[r];
-      if (end == kPartial) {
-        if (cols_low)
-          *reinterpret_cast<float4*>(dst + value_col) =
-              make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-        if (cols_high)
-          *reinterpret_cast<float4*>(dst + value_col + 128) =
-              make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+      const RowEnd e = ends[r];
+      if (e.end == kGoOn) continue;
+      float v[8] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3],
+                    acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
+      if (e.end == kFold || e.end == kFoldOutput) {
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 f0 = cols_low ? load4(e.fold + value_col) : zero;
+        const float4 f1 = cols_high ? load4(e.fold + value_col + 128) : zero;
+        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+#pragma unroll
+        for (int c = 0; c < 8; ++c) v[c] = fold_value(f[c], v[c], e.w);
+      }
+      if (e.end == kOutput || e.end == kFoldOutput) {
+        const float low[4] = {__fdiv_rn(v[0], e.sum), __fdiv_rn(v[1], e.sum),
+                              __fdiv_rn(v[2], e.sum), __fdiv_rn(v[3], e.sum)};
+        if (cols_low) store_out(e.dest, value_col, g.head_dim, g.out_wide, low);
+        const float high[4] = {__fdiv_rn(v[4], e.sum), __fdiv_rn(v[5], e.sum),
+                               __fdiv_rn(v[6], e.sum), __fdiv_rn(v[7], e.sum)};
+        if (cols_high) store_out(e.dest, value_col + 128, g.head_dim, g.out_wide, high);
       } else {
-        const float sum = sums[r];
-        const float low[4] = {__fdiv_rn(acc[i][0], sum), __fdiv_rn(acc[i][1], sum),
-                              __fdiv_rn(acc[i][2], sum), __fdiv_rn(acc[i][3], sum)};
-        if (cols_low) store_out(dst, value_col, g.head_dim, g.out_wide, low);
-        const float high[4] = {__fdiv_rn(acc[i][4], sum), __fdiv_rn(acc[i][5], sum),
-                               __fdiv_rn(acc[i][6], sum), __fdiv_rn(acc[i][7], sum)};
-        if (cols_high) store_out(dst, value_col + 128, g.head_dim, g.out_wide, high);
+        if (cols_low)
+          *reinterpret_cast<float4*>(e.dest + value_col) = make_float4(v[0], v[1], v[2], v[3]);
+        if (cols_high)
+          *reinterpret_cast<float4*>(e.dest + value_col + 128) =
+              make_float4(v[4], v[5], v[6], v[7]);
       }
 #pragma unroll
       for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
@@ -690,14 +754,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     attention_few_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const Geometry g) {
   extern __shared__ float4 shared[];
-  float* const q_tile = reinterpret_cast<float*>(shared);               // [8 query rows][pitch]
-  float* const k_tile = q_tile + kFewQueries * g.pitch;                 // [64 keys][pitch]
-  float* const v_tile = k_tile + kKeyBlock * g.pitch;                   // [64 keys][pitch]
-  float* const probs = v_tile + kKeyBlock * g.pitch;                    // [64 keys][8 query rows]
-  float* const alphas = probs + kKeyBlock * kFewQueries;                // [8 query rows]
-  float* const sums = alphas + kFewQueries;                             // [8 query rows]
-  int* const ends = reinterpret_cast<int*>(sums + kFewQueries);         // [8 query rows]
-  float** const dests = reinterpret_cast<float**>(ends + kFewQueries);  // [8 query rows]
+  float* const q_tile = reinterpret_cast<float*>(shared);                // [8 query rows][pitch]
+  float* const k_tile = q_tile + kFewQueries * g.pitch;                  // [64 keys][pitch]
+  float* const v_tile = k_tile + kKeyBlock * g.pitch;                    // [64 keys][pitch]
+  float* const probs = v_tile + kKeyBlock * g.pitch;                     // [64 keys][8 query rows]
+  float* const alphas = probs + kKeyBlock * kFewQueries;                 // [8 query rows]
+  RowEnd* const ends = reinterpret_cast<RowEnd*>(alphas + kFewQueries);  // [8 query rows]
 
   const Job& job = find_job(p, p.block_jobs, p.few_jobs, int(blockIdx.x));
   const Task task = task_of(a, p, job, int(blockIdx.x), kFewQueries);
@@ -740,7 +802,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int2 soft_query = make_int2(row, int(f0 + soft_row));
   const Reach reach = reach_of(a, hk, f0 + soft_row);
   const Split split = split_of(reach);
+  const bool local = p.row_local[row];
   Running run{-INFINITY, 0.0f, 1.0f};
+  Fold fold{-INFINITY, 0.0f};
   float acc[kFewQueries] = {};
 
   for (int64_t block = first_block; block <= last_block; ++block) {
@@ -768,8 +832,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     commit_copies();
     if (warp == 0) {
       run = softmax_step(probs + soft_row, kFewQueries, key0, reach, run.max, run.sum);
-      end_step(run, a, p, g, soft_query, head, split, block, last_block, soft_row, alphas, sums,
-               ends, dests);
+      end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
+               alphas + soft_row, ends + soft_row);
     }
     wait_copies<1>();  // this block's V
     __syncthreads();
@@ -785,9 +849,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Rows whose split ends here store their partial or output and start afresh.
 #pragma unroll
       for (int i = 0; i < kFewQueries; ++i) {
-        const int end = ends[i];
-        if (end == kGoOn) continue;
-        dests[i][t] = end == kPartial ? acc[i] : __fdiv_rn(acc[i], sums[i]);
+        const RowEnd e = ends[i];
+        if (e.end == kGoOn) continue;
+        float v = acc[i];
+        if (e.end == kFold || e.end == kFoldOutput) v = fold_value(e.fold[t], v, e.w);
+        e.dest[t] = e.end == kOutput || e.end == kFoldOutput ? __fdiv_rn(v, e.sum) : v;
         acc[i] = 0.0f;
       }
     }
@@ -804,7 +870,7 @@ __global__ void __launch_bounds__(kThreads)
     attention_merge_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
   const int row = int(blockIdx.y);
-  if (p.row_records[row] < 0) return;
+  if (p.row_records[row] < 0 || p.row_local[row]) return;
   const int64_t G = a.group, HG = a.kv_heads * G;
   const int64_t x = int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
   if (x >= a.rows.length[row] * HG) return;
@@ -812,23 +878,24 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t f = token * G + query_head % G;
   const Split s = split_of(reach_of(a, head_keys(a, row, head), f));
   if (s.first >= s.last) return;  // one split: its CTA stored the output
-  const float* rec = record_of(a, p, g, row, head, f, 0);
-  float max = -INFINITY;
-  for (int64_t k = s.first; k <= s.last; ++k) max = fmaxf(max, rec[k * g.record + g.dim4]);
+  const float* rec = record_of(a, p, g, row, head, f, s.first);
   const int lane = int(threadIdx.x % 32), D = g.head_dim;
-  float sum = 0.0f, acc[kMaxHeadDim / 32] = {};
-  for (int64_t k = s.first; k <= s.last; ++k) {
+  Fold fold{rec[g.dim4], rec[g.dim4 + 1]};
+  float acc[kMaxHeadDim / 32] = {};
+#pragma unroll
+  for (int c = 0; c < kMaxHeadDim / 32; ++c)
+    if (lane + 32 * c < D) acc[c] = rec[lane + 32 * c];
+  for (int64_t k = 1; k <= s.last - s.first; ++k) {
     const float* r = rec + k * g.record;
-    const float w = expf(__fsub_rn(r[g.dim4], max));
-    sum = __fmaf_rn(w, r[g.dim4 + 1], sum);
+    const float2 w = fold_step(fold, r[g.dim4], r[g.dim4 + 1]);
 #pragma unroll
     for (int c = 0; c < kMaxHeadDim / 32; ++c)
-      if (lane + 32 * c < D) acc[c] = __fmaf_rn(w, r[lane + 32 * c], acc[c]);
+      if (lane + 32 * c < D) acc[c] = fold_value(acc[c], r[lane + 32 * c], w);
   }
   float* out = output_of(a, row, head, f);
 #pragma unroll
   for (int c = 0; c < kMaxHeadDim / 32; ++c)
-    if (lane + 32 * c < D) out[lane + 32 * c] = __fdiv_rn(acc[c], sum);
+    if (lane + 32 * c < D) out[lane + 32 * c] = __fdiv_rn(acc[c], fold.sum);
 }
 
 // ---- padded tokens: out = 0 for every head ----
@@ -967,7 +1034,7 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
     (to_few ? few[few_n++] : block[blocks_n++]) = d;
   };
 
-  bool placed[kRows] = {};
+  bool placed[kRows] = {}, packed[kRows] = {};
   for (int i = 0; i < r.count; ++i) {
     if (count[i] == 0 || placed[i]) continue;
     int members[kRows], m = 0;
@@ -995,7 +1062,10 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
       p.member_query[pos++] = int32_t(before);
       before += count[members[k]];
     }
-    if (pack) add(begin, pos, queries, lo, shared_end, split, true, false);
+    if (pack) {
+      add(begin, pos, queries, lo, shared_end, split, true, false);
+      for (int k = 0; k < m; ++k) packed[members[k]] = true;
+    }
     for (int k = 0; k < m; ++k) {
       const int row = members[k];
       const int64_t from = pack ? std::max(shared_end, lo_block[row]) : lo_block[row];
@@ -1008,6 +1078,14 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
   const int64_t block_ctas = chunk_jobs(block, blocks_n, a.kv_heads);
   const int64_t few_ctas = chunk_jobs(few, few_n, a.kv_heads);
   if (block_ctas < 0 || few_ctas < 0) return false;
+  // Rows not packed whose own job is one chunk: each CTA walks all of its query rows' splits.
+  for (int k = 0; k < blocks_n + few_n; ++k) {
+    const Job& j = k < blocks_n ? block[k].job : few[k - blocks_n].job;
+    if (!j.shared && j.chunks == 1 && !packed[p.member[j.member_begin]])
+      p.row_local[p.member[j.member_begin]] = 1;
+  }
+  for (int i = 0; i < r.count; ++i)
+    if (p.row_records[i] >= 0 && !p.row_local[i]) ++p.merge_rows;
   p.block_jobs = blocks_n;
   p.few_jobs = few_n;
   p.block_ctas = int32_t(block_ctas);
@@ -1022,8 +1100,8 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
   const dim3 threads(kThreads);
   if (p.block_ctas > 0) {
     const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kBlockQueries) * g.pitch +
-                                          kKeyBlock * kBlockProbPitch + 3 * kBlockQueries) +
-                         kBlockQueries * (sizeof(float*) + sizeof(int2));
+                                          kKeyBlock * kBlockProbPitch + kBlockQueries) +
+                         kBlockQueries * (sizeof(RowEnd) + sizeof(int2));
     cudaError_t e = cudaFuncSetAttribute(attention_block_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
@@ -1033,8 +1111,8 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
   }
   if (p.few_ctas > 0) {
     const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kFewQueries) * g.pitch +
-                                          kKeyBlock * kFewQueries + 4 * kFewQueries) +
-                         kFewQueries * sizeof(float*);
+                                          kKeyBlock * kFewQueries + kFewQueries) +
+                         kFewQueries * sizeof(RowEnd);
     cudaError_t e = cudaFuncSetAttribute(attention_few_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
@@ -1042,7 +1120,7 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
-  if (p.records > 0) {
+  if (p.merge_rows > 0) {
     const dim3 grid(unsigned(ceil_div(p.merge_queries, kMergeWarps)), unsigned(a.rows.count));
     attention_merge_kernel<<<grid, threads, 0, stream>>>(a, p, g);
     const cudaError_t e = cudaGetLastError();
