@@ -280,6 +280,11 @@ class CudaOps final : public Ops {
                               .scale = a.scale,
                               .window = a.window};
       for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+      // Key-split partials: backend scratch (stream order makes reuse across calls safe).
+      const int64_t ws = cuda::attention_workspace_floats(l);
+      std::lock_guard lock(mu_);
+      l.workspace = ws > 0 ? static_cast<float*>(scratch(3, size_t(ws) * sizeof(float))) : nullptr;
+      l.workspace_floats = ws;
       check(cuda::launch_attention(l, stream_), "attention");
     });
   }
@@ -579,7 +584,7 @@ class CudaOps final : public Ops {
   mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int>,
                    cublasLtMatmulAlgo_t>
       algos_;
-  mutable std::array<Scratch, 3> scratch_;
+  mutable std::array<Scratch, 4> scratch_;  // x in bf16, widened W, GEMM and attention work
   mutable bool heuristic_ = false;
   mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t>, Heuristic>
       heuristics_;
