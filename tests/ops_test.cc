@@ -522,6 +522,7 @@ OpCase kv_write_case(std::string name, int64_t kv_heads, int64_t dim, Tolerance 
 
 struct AttendShape {
   int64_t kv_heads = 1, group = 1, dim = 32, window = 0;
+  bool bf16 = false;  // AttendArgs::bf16: tensor-core products where the backend has them
   std::vector<int64_t> lengths = kRowLengths;
   std::vector<int64_t> prefix_len = {0, 0, 0, 0, 0, 0, 0};
   std::vector<int64_t> own_before = {0, 0, 0, 0, 0, 0, 0};
@@ -585,7 +586,8 @@ OpCase attention_case(std::string name, AttendShape s, Tolerance tol) {
                              .group = G,
                              .head_dim = D,
                              .scale = 1.0f / std::sqrt(float(D)),
-                             .window = s.window});
+                             .window = s.window,
+                             .bf16 = s.bf16});
               Batch res;
               add(res, "out", take(lay, out, ldo, span_cols(width)));
               add(res, "pad:out", take(lay, out, ldo, span_cols(width), true));
@@ -1507,6 +1509,43 @@ const std::vector<OpCase>& op_cases() {
                                 .prefix_len = {40, 3, 0, 0, 12, 100, 1},
                                 .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                att));
+    // bf16 products (Q, K, probabilities and V rounded to bf16, f32 sums): on CUDA the tensor
+    // cores, every query in the block kernel (decode too); the CPU computes in f32 and meets
+    // the f32 tolerance. Relative rounding of ~2^-9 per operand (cuda: see the device log).
+    const Tolerance att_bf16{2e-2, 1e-4};
+    c.push_back(attention_case("attention_bf16_gqa_prefix_own_before",
+                               {.kv_heads = 2,
+                                .group = 3,
+                                .bf16 = true,
+                                .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                .own_before = {0, 4, 3, 0, 9, 2, 30}},
+                               att_bf16));
+    c.push_back(attention_case("attention_bf16_mqa_window_d40",
+                               {.kv_heads = 1,
+                                .group = 4,
+                                .dim = 40,
+                                .window = 24,
+                                .bf16 = true,
+                                .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                .own_before = {0, 4, 3, 10, 9, 2, 30}},
+                               att_bf16));
+    c.push_back(attention_case("attention_bf16_decode_gqa_d256",
+                               {.kv_heads = 2,
+                                .group = 4,
+                                .dim = 256,
+                                .bf16 = true,
+                                .lengths = kDecodeLengths,
+                                .prefix_len = {40, 3, 0, 0, 12, 100, 1},
+                                .own_before = {0, 5, 2, 17, 0, 3, 60}},
+                               att_bf16));
+    c.push_back(attention_case("attention_bf16_prefill_d256",
+                               {.kv_heads = 1,
+                                .group = 2,
+                                .dim = 256,
+                                .bf16 = true,
+                                .prefix_len = {0, 70, 0, 130, 1, 0, 64},
+                                .own_before = {0, 0, 3, 0, 9, 2, 0}},
+                               att_bf16));
 
     // K <= 4 products per output, then SiLU; tails are copies (cpu: 1.2e-7, 4e-15; tails 0).
     const Tolerance conv{1e-6, 1e-13};

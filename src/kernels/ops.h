@@ -148,7 +148,10 @@ struct KvWriteArgs {
 
 // Causal softmax attention of every row over its prefix and own keys (this call's K/V already
 // written): query head g of KV head h at q[(b L + t) ldq + (h group + g) D]; out the same
-// layout at ldo; padded positions of out are zeroed. window > 0: sliding attention.
+// layout at ldo; padded positions of out are zeroed. window > 0: sliding attention. bf16: the
+// model's dot products are bf16 (GemmPrecision::bf16 over bf16 weights), so a backend with
+// tensor cores may round Q, K, the probabilities and V to bf16 for its products (f32
+// accumulation, softmax in f32); the CPU backends compute in f32 either way.
 struct AttendArgs {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -161,6 +164,7 @@ struct AttendArgs {
   int64_t head_dim = 0;
   float scale = 1;
   int64_t window = 0;
+  bool bf16 = false;
 };
 
 // Depthwise causal conv over each row's real tokens, carrying the row's conv tail (views'

@@ -49,16 +49,59 @@ Tensor vector_on(const Ops& ops, const std::vector<float>& v) {
   return ops.upload(Tensor::from_vector(v, {int64_t(v.size())}));
 }
 
+std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
+                                       const std::vector<std::pair<std::string, Shape>>& parts) {
+  std::vector<const Tensor*> host;
+  int64_t rows = 0;
+  for (const auto& [name, shape] : parts) {
+    host.push_back(&weight_need(w, name, shape));
+    DEG_CHECK(shape.size() == 2 && shape[1] == parts[0].second[1],
+              "stacked weights must be [N, K] of one K");
+    rows += shape[0];
+  }
+  bool stack = ops.device() != Device::cpu;
+  for (const Tensor* t : host) stack = stack && t->dtype() == host[0]->dtype();
+  std::vector<Tensor> out;
+  if (!stack) {
+    for (const Tensor* t : host) out.push_back(ops.upload(*t));
+    return out;
+  }
+  Tensor all = Tensor::empty({rows, parts[0].second[1]}, host[0]->dtype());
+  int64_t at = 0;
+  for (const Tensor* t : host) {
+    const Tensor c = t->contiguous();
+    std::memcpy(all.raw_mutable() + size_t(at) * size_t(c.dim(1)) * dtype_size(c.dtype()),
+                c.raw(), c.nbytes());
+    at += c.dim(0);
+  }
+  const Tensor on = ops.upload(all);
+  at = 0;
+  for (const Tensor* t : host) {
+    out.push_back(on.slice(0, at, at + t->dim(0)));
+    at += t->dim(0);
+  }
+  return out;
+}
+
 void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   const int64_t N = a.n, C = a.hidden, I = a.width;
-  float* gate = x.arena.floats(N * I);
-  float* up = x.arena.floats(N * I);
-  GemmOutput outs[] = {{.w = a.gate, .y = gate, .ldy = I}, {.w = a.up, .y = up, .ldy = I}};
+  // gate and up side by side in one [N, 2I] buffer: with stacked weights (weights_stacked_on)
+  // the backend runs both as one GEMM.
+  float* gate = x.arena.floats(N * 2 * I);
+  float* up = gate + I;
+  GemmOutput outs[] = {{.w = a.gate, .y = gate, .ldy = 2 * I}, {.w = a.up, .y = up, .ldy = 2 * I}};
   x.ops.gemm({.x = a.xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = a.precision});
-  x.ops.glu({.gate = gate, .ldg = I, .up = up, .ldu = I, .out = gate, .ldo = I, .rows = N, .n = I});
+  x.ops.glu({.gate = gate,
+             .ldg = 2 * I,
+             .up = up,
+             .ldu = 2 * I,
+             .out = gate,
+             .ldo = 2 * I,
+             .rows = N,
+             .n = I});
   GemmOutput down{.w = a.down, .y = a.h, .ldy = C, .accumulate = true};
   x.ops.gemm(
-      {.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = a.precision});
+      {.x = gate, .m = N, .k = I, .ldx = 2 * I, .outputs = {&down, 1}, .precision = a.precision});
 }
 
 float* self_attention(const Exec& x, const SelfAttentionArgs& a) {
@@ -85,7 +128,8 @@ float* self_attention(const Exec& x, const SelfAttentionArgs& a) {
                    .group = a.heads / a.kv_heads,
                    .head_dim = a.head_dim,
                    .scale = a.scale,
-                   .window = a.window});
+                   .window = a.window,
+                   .bf16 = a.bf16});
   return o;
 }
 

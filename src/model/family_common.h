@@ -30,6 +30,12 @@ std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const
 Tensor weight_on(const Ops& ops, const TensorMap& w, const std::string& name, const Shape& shape);
 // A small f32 vector (norm weights, conv kernels, gate constants) on `ops`' device.
 Tensor vector_on(const Ops& ops, const std::vector<float>& v);
+// Weights [N_i, K] that multiply one input, as adjacent row blocks of one device tensor (a view
+// each, in order), so the backend can run them as one GEMM (CudaOps::gemm merges outputs whose
+// weights and outputs are adjacent). On the CPU, or when their dtypes differ, weight_on's
+// tensors (the CPU's stay mapped from the file).
+std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
+                                       const std::vector<std::pair<std::string, Shape>>& parts);
 
 // h += down(silu(gate(xn)) * up(xn)) over n token rows: xn [n, C] (already normed), gate and up
 // [I, C], down [C, I]; scratch from the call's arena.
@@ -60,6 +66,7 @@ struct SelfAttentionArgs {
   int64_t head_dim = 0;  // D
   float scale = 1;
   int64_t window = 0;  // > 0: sliding attention
+  bool bf16 = false;   // bf16 dot products (AttendArgs::bf16)
 };
 float* self_attention(const Exec& x, const SelfAttentionArgs& a);
 

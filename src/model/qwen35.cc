@@ -54,16 +54,26 @@ class Qwen35 final : public Family {
       l.input_norm = vector_on(ops, weight_f32(w, layer_name(i, "input_layernorm.weight"), {C}));
       l.post_norm =
           vector_on(ops, weight_f32(w, layer_name(i, "post_attention_layernorm.weight"), {C}));
-      l.gate = weight_on(ops, w, layer_name(i, "mlp.gate_proj.weight"), {I, C});
-      l.up = weight_on(ops, w, layer_name(i, "mlp.up_proj.weight"), {I, C});
+      const std::vector<Tensor> gate_up =
+          weights_stacked_on(ops, w,
+                             {{layer_name(i, "mlp.gate_proj.weight"), {I, C}},
+                              {layer_name(i, "mlp.up_proj.weight"), {I, C}}});
+      l.gate = gate_up[0];
+      l.up = gate_up[1];
       l.down = weight_on(ops, w, layer_name(i, "mlp.down_proj.weight"), {C, I});
       LayerSpec ls{.kind = l.kind};
       if (l.kind == LayerKind::recurrent) {
         auto n = [&](const std::string& s) { return layer_name(i, "linear_attn." + s); };
-        l.dn.qkv = weight_on(ops, w, n("in_proj_qkv.weight"), {Cc, C});
-        l.dn.z = weight_on(ops, w, n("in_proj_z.weight"), {Hv * Dv, C});
-        l.dn.b = weight_on(ops, w, n("in_proj_b.weight"), {Hv, C});
-        l.dn.a = weight_on(ops, w, n("in_proj_a.weight"), {Hv, C});
+        // The four input projections as one stacked weight: one GEMM on a GPU.
+        const std::vector<Tensor> in = weights_stacked_on(ops, w,
+                                                          {{n("in_proj_qkv.weight"), {Cc, C}},
+                                                           {n("in_proj_z.weight"), {Hv * Dv, C}},
+                                                           {n("in_proj_b.weight"), {Hv, C}},
+                                                           {n("in_proj_a.weight"), {Hv, C}}});
+        l.dn.qkv = in[0];
+        l.dn.z = in[1];
+        l.dn.b = in[2];
+        l.dn.a = in[3];
         l.dn.out = weight_on(ops, w, n("out_proj.weight"), {C, Hv * Dv});
         l.dn.conv = vector_on(ops, weight_f32(w, n("conv1d.weight"), {Cc, 1, cfg.conv_kernel}));
         std::vector<float> neg_decay;
@@ -146,20 +156,22 @@ class Qwen35 final : public Family {
     const int64_t Hk = cfg_.lin_k_heads, Hv = cfg_.lin_v_heads, Dk = cfg_.lin_k_dim,
                   Dv = cfg_.lin_v_dim, Cc = cfg_.conv_channels();
     const int64_t KD = Hk * Dk, VD = Hv * Dv;
-    float* mixed = x.arena.floats(N * Cc);
-    float* z = x.arena.floats(N * VD);
-    float* beta = x.arena.floats(N * Hv);
-    float* g = x.arena.floats(N * Hv);
-    GemmOutput outs[] = {{.w = &w.qkv, .y = mixed, .ldy = Cc},
-                         {.w = &w.z, .y = z, .ldy = VD},
-                         {.w = &w.b, .y = beta, .ldy = Hv},
-                         {.w = &w.a, .y = g, .ldy = Hv}};
+    // The projections side by side in one [N, P] buffer (one GEMM with the stacked weights).
+    const int64_t P = Cc + VD + 2 * Hv;
+    float* mixed = x.arena.floats(N * P);
+    float* z = mixed + Cc;
+    float* beta = z + VD;
+    float* g = beta + Hv;
+    GemmOutput outs[] = {{.w = &w.qkv, .y = mixed, .ldy = P},
+                         {.w = &w.z, .y = z, .ldy = P},
+                         {.w = &w.b, .y = beta, .ldy = P},
+                         {.w = &w.a, .y = g, .ldy = P}};
     x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
     x.ops.delta_gates({.rows = c.rows,
                        .beta = beta,
                        .g = g,
-                       .ld = Hv,
+                       .ld = P,
                        .heads = Hv,
                        .neg_decay = w.neg_decay.data<float>(),
                        .dt_bias = w.dt_bias.data<float>()});
@@ -167,7 +179,7 @@ class Qwen35 final : public Family {
     x.ops.causal_conv({.rows = c.rows,
                        .views = c.views,
                        .x = mixed,
-                       .ldx = Cc,
+                       .ldx = P,
                        .y = conv,
                        .ldy = Cc,
                        .channels = Cc,
@@ -191,7 +203,7 @@ class Qwen35 final : public Family {
                       .ld = Cc,
                       .g = g,
                       .beta = beta,
-                      .ldg = Hv,
+                      .ldg = P,
                       .out = core,
                       .ldo = VD,
                       .k_heads = Hk,
@@ -200,16 +212,20 @@ class Qwen35 final : public Family {
                       .dv = Dv});
     // Gated RMSNorm per (token, value head) with z, then out_proj into the residual.
     x.ops.rms_norm({.x = core,
-                    .ldx = Dv,
+                    .ldx = VD,
+                    .hx = Dv,
                     .y = core,
-                    .ldy = Dv,
-                    .rows = N * Hv,
+                    .ldy = VD,
+                    .hy = Dv,
+                    .rows = N,
+                    .heads = Hv,
                     .dim = Dv,
                     .w = w.norm.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::w,
                     .gate = z,
-                    .ldg = Dv});
+                    .ldg = P,
+                    .hg = Dv});
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
     x.ops.gemm(
         {.x = core, .m = N, .k = VD, .ldx = VD, .outputs = {&out, 1}, .precision = c.precision});
@@ -261,7 +277,9 @@ class Qwen35 final : public Family {
                                   .heads = Hq,
                                   .kv_heads = Hkv,
                                   .head_dim = D,
-                                  .scale = 1.0f / std::sqrt(float(D))});
+                                  .scale = 1.0f / std::sqrt(float(D)),
+                                  .bf16 = c.precision == GemmPrecision::bf16 &&
+                                          w.q.dtype() == DType::bf16});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,

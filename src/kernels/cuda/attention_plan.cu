@@ -165,7 +165,7 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
       const int64_t from = pack ? std::max(shared_end, lo_block[row]) : lo_block[row];
       if (from < end_block[row])
         add(begin + k, begin + k + 1, count[row], from, end_block[row], blocks[row], false,
-            count[row] <= kFewLimit);
+            count[row] <= kFewLimit && !a.bf16);
     }
   }
 

@@ -116,25 +116,55 @@ __global__ void kv_write_kernel(KvWriteLaunch a) {
 }
 
 // y over the row's tokens (padded ones zeroed): input s < 0 reads the tail's row K - 1 + s.
+// Thread (channel c, tile of kConvTokens tokens): the last kConvWindow inputs slide through
+// registers (every input is loaded once per tile), channels coalesced across the warp; the sum
+// runs over j = 0 .. K - 1 in order, as the CPU's.
+constexpr int kConvTokens = 16;
+constexpr int kConvWindow = 8;  // K at most this; launch_causal_conv checks
+
 __global__ void conv_kernel(ConvLaunch a) {
-  const int i = blockIdx.y;
-  const int64_t n = a.rows.length[i], L = a.rows.tokens, K = a.kernel, C = a.channels;
-  const int64_t row0 = (a.rows.first + i) * L;
+  const int i = blockIdx.z;
+  const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
+  const int C = int(a.channels), K = int(a.kernel);
+  if (c >= C) return;
+  const int n = int(a.rows.length[i]);
+  const int t0 = int(blockIdx.y) * kConvTokens;
+  const int64_t L = a.rows.tokens, row0 = (a.rows.first + i) * L;
+  const int t_end = t0 + kConvTokens < int(L) ? t0 + kConvTokens : int(L);
+  const float* x = a.x + row0 * a.ldx + c;
+  float* y = a.y + row0 * a.ldy + c;
   const float* tail = a.state[i].tail_in;
-  DEG_GRID_LOOP(e, L * C) {
-    const int64_t t = e / C, c = e % C;
-    float* y = a.y + (row0 + t) * a.ldy + c;
+  // w[jj] is tap jj - (kConvWindow - K), aligned with the window (compile-time indices only).
+  float w[kConvWindow];
+#pragma unroll
+  for (int jj = 0; jj < kConvWindow; ++jj) {
+    const int j = jj - (kConvWindow - K);
+    w[jj] = j >= 0 ? a.w[int64_t(c) * K + j] : 0.0f;
+  }
+  // window[kConvWindow - 1 - d] holds input t - d of the token t being computed; input s < 0
+  // comes from the tail (row K - 1 + s).
+  float window[kConvWindow];
+#pragma unroll
+  for (int d = 1; d < kConvWindow; ++d) {
+    const int s = t0 - d;
+    float in = 0.0f;
+    if (d < K && s < n) in = s >= 0 ? x[int64_t(s) * a.ldx] : tail[int64_t(K - 1 + s) * a.ldt + c];
+    window[kConvWindow - 1 - d] = in;
+  }
+  for (int t = t0; t < t_end; ++t) {
     if (t >= n) {
-      *y = 0.0f;
+      y[int64_t(t) * a.ldy] = 0.0f;
       continue;
     }
+    window[kConvWindow - 1] = x[int64_t(t) * a.ldx];
     float acc = 0.0f;
-    for (int64_t j = 0; j < K; ++j) {
-      const int64_t s = t - (K - 1) + j;
-      const float in = s >= 0 ? a.x[(row0 + s) * a.ldx + c] : tail[(K - 1 + s) * a.ldt + c];
-      acc += a.w[c * K + j] * in;
+#pragma unroll
+    for (int jj = 0; jj < kConvWindow; ++jj) {
+      if (jj >= kConvWindow - K) acc += w[jj] * window[jj];  // tap jj - (kConvWindow - K)
     }
-    *y = a.silu ? silu(acc) : acc;
+    y[int64_t(t) * a.ldy] = a.silu ? silu(acc) : acc;
+#pragma unroll
+    for (int d = 0; d < kConvWindow - 1; ++d) window[d] = window[d + 1];
   }
 }
 
@@ -292,13 +322,13 @@ cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream) {
 }
 
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
-  if (a.rows.count == 0 || a.channels == 0) return cudaSuccess;
-  if (a.kernel - 1 > 16) return cudaErrorInvalidValue;
-  const dim3 rows_grid(1, unsigned(a.rows.count));
-  conv_kernel<<<dim3(grid_for(a.rows.tokens * a.channels), unsigned(a.rows.count)), kThreads, 0,
-                stream>>>(a);
+  if (a.rows.count == 0 || a.channels == 0 || a.rows.tokens == 0) return cudaSuccess;
+  if (a.kernel < 1 || a.kernel > kConvWindow) return cudaErrorInvalidValue;
+  const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
+  const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
+  conv_kernel<<<dim3(channel_blocks, tiles, unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess) return e;
-  conv_tail_kernel<<<dim3(grid_for(a.channels), rows_grid.y), kThreads, 0, stream>>>(a);
+  conv_tail_kernel<<<dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   return launched();
 }
 

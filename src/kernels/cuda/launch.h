@@ -55,6 +55,9 @@ struct AttentionLaunch {
   int64_t kv_heads, group, head_dim;
   float scale;
   int64_t window;
+  // Tensor cores: Q K^T and P V of bf16-rounded operands, f32 accumulation (every query in the
+  // block kernel, so a query's bits never depend on which kernel a batch sends it to).
+  bool bf16;
   // Device scratch for the key splits' partial results (16-byte aligned): at least
   // attention_workspace_floats(*this) floats; null: the launcher takes it from the stream's
   // memory pool (cudaMallocAsync) and gives it back after the launch.

@@ -179,26 +179,48 @@ class CudaOps final : public Ops {
       DEG_CHECK(w.rank() == 2 && w.dim(1) == a.k && w.is_contiguous() && w.device() == Device::cuda,
                 "cuda gemm: weight {} is not a contiguous [N, {}] device tensor", w.describe(),
                 a.k);
-      const int64_t N = w.dim(0);
-      if (w.dtype() == DType::f32) {
-        matmul(w.data<float>(), CUDA_R_32F, N, a.x, CUDA_R_32F, a.ldx, a.m, a.k, o);
-      } else if (w.dtype() == DType::bf16 && xb) {
-        matmul(w.raw(), CUDA_R_16BF, N, xb, CUDA_R_16BF, a.k, a.m, a.k, o);
-      } else if (w.dtype() == DType::bf16) {
-        // Exact: the weight widened to f32 (exactly), a block of its rows at a time.
-        const int64_t block = std::max<int64_t>(1, (int64_t(1) << 25) / a.k);
-        for (int64_t n0 = 0; n0 < N; n0 += block) {
-          const int64_t nb = std::min(block, N - n0);
-          float* wf = static_cast<float*>(scratch(1, size_t(nb * a.k) * sizeof(float)));
-          check(cuda::launch_widen_bf16(w.raw() + size_t(n0 * a.k) * 2, nb * a.k, wf, stream_),
-                "widen bf16");
-          GemmOutput part = o;
-          part.y = o.y + n0;
-          matmul(wf, CUDA_R_32F, nb, a.x, CUDA_R_32F, a.ldx, a.m, a.k, part);
-        }
-      } else {
+      if (w.dtype() != DType::f32 && w.dtype() != DType::bf16)
         throw Error(ErrorKind::unsupported,
                     fmt::format("cuda gemm: {} weights", dtype_name(w.dtype())));
+    }
+    // Outputs whose weights are adjacent row blocks of one tensor (weights_stacked_on) and whose
+    // outputs are adjacent columns of one buffer run as one GEMM over their joint N.
+    const size_t count = a.outputs.size();
+    for (size_t i = 0; i < count;) {
+      const GemmOutput& o = a.outputs[i];
+      const DType dt = o.w->dtype();
+      int64_t N = o.w->dim(0);
+      size_t j = i + 1;
+      for (; j < count; ++j) {
+        const GemmOutput& n = a.outputs[j];
+        if (n.w->dtype() != dt || n.w->raw() != o.w->raw() + size_t(N * a.k) * dtype_size(dt) ||
+            n.y != o.y + N || n.ldy != o.ldy || n.accumulate != o.accumulate)
+          break;
+        N += n.w->dim(0);
+      }
+      gemm_one(a, o.w->raw(), dt, N, xb, o);
+      i = j;
+    }
+  }
+
+  // y [M, N] at o (y, ldy, accumulate) from the weight rows at w ([N, K] of dtype dt).
+  void gemm_one(const GemmArgs& a, const std::byte* w, DType dt, int64_t N, const void* xb,
+                const GemmOutput& o) const {
+    if (dt == DType::f32) {
+      matmul(w, CUDA_R_32F, N, a.x, CUDA_R_32F, a.ldx, a.m, a.k, o);
+    } else if (xb) {
+      matmul(w, CUDA_R_16BF, N, xb, CUDA_R_16BF, a.k, a.m, a.k, o);
+    } else {
+      // Exact: the weight widened to f32 (exactly), a block of its rows at a time.
+      const int64_t block = std::max<int64_t>(1, (int64_t(1) << 25) / a.k);
+      for (int64_t n0 = 0; n0 < N; n0 += block) {
+        const int64_t nb = std::min(block, N - n0);
+        float* wf = static_cast<float*>(scratch(1, size_t(nb * a.k) * sizeof(float)));
+        check(cuda::launch_widen_bf16(w + size_t(n0 * a.k) * 2, nb * a.k, wf, stream_),
+              "widen bf16");
+        GemmOutput part = o;
+        part.y = o.y + n0;
+        matmul(wf, CUDA_R_32F, nb, a.x, CUDA_R_32F, a.ldx, a.m, a.k, part);
       }
     }
   }
@@ -278,7 +300,8 @@ class CudaOps final : public Ops {
                               .group = a.group,
                               .head_dim = a.head_dim,
                               .scale = a.scale,
-                              .window = a.window};
+                              .window = a.window,
+                              .bf16 = a.bf16};
       for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
       // Key-split partials: backend scratch (stream order makes reuse across calls safe).
       const int64_t ws = cuda::attention_workspace_floats(l);
