@@ -70,8 +70,8 @@ std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
   int64_t at = 0;
   for (const Tensor* t : host) {
     const Tensor c = t->contiguous();
-    std::memcpy(all.raw_mutable() + size_t(at) * size_t(c.dim(1)) * dtype_size(c.dtype()),
-                c.raw(), c.nbytes());
+    std::memcpy(all.raw_mutable() + size_t(at) * size_t(c.dim(1)) * dtype_size(c.dtype()), c.raw(),
+                c.nbytes());
     at += c.dim(0);
   }
   const Tensor on = ops.upload(all);

@@ -252,25 +252,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           probs[(key + 8 * n + c % 2) * kBlockProbPitch + row + 8 * (c / 2)] =
               __fmul_rn(s4[n][c], g.scale);
     } else {
-    float score[4][4] = {};
+      float score[4][4] = {};
 #pragma unroll 2
-    for (int d = 0; d < g.dim4; d += 4) {
-      float4 q[4], k[4];
+      for (int d = 0; d < g.dim4; d += 4) {
+        float4 q[4], k[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) q[i] = load4(q_tile + (score_row + 16 * i) * g.pitch + d);
+        for (int i = 0; i < 4; ++i) q[i] = load4(q_tile + (score_row + 16 * i) * g.pitch + d);
 #pragma unroll
-      for (int k4 = 0; k4 < 4; ++k4) k[k4] = load4(k_tile + (score_key + 16 * k4) * g.pitch + d);
+        for (int k4 = 0; k4 < 4; ++k4) k[k4] = load4(k_tile + (score_key + 16 * k4) * g.pitch + d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int k4 = 0; k4 < 4; ++k4) score[i][k4] = dot4(q[i], k[k4], score[i][k4]);
+      }
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int k4 = 0; k4 < 4; ++k4) score[i][k4] = dot4(q[i], k[k4], score[i][k4]);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int k4 = 0; k4 < 4; ++k4)
-        probs[(score_key + 16 * k4) * kBlockProbPitch + score_row + 16 * i] =
-            __fmul_rn(score[i][k4], g.scale);
+        for (int k4 = 0; k4 < 4; ++k4)
+          probs[(score_key + 16 * k4) * kBlockProbPitch + score_row + 16 * i] =
+              __fmul_rn(score[i][k4], g.scale);
     }
     __syncthreads();  // scores complete; the K tile is free
 
@@ -285,51 +285,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kTensor) {
       tensor_values(tacc, a, g, probs, v_tile, alphas, ends, mma_row, tile0, my_tiles);
     } else {
-    const float4 a0 = load4(alphas + value_row), a1 = load4(alphas + 32 + value_row);
-    const float alpha[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float4 a0 = load4(alphas + value_row), a1 = load4(alphas + 32 + value_row);
+      const float alpha[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[i][c] = __fmul_rn(acc[i][c], alpha[i]);
-    if (cols_high) {
-      accumulate_values<true>(acc, probs + value_row, v_tile + value_col, g.pitch);
-    } else if (cols_low) {
-      accumulate_values<false>(acc, probs + value_row, v_tile + value_col, g.pitch);
-    }
+        for (int c = 0; c < 8; ++c) acc[i][c] = __fmul_rn(acc[i][c], alpha[i]);
+      if (cols_high) {
+        accumulate_values<true>(acc, probs + value_row, v_tile + value_col, g.pitch);
+      } else if (cols_low) {
+        accumulate_values<false>(acc, probs + value_row, v_tile + value_col, g.pitch);
+      }
 
-    // Rows whose split ends here store their partial or output and start afresh.
+      // Rows whose split ends here store their partial or output and start afresh.
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
-      const RowEnd e = ends[r];
-      if (e.end == kGoOn) continue;
-      float v[8] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3],
-                    acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
-      if (e.end == kFold || e.end == kFoldOutput) {
-        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float4 f0 = cols_low ? load4(e.fold + value_col) : zero;
-        const float4 f1 = cols_high ? load4(e.fold + value_col + 128) : zero;
-        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+      for (int i = 0; i < 8; ++i) {
+        const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
+        const RowEnd e = ends[r];
+        if (e.end == kGoOn) continue;
+        float v[8] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3],
+                      acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
+        if (e.end == kFold || e.end == kFoldOutput) {
+          const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          const float4 f0 = cols_low ? load4(e.fold + value_col) : zero;
+          const float4 f1 = cols_high ? load4(e.fold + value_col + 128) : zero;
+          const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
-        for (int c = 0; c < 8; ++c) v[c] = fold_value(f[c], v[c], e.w);
+          for (int c = 0; c < 8; ++c) v[c] = fold_value(f[c], v[c], e.w);
+        }
+        if (e.end == kOutput || e.end == kFoldOutput) {
+          const float low[4] = {__fdiv_rn(v[0], e.sum), __fdiv_rn(v[1], e.sum),
+                                __fdiv_rn(v[2], e.sum), __fdiv_rn(v[3], e.sum)};
+          if (cols_low) store_out(e.dest, value_col, g.head_dim, g.out_wide, low);
+          const float high[4] = {__fdiv_rn(v[4], e.sum), __fdiv_rn(v[5], e.sum),
+                                 __fdiv_rn(v[6], e.sum), __fdiv_rn(v[7], e.sum)};
+          if (cols_high) store_out(e.dest, value_col + 128, g.head_dim, g.out_wide, high);
+        } else {
+          if (cols_low)
+            *reinterpret_cast<float4*>(e.dest + value_col) = make_float4(v[0], v[1], v[2], v[3]);
+          if (cols_high)
+            *reinterpret_cast<float4*>(e.dest + value_col + 128) =
+                make_float4(v[4], v[5], v[6], v[7]);
+        }
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
       }
-      if (e.end == kOutput || e.end == kFoldOutput) {
-        const float low[4] = {__fdiv_rn(v[0], e.sum), __fdiv_rn(v[1], e.sum),
-                              __fdiv_rn(v[2], e.sum), __fdiv_rn(v[3], e.sum)};
-        if (cols_low) store_out(e.dest, value_col, g.head_dim, g.out_wide, low);
-        const float high[4] = {__fdiv_rn(v[4], e.sum), __fdiv_rn(v[5], e.sum),
-                               __fdiv_rn(v[6], e.sum), __fdiv_rn(v[7], e.sum)};
-        if (cols_high) store_out(e.dest, value_col + 128, g.head_dim, g.out_wide, high);
-      } else {
-        if (cols_low)
-          *reinterpret_cast<float4*>(e.dest + value_col) = make_float4(v[0], v[1], v[2], v[3]);
-        if (cols_high)
-          *reinterpret_cast<float4*>(e.dest + value_col + 128) =
-              make_float4(v[4], v[5], v[6], v[7]);
-      }
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
-    }
     }
     __syncthreads();  // the V tile, the probabilities and the row states are free
 

@@ -395,7 +395,7 @@ __device__ __forceinline__ void store_out(float* dst, int col, int head_dim, boo
 // element depends only on its own row of A and column of B, in an order fixed by the hardware
 // and the k loop (key blocks and dims always walked from 0), never on the tile's other rows.
 
-constexpr int kMaxDimSteps = kMaxHeadDim / 16;   // k steps of 16 dims
+constexpr int kMaxDimSteps = kMaxHeadDim / 16;    // k steps of 16 dims
 constexpr int kMaxValueTiles = kMaxHeadDim / 16;  // 8-column value tiles per warp (half of D)
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -454,8 +454,8 @@ __device__ __forceinline__ void mma_scores(float (&s)[4][4], const uint32_t (&qf
 // acc[n] += P V for the warp's 16 query rows (probabilities at probs[key * prob_pitch + row]
 // from row0) and value columns 8 (tile0 + n) .. + 7 (n < tiles), over the block's 64 keys.
 __device__ __forceinline__ void mma_values(float (&acc)[kMaxValueTiles][4], const float* probs,
-                                           int prob_pitch, int row0, const float* v_tile,
-                                           int pitch, int tile0, int tiles) {
+                                           int prob_pitch, int row0, const float* v_tile, int pitch,
+                                           int tile0, int tiles) {
   const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int k = 0; k < kKeyBlock / 16; ++k) {
