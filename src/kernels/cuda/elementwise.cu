@@ -2,7 +2,7 @@
 // writes, the causal conv, the delta-rule gates, GLU gates, residual adds, gathers, copies and
 // the GEMM operand conversions. All f32, in the CPU backend's expression order where it has one.
 //
-// Batch invariance: every output element is computed by one thread, or (norms) one block per
+// Batch invariance: every output element is computed by one thread, or (norms) one warp per
 // vector with a reduction whose shape depends on the vector's length only, so no result depends
 // on how many rows a call has.
 #include <cstdint>
@@ -14,13 +14,24 @@ namespace deg::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kNormThreads = 128;  // one block per normalised vector
+constexpr int kNormWarps = kThreads / 32;  // normalised vectors per block (a warp each)
 
 // Blocks for n threads' worth of work, capped (the kernels loop over the rest).
 unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
 }
+
+// Rows and columns of a [rows, n] elementwise op: blockIdx.y (and its multiples) the row,
+// 32-bit column indices.
+dim3 row_grid(int64_t rows, int64_t n) {
+  const int64_t x = (n + kThreads - 1) / kThreads;
+  return dim3(unsigned(x), unsigned(rows < 65535 ? rows : 65535));
+}
+
+#define DEG_ROW_LOOP(r, j, rows, n)                                         \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                  \
+    for (int j = int(blockIdx.x * blockDim.x + threadIdx.x); j < int(n); j += int(gridDim.x * blockDim.x))
 
 // A loop over [0, n) spread over the whole grid.
 #define DEG_GRID_LOOP(i, n)                                                 \
@@ -39,49 +50,49 @@ __device__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
-// The sum of v over the block's kNormThreads threads, in a fixed order: warp shuffles, then the
-// four warp sums in order. Every thread gets the result.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[kNormThreads / 32];
+// The sum of v over a warp in a fixed order (xor butterfly); every lane gets it.
+__device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  float s = warp_sums[0];
-  for (int w = 1; w < kNormThreads / 32; ++w) s += warp_sums[w];
-  __syncthreads();  // warp_sums is reused by the next call
-  return s;
+  return v;
 }
 
-// ---- norms ----
+// ---- norms: one warp per vector (r, h); lane l sums elements l, l + 32, ... in order, then the
+// warp's butterfly, so the order depends on dim only. A lane writes the elements it read (y may
+// be x). ----
 
 __global__ void rms_norm_kernel(NormLaunch a) {
-  const int64_t r = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
+  const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  if (v >= a.rows * a.heads) return;
+  const int lane = int(threadIdx.x % 32), dim = int(a.dim);
+  const int64_t r = v / a.heads, h = v % a.heads;
   const float* x = a.x + r * a.ldx + h * a.hx;
   float* y = a.y + r * a.ldy + h * a.hy;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) ss += x[i] * x[i];
-  const float inv = 1.0f / sqrtf(block_sum(ss) / float(a.dim) + a.eps);
+  for (int i = lane; i < dim; i += 32) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(warp_sum(ss) / float(a.dim) + a.eps);
   if (a.gate) {
     const float* g = a.gate + r * a.ldg + h * a.hg;
-    for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) {
+    for (int i = lane; i < dim; i += 32) {
       const float w = a.w ? a.w[i] : 1.0f;
       y[i] = (w * (x[i] * inv)) * silu(g[i]);
     }
     return;
   }
-  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) {
+  for (int i = lane; i < dim; i += 32) {
     const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[i] : a.w[i]) : 1.0f;
     y[i] = (x[i] * inv) * w;
   }
 }
 
 __global__ void l2_norm_kernel(L2NormLaunch a) {
-  const int64_t r = blockIdx.x / a.heads, h = blockIdx.x % a.heads;
-  float* x = a.x + r * a.ldx + h * a.dim;
+  const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  if (v >= a.rows * a.heads) return;
+  const int lane = int(threadIdx.x % 32), dim = int(a.dim);
+  float* x = a.x + (v / a.heads) * a.ldx + (v % a.heads) * a.dim;
   float ss = 0;
-  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) ss += x[i] * x[i];
-  const float inv = 1.0f / sqrtf(block_sum(ss) + a.eps);
-  for (int64_t i = threadIdx.x; i < a.dim; i += kNormThreads) x[i] = (x[i] * inv) * a.post_scale;
+  for (int i = lane; i < dim; i += 32) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(warp_sum(ss) + a.eps);
+  for (int i = lane; i < dim; i += 32) x[i] = (x[i] * inv) * a.post_scale;
 }
 
 // ---- per-row ops (one chunk of rows; blockIdx.y = row of the chunk) ----
@@ -205,8 +216,7 @@ __global__ void delta_gates_kernel(DeltaGatesLaunch a) {
 // ---- elementwise ----
 
 __global__ void glu_kernel(GluLaunch a) {
-  DEG_GRID_LOOP(e, a.rows * a.n) {
-    const int64_t r = e / a.n, j = e % a.n;
+  DEG_ROW_LOOP(r, j, a.rows, a.n) {
     const float g = a.gate[r * a.ldg + j];
     const float act = a.act == 0 ? silu(g) : a.act == 1 ? gelu_tanh(g) : sigmoid(g);
     float* out = a.out + r * a.ldo + j;
@@ -215,8 +225,7 @@ __global__ void glu_kernel(GluLaunch a) {
 }
 
 __global__ void binary_kernel(BinaryLaunch a) {
-  DEG_GRID_LOOP(e, a.rows * a.n) {
-    const int64_t r = e / a.n, j = e % a.n;
+  DEG_ROW_LOOP(r, j, a.rows, a.n) {
     float* y = a.y + r * a.ldy + j;
     if (!a.a) {
       *y = *y * a.s;
@@ -233,8 +242,7 @@ __global__ void softcap_kernel(float* y, int64_t n, float cap) {
 
 __global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                                  int64_t n) {
-  DEG_GRID_LOOP(e, rows * n) {
-    const int64_t r = e / n, j = e % n;
+  DEG_ROW_LOOP(r, j, rows, n) {
     y[r * ldy + j] = x[r * ldx + j];
   }
 }
@@ -291,13 +299,15 @@ cudaError_t launched() {
 
 cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  rms_norm_kernel<<<unsigned(a.rows * a.heads), kNormThreads, 0, stream>>>(a);
+  rms_norm_kernel<<<unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps), kThreads, 0,
+                    stream>>>(a);
   return launched();
 }
 
 cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  l2_norm_kernel<<<unsigned(a.rows * a.heads), kNormThreads, 0, stream>>>(a);
+  l2_norm_kernel<<<unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps), kThreads, 0,
+                   stream>>>(a);
   return launched();
 }
 
@@ -341,13 +351,13 @@ cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
 
 cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  glu_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  glu_kernel<<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
   return launched();
 }
 
 cudaError_t launch_binary(const BinaryLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  binary_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  binary_kernel<<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
   return launched();
 }
 
@@ -360,7 +370,7 @@ cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream) 
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
-  copy_rows_kernel<<<grid_for(rows * n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
+  copy_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
   return launched();
 }
 

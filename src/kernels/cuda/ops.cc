@@ -184,7 +184,7 @@ class CudaOps final : public Ops {
                     fmt::format("cuda gemm: {} weights", dtype_name(w.dtype())));
     }
     // Outputs whose weights are adjacent row blocks of one tensor (weights_stacked_on) and whose
-    // outputs are adjacent columns of one buffer run as one GEMM over their joint N.
+    // outputs are adjacent columns of one row stride (their joint N within it) run as one GEMM.
     const size_t count = a.outputs.size();
     for (size_t i = 0; i < count;) {
       const GemmOutput& o = a.outputs[i];
@@ -194,7 +194,8 @@ class CudaOps final : public Ops {
       for (; j < count; ++j) {
         const GemmOutput& n = a.outputs[j];
         if (n.w->dtype() != dt || n.w->raw() != o.w->raw() + size_t(N * a.k) * dtype_size(dt) ||
-            n.y != o.y + N || n.ldy != o.ldy || n.accumulate != o.accumulate)
+            n.y != o.y + N || n.ldy != o.ldy || N + n.w->dim(0) > o.ldy ||
+            n.accumulate != o.accumulate)
           break;
         N += n.w->dim(0);
       }
