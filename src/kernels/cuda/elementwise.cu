@@ -56,29 +56,46 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// ---- norms: one warp per vector (r, h); lane l sums elements l, l + 32, ... in order, then the
-// warp's butterfly, so the order depends on dim only. A lane writes the elements it read (y may
-// be x). ----
+// ---- norms: a vector (r, h) of at most kWarpNormDim elements takes a warp (lane l sums
+// elements l, l + 32, ... in order, then the warp's butterfly); a longer one a block of
+// kThreads (the same per thread, then the warps' sums in order). The order depends on dim only.
+// A thread writes the elements it read (y may be x). ----
 
+constexpr int kWarpNormDim = 256;
+
+// The sum of v over the block's kThreads threads (warp sums, then in warp order); all get it.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[kNormWarps];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float s = warp_sums[0];
+  for (int w = 1; w < kNormWarps; ++w) s += warp_sums[w];
+  return s;
+}
+
+// kBlock: one vector per block; else one per warp.
+template <bool kBlock>
 __global__ void rms_norm_kernel(NormLaunch a) {
-  const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int64_t v = kBlock ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
-  const int lane = int(threadIdx.x % 32), dim = int(a.dim);
+  const int lane = kBlock ? int(threadIdx.x) : int(threadIdx.x % 32), step = kBlock ? kThreads : 32;
+  const int dim = int(a.dim);
   const int64_t r = v / a.heads, h = v % a.heads;
   const float* x = a.x + r * a.ldx + h * a.hx;
   float* y = a.y + r * a.ldy + h * a.hy;
   float ss = 0;
-  for (int i = lane; i < dim; i += 32) ss += x[i] * x[i];
-  const float inv = 1.0f / sqrtf(warp_sum(ss) / float(a.dim) + a.eps);
+  for (int i = lane; i < dim; i += step) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf((kBlock ? block_sum(ss) : warp_sum(ss)) / float(a.dim) + a.eps);
   if (a.gate) {
     const float* g = a.gate + r * a.ldg + h * a.hg;
-    for (int i = lane; i < dim; i += 32) {
+    for (int i = lane; i < dim; i += step) {
       const float w = a.w ? a.w[i] : 1.0f;
       y[i] = (w * (x[i] * inv)) * silu(g[i]);
     }
     return;
   }
-  for (int i = lane; i < dim; i += 32) {
+  for (int i = lane; i < dim; i += step) {
     const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[i] : a.w[i]) : 1.0f;
     y[i] = (x[i] * inv) * w;
   }
@@ -215,13 +232,32 @@ __global__ void delta_gates_kernel(DeltaGatesLaunch a) {
 
 // ---- elementwise ----
 
+__device__ __forceinline__ float glu_one(const GluLaunch& a, float g, float up) {
+  const float act = a.act == 0 ? silu(g) : a.act == 1 ? gelu_tanh(g) : sigmoid(g);
+  return act * up;
+}
+
+// Columns in fours (kVector: every row start and n 16-byte aligned, float4 accesses).
+template <bool kVector>
 __global__ void glu_kernel(GluLaunch a) {
-  DEG_ROW_LOOP(r, j, a.rows, a.n) {
-    const float g = a.gate[r * a.ldg + j];
-    const float act = a.act == 0 ? silu(g) : a.act == 1 ? gelu_tanh(g) : sigmoid(g);
-    float* out = a.out + r * a.ldo + j;
-    *out = a.up ? act * a.up[r * a.ldu + j] : act * *out;
+  const int64_t n4 = kVector ? a.n / 4 : a.n;
+  DEG_ROW_LOOP(r, j, a.rows, n4) {
+    float* out = a.out + r * a.ldo;
+    const float* gate = a.gate + r * a.ldg;
+    const float* up = a.up ? a.up + r * a.ldu : out;  // no up: the gate scales out in place
+    if constexpr (kVector) {
+      const float4 g = reinterpret_cast<const float4*>(gate)[j];
+      const float4 u = reinterpret_cast<const float4*>(up)[j];
+      reinterpret_cast<float4*>(out)[j] = make_float4(glu_one(a, g.x, u.x), glu_one(a, g.y, u.y),
+                                                      glu_one(a, g.z, u.z), glu_one(a, g.w, u.w));
+    } else {
+      out[j] = glu_one(a, gate[j], up[j]);
+    }
   }
+}
+
+bool aligned4(const void* p, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0 && ld % 4 == 0;
 }
 
 __global__ void binary_kernel(BinaryLaunch a) {
@@ -299,8 +335,13 @@ cudaError_t launched() {
 
 cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  rms_norm_kernel<<<unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps), kThreads, 0,
-                    stream>>>(a);
+  const int64_t vectors = a.rows * a.heads;
+  if (a.dim > kWarpNormDim) {
+    rms_norm_kernel<true><<<unsigned(vectors), kThreads, 0, stream>>>(a);
+  } else {
+    rms_norm_kernel<false><<<unsigned((vectors + kNormWarps - 1) / kNormWarps), kThreads, 0,
+                             stream>>>(a);
+  }
   return launched();
 }
 
@@ -351,7 +392,13 @@ cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
 
 cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  glu_kernel<<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
+  const bool vector = a.n % 4 == 0 && aligned4(a.gate, a.ldg) && aligned4(a.out, a.ldo) &&
+                      (!a.up || aligned4(a.up, a.ldu));
+  if (vector) {
+    glu_kernel<true><<<row_grid(a.rows, a.n / 4), kThreads, 0, stream>>>(a);
+  } else {
+    glu_kernel<false><<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
+  }
   return launched();
 }
 

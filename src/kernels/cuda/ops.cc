@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -491,9 +492,9 @@ class CudaOps final : public Ops {
         alignment_of({uint64_t(reinterpret_cast<uintptr_t>(w)), uint64_t(K) * we,
                       uint64_t(reinterpret_cast<uintptr_t>(x)), uint64_t(ldx) * xe,
                       uint64_t(reinterpret_cast<uintptr_t>(o.y)), uint64_t(o.ldy) * 4});
-    MatmulDesc desc;
-    Layout la(wt, uint64_t(K), uint64_t(N), K), lb(xt, uint64_t(K), uint64_t(M), ldx),
-        lc(CUDA_R_32F, uint64_t(N), uint64_t(M), o.ldy);
+    const MatmulDesc& desc = desc_;
+    const Layout &la = layout(wt, K, N, K), &lb = layout(xt, K, M, ldx),
+                 &lc = layout(CUDA_R_32F, N, M, o.ldy);
     const float alpha = 1.0f, beta = o.accumulate ? 1.0f : 0.0f;
     if (heuristic_) {  // the benchmark's yardstick: cuBLASLt's own choice for this very M
       const Heuristic& h = heuristic_algo(desc, la, lb, lc, wt, xt, N, K, M, ldx, o.ldy);
@@ -507,6 +508,18 @@ class CudaOps final : public Ops {
     check_blas(cublasLtMatmul(blas_, desc.h, &alpha, w, la.h, x, lb.h, &beta, o.y, lc.h, o.y, lc.h,
                               &algo, nullptr, 0, stream_),
                "matmul");
+  }
+
+  // The cuBLASLt layout of a [cols, rows] column-major matrix (kept: creating one per call
+  // costs host time on every GEMM of a decode step). Callers hold mu_.
+  const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const {
+    const auto key = std::make_tuple(int(t), rows, cols, ld);
+    auto it = layouts_.find(key);
+    if (it != layouts_.end()) return *it->second;
+    if (layouts_.size() >= 4096) layouts_.clear();  // bounded: shapes vary with M
+    return *layouts_
+                .emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld))
+                .first->second;
   }
 
   struct Heuristic {
@@ -604,6 +617,8 @@ class CudaOps final : public Ops {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
+  MatmulDesc desc_;  // every GEMM's: W transposed, x plain, f32 compute
+  mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
   mutable std::recursive_mutex mu_;
   mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int>,
                    cublasLtMatmulAlgo_t>
