@@ -17,6 +17,7 @@
 #include "core/tensor.h"
 #include "io/npy.h"
 #include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
 #include "model/load.h"
 
 namespace deg::testing {
@@ -66,7 +67,8 @@ inline std::vector<float> span_of(const Tensor& h, int64_t from, int64_t n) {
 }
 
 // The first `count` floats (all when larger) of row `row` of a [B, ...] f32 tensor.
-inline std::vector<float> row_slice(const Tensor& t, int64_t row, int64_t count) {
+inline std::vector<float> row_slice(const Tensor& device_tensor, int64_t row, int64_t count) {
+  const Tensor t = host_copy(device_tensor);  // state may live on a GPU
   const int64_t per = t.numel() / t.dim(0);
   const float* p = t.data<float>() + row * per;
   return std::vector<float>(p, p + std::min(per, count));
@@ -89,6 +91,13 @@ inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) 
 inline std::vector<Device> test_devices() {
   std::vector<Device> d = {Device::cpu};
   if (cuda_available()) d.push_back(Device::cuda);
+  return d;
+}
+
+// test_devices() less the CPU: the backends checked against the CPU's.
+inline std::vector<Device> gpu_devices() {
+  std::vector<Device> d = test_devices();
+  d.erase(d.begin());
   return d;
 }
 

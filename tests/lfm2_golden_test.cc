@@ -30,15 +30,51 @@ std::vector<int32_t> fixture_ids(const std::string& name) {
   return testing::npy_ids(fixture(name) / "ids.npy");
 }
 
-class Lfm2Golden : public ::testing::TestWithParam<const char*> {};
+// Each fixture on each backend (CUDA where a GPU is visible).
+class Lfm2Backend : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
 
-TEST_P(Lfm2Golden, LogitsHiddenAndForksMatchHf) {
-  const auto dir = fixture(GetParam());
+TEST_P(Lfm2Backend, LogitsHiddenAndForksMatchHf) {
+  const char* name = std::get<0>(GetParam());
+  const auto dir = fixture(name);
   ASSERT_EQ(backbone_open(dir)->spec().family, "lfm2");
-  const auto T = int64_t(fixture_ids(GetParam()).size());
-  const double err = testing::expect_matches_hf(dir, {1, 2, T / 2, T - 1});
+  const auto T = int64_t(fixture_ids(name).size());
+  const double err = testing::expect_matches_hf(dir, {1, 2, T / 2, T - 1}, std::get<1>(GetParam()));
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backend,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+                         });
+
+// A device backend against the CPU's (instantiated where a GPU is visible).
+class Lfm2Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Lfm2Backends);
+
+TEST_P(Lfm2Backends, AgreeWithTheCpu) {
+  // As close to the CPU as each is to HF (1e-4 with f32 activations; bf16 dot products round
+  // differently on each backend, 2e-2).
+  const Device device = std::get<1>(GetParam());
+  const auto dir = fixture(std::get<0>(GetParam()));
+  const std::vector<int32_t> ids = fixture_ids(std::get<0>(GetParam()));
+  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16}) {
+    auto cpu = backbone_open(dir, {.precision = p});
+    auto other = backbone_open(dir, {.precision = p, .device = device});
+    const double err =
+        rel_max_error(backbone_forward(*other, ids, true), backbone_forward(*cpu, ids, true));
+    EXPECT_LT(err, p == GemmPrecision::exact ? 1e-4 : 2e-2)
+        << (p == GemmPrecision::exact ? "exact" : "bf16");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backends,
+                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                                            ::testing::ValuesIn(testing::gpu_devices())));
+
+class Lfm2Golden : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Lfm2Golden, FfnWidthAndParameterCountAreHfs) {
   const std::string name = GetParam();

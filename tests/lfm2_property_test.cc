@@ -45,10 +45,15 @@ struct Doc {
   State state;
 };
 
-class Lfm2Property : public ::testing::TestWithParam<GemmPrecision> {
+// Every property on each backend (the CUDA one where a GPU is visible) and GEMM precision.
+class Lfm2Property : public ::testing::TestWithParam<std::tuple<GemmPrecision, Device>> {
  protected:
+  GemmPrecision precision() const { return std::get<0>(GetParam()); }
+
   void SetUp() override {
-    bb_ = backbone_open(tiny_dir(), {.precision = GetParam(), .read_chunk = 64});
+    bb_ = backbone_open(
+        tiny_dir(),
+        {.precision = precision(), .device = std::get<1>(GetParam()), .read_chunk = 64});
     ASSERT_EQ(bb_->spec().family, "lfm2");
     const int64_t V = bb_->spec().vocab;
     // Prefixes of 70, 1 (shorter than the conv tail) and 130 tokens.
@@ -72,7 +77,7 @@ class Lfm2Property : public ::testing::TestWithParam<GemmPrecision> {
     return p;
   }
 
-  double tol() const { return GetParam() == GemmPrecision::exact ? 1e-5 : 1e-2; }
+  double tol() const { return precision() == GemmPrecision::exact ? 1e-5 : 1e-2; }
 
   std::unique_ptr<Backbone> bb_;
   std::vector<Doc> docs_;
@@ -248,11 +253,14 @@ TEST_P(Lfm2Property, IdleRowInADecodeBatchKeepsItsTail) {
   EXPECT_TRUE(bitwise_equal(tail_before, row_slice(fs.own[0].tail, 1, INT64_MAX)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Precision, Lfm2Property,
-                         ::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
-                         [](const auto& info) {
-                           return info.param == GemmPrecision::exact ? "exact" : "bf16";
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Precision, Lfm2Property,
+    ::testing::Combine(::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
+                       ::testing::ValuesIn(testing::test_devices())),
+    [](const auto& info) {
+      return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
+             (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+    });
 
 TEST(Lfm2Errors, MissingTensorIsNamed) {
   // A snapshot whose config asks for one more (conv) layer than the weights hold.

@@ -64,15 +64,9 @@ TEST_P(Qwen35Backends, AgreeWithTheCpu) {
   }
 }
 
-std::vector<Device> device_backends() {
-  std::vector<Device> d = testing::test_devices();
-  d.erase(d.begin());  // the CPU
-  return d;
-}
-
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Backends,
                          ::testing::Combine(::testing::ValuesIn(kFixtures),
-                                            ::testing::ValuesIn(device_backends())));
+                                            ::testing::ValuesIn(testing::gpu_devices())));
 
 TEST(Qwen35Golden, Bf16DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection, as HF's bf16 model

@@ -84,7 +84,7 @@ struct BenchModel {
   int64_t layers = 0;
   std::vector<std::pair<std::string, Shape>> table;
   std::function<std::unique_ptr<Family>()> make;
-  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // qwen3_5: on a given backend
+  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // on a given backend
   TensorMap one_layer;
   std::vector<std::string> one_layer_names;
 };
@@ -131,6 +131,9 @@ BenchModel bench_model(const BenchOpts& o) {
     m.layers = int64_t(cfg.layers.size());
     m.table = gemma4_tensor_table(cfg);
     m.make = [cfg] { return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1)); };
+    m.make_on = [cfg](const Ops& ops) {
+      return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1), ops);
+    };
     Gemma4Config one = cfg;
     one.vocab = one.ple_vocab = 16;
     one.layers = {cfg.layers[0]};
@@ -146,6 +149,9 @@ BenchModel bench_model(const BenchOpts& o) {
     m.vocab = cfg.vocab;
     m.table = lfm2_tensor_table(cfg);
     m.make = [cfg] { return lfm2_family(cfg, lfm2_random_weights(cfg, DType::bf16, 1)); };
+    m.make_on = [cfg](const Ops& ops) {
+      return lfm2_family(cfg, lfm2_random_weights(cfg, DType::bf16, 1), ops);
+    };
     Lfm2Config one = cfg;
     one.vocab = 16;
     one.layers = {LayerKind::recurrent};
@@ -310,12 +316,7 @@ void run(const BenchOpts& o) {
   }
   const BenchModel model = bench_model(o);
   const DeviceChoice device = pick_device(o.device);
-  if (device.device == Device::cuda && (o.family == "qwen3_5" || !device.automatic)) {
-    if (o.family != "qwen3_5") {
-      throw Error(ErrorKind::unsupported,
-                  "--device cuda: only the qwen3_5 family runs on CUDA yet (lfm2 and gemma4: "
-                  "--device cpu)");
-    }
+  if (device.device == Device::cuda) {
     run_cuda(o, model, o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact);
     return;
   }

@@ -28,12 +28,13 @@ constexpr const char* kSliding = "sliding_attention";
 constexpr const char* kGlobal = "full_attention";
 
 struct LayerWeights {
-  std::vector<float> input_norm, post_attn_norm, pre_ff_norm, post_ff_norm;  // [C]
-  Tensor q, k, v, o;                  // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
-  std::vector<float> q_norm, k_norm;  // [D]
-  Tensor gate, up, down;              // [I, C], [I, C], [C, I]
-  Tensor ple_gate, ple_proj;          // [P, C], [C, P]
-  std::vector<float> post_ple_norm;   // [C]
+  // Every tensor on the family's backend (small f32 vectors too).
+  Tensor input_norm, post_attn_norm, pre_ff_norm, post_ff_norm;  // [C]
+  Tensor q, k, v, o;          // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
+  Tensor q_norm, k_norm;      // [D]
+  Tensor gate, up, down;      // [I, C], [I, C], [C, I]
+  Tensor ple_gate, ple_proj;  // [P, C], [C, P]
+  Tensor post_ple_norm;       // [C]
   float scalar = 1.0f;
   RopeTable rope;
 };
@@ -53,12 +54,12 @@ RopeTable layer_rope(const Gemma4Rope& r, int64_t head_dim) {
 
 class Gemma4 final : public Family {
  public:
-  Gemma4(const Gemma4Config& cfg, const TensorMap& w) : cfg_(cfg) {
+  Gemma4(const Gemma4Config& cfg, const TensorMap& w, const Ops& ops) : Family(ops), cfg_(cfg) {
     const int64_t C = cfg.hidden, V = cfg.vocab, P = cfg.ple_dim;
     const int64_t NL = int64_t(cfg.layers.size());
-    embed_ = weight_need(w, "embed_tokens.weight", {V, C});
-    head_ = cfg.tied ? embed_ : weight_need(w, "lm_head.weight", {V, C});
-    final_norm_ = weight_f32(w, "norm.weight", {C});
+    embed_ = weight_on(ops, w, "embed_tokens.weight", {V, C});
+    head_ = cfg.tied ? embed_ : weight_on(ops, w, "lm_head.weight", {V, C});
+    final_norm_ = vector_on(ops, weight_f32(w, "norm.weight", {C}));
     spec_ = {.family = "gemma4",
              .hidden = C,
              .vocab = V,
@@ -68,34 +69,34 @@ class Gemma4 final : public Family {
              .soft_id = cfg.pad_id,
              .media = cfg.media};
     if (P > 0) {
-      ple_table_ = weight_need(w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
-      ple_model_proj_ = weight_need(w, "per_layer_model_projection.weight", {NL * P, C});
-      ple_norm_ = weight_f32(w, "per_layer_projection_norm.weight", {P});
+      ple_table_ = weight_on(ops, w, "embed_tokens_per_layer.weight", {cfg.ple_vocab, NL * P});
+      ple_model_proj_ = weight_on(ops, w, "per_layer_model_projection.weight", {NL * P, C});
+      ple_norm_ = vector_on(ops, weight_f32(w, "per_layer_projection_norm.weight", {P}));
     }
     for (int64_t i = 0; i < NL; ++i) {
       const Gemma4Layer& g = cfg.layers[size_t(i)];
       const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, I = g.intermediate;
       auto n = [&](const std::string& s) { return layer_name(i, s); };
       LayerWeights l;
-      l.input_norm = weight_f32(w, n("input_layernorm.weight"), {C});
-      l.post_attn_norm = weight_f32(w, n("post_attention_layernorm.weight"), {C});
-      l.pre_ff_norm = weight_f32(w, n("pre_feedforward_layernorm.weight"), {C});
-      l.post_ff_norm = weight_f32(w, n("post_feedforward_layernorm.weight"), {C});
-      l.q = weight_need(w, n("self_attn.q_proj.weight"), {Hq * D, C});
-      l.o = weight_need(w, n("self_attn.o_proj.weight"), {C, Hq * D});
-      l.q_norm = weight_f32(w, n("self_attn.q_norm.weight"), {D});
+      l.input_norm = vector_on(ops, weight_f32(w, n("input_layernorm.weight"), {C}));
+      l.post_attn_norm = vector_on(ops, weight_f32(w, n("post_attention_layernorm.weight"), {C}));
+      l.pre_ff_norm = vector_on(ops, weight_f32(w, n("pre_feedforward_layernorm.weight"), {C}));
+      l.post_ff_norm = vector_on(ops, weight_f32(w, n("post_feedforward_layernorm.weight"), {C}));
+      l.q = weight_on(ops, w, n("self_attn.q_proj.weight"), {Hq * D, C});
+      l.o = weight_on(ops, w, n("self_attn.o_proj.weight"), {C, Hq * D});
+      l.q_norm = vector_on(ops, weight_f32(w, n("self_attn.q_norm.weight"), {D}));
       if (g.kv_source < 0) {
-        l.k = weight_need(w, n("self_attn.k_proj.weight"), {Hkv * D, C});
-        l.v = weight_need(w, n("self_attn.v_proj.weight"), {Hkv * D, C});
-        l.k_norm = weight_f32(w, n("self_attn.k_norm.weight"), {D});
+        l.k = weight_on(ops, w, n("self_attn.k_proj.weight"), {Hkv * D, C});
+        l.v = weight_on(ops, w, n("self_attn.v_proj.weight"), {Hkv * D, C});
+        l.k_norm = vector_on(ops, weight_f32(w, n("self_attn.k_norm.weight"), {D}));
       }
-      l.gate = weight_need(w, n("mlp.gate_proj.weight"), {I, C});
-      l.up = weight_need(w, n("mlp.up_proj.weight"), {I, C});
-      l.down = weight_need(w, n("mlp.down_proj.weight"), {C, I});
+      l.gate = weight_on(ops, w, n("mlp.gate_proj.weight"), {I, C});
+      l.up = weight_on(ops, w, n("mlp.up_proj.weight"), {I, C});
+      l.down = weight_on(ops, w, n("mlp.down_proj.weight"), {C, I});
       if (P > 0) {
-        l.ple_gate = weight_need(w, n("per_layer_input_gate.weight"), {P, C});
-        l.ple_proj = weight_need(w, n("per_layer_projection.weight"), {C, P});
-        l.post_ple_norm = weight_f32(w, n("post_per_layer_input_norm.weight"), {C});
+        l.ple_gate = weight_on(ops, w, n("per_layer_input_gate.weight"), {P, C});
+        l.ple_proj = weight_on(ops, w, n("per_layer_projection.weight"), {C, P});
+        l.post_ple_norm = vector_on(ops, weight_f32(w, n("post_per_layer_input_norm.weight"), {C}));
       }
       // A persistent buffer in HF (ones at init); snapshots that lack it mean 1.
       if (w.count(n("layer_scalar"))) l.scalar = weight_f32(w, n("layer_scalar"), {1})[0];
@@ -139,7 +140,7 @@ class Gemma4 final : public Family {
                     .rows = n,
                     .heads = NL,
                     .dim = P,
-                    .w = ple_norm_.data(),
+                    .w = ple_norm_.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::w});
     x.ops.gather({.table = &ple_table_,
@@ -153,7 +154,7 @@ class Gemma4 final : public Family {
   }
 
   void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
-    norm_rows(x, h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data());
+    norm_rows(x, h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data<float>());
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
@@ -162,7 +163,7 @@ class Gemma4 final : public Family {
     const int64_t N = c.rows.n(), C = cfg_.hidden, S = spec_.stream_width();
     float* xn = x.arena.floats(N * C);
     float* out = x.arena.floats(N * C);
-    norm_rows(x, c.h, S, xn, C, N, w.input_norm.data());
+    norm_rows(x, c.h, S, xn, C, N, w.input_norm.data<float>());
     attention_block(x, w, g, c, xn, out);
     add_normed(x, c.h, out, N, w.post_attn_norm);
     mlp(x, w, g, c, xn, out);
@@ -186,9 +187,9 @@ class Gemma4 final : public Family {
   }
 
   // h[:, :C] += norm(y) * w for y [N, C] (normed in place).
-  void add_normed(const Exec& x, float* h, float* y, int64_t n, const std::vector<float>& w) const {
+  void add_normed(const Exec& x, float* h, float* y, int64_t n, const Tensor& w) const {
     const int64_t C = cfg_.hidden;
-    norm_rows(x, y, C, y, C, n, w.data());
+    norm_rows(x, y, C, y, C, n, w.data<float>());
     x.ops.binary({.a = y, .lda = C, .y = h, .ldy = spec_.stream_width(), .rows = n, .n = C});
   }
 
@@ -225,22 +226,24 @@ class Gemma4 final : public Family {
                       .eps = cfg_.eps,
                       .scale = NormScale::w});
     };
-    norm_heads(q, Hq, w.q_norm.data());
+    norm_heads(q, Hq, w.q_norm.data<float>());
     x.ops.rope({.rows = c.rows, .table = &w.rope, .x = q, .ldx = QW, .heads = Hq, .hs = D});
     if (owner) {
-      norm_heads(k, Hkv, w.k_norm.data());
+      norm_heads(k, Hkv, w.k_norm.data<float>());
       norm_heads(v, Hkv, nullptr);
       x.ops.rope({.rows = c.rows, .table = &w.rope, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
     }
-    float* o = self_attention(x, {.call = &c,
-                                  .q = q,
-                                  .k = owner ? k : nullptr,
-                                  .v = owner ? v : nullptr,
-                                  .heads = Hq,
-                                  .kv_heads = Hkv,
-                                  .head_dim = D,
-                                  .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
-                                  .window = g.sliding ? cfg_.window : 0});
+    float* o = self_attention(
+        x, {.call = &c,
+            .q = q,
+            .k = owner ? k : nullptr,
+            .v = owner ? v : nullptr,
+            .heads = Hq,
+            .kv_heads = Hkv,
+            .head_dim = D,
+            .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
+            .window = g.sliding ? cfg_.window : 0,
+            .bf16 = c.precision == GemmPrecision::bf16 && w.q.dtype() == DType::bf16});
     GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});
@@ -250,7 +253,7 @@ class Gemma4 final : public Family {
   void mlp(const Exec& x, const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
            float* xn, float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, I = g.intermediate;
-    norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data());
+    norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data<float>());
     float* gate = x.arena.floats(N * I);
     float* up = x.arena.floats(N * I);
     GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
@@ -296,9 +299,9 @@ class Gemma4 final : public Family {
   Gemma4Config cfg_;
   BackboneSpec spec_;
   Tensor embed_, head_;
-  Tensor ple_table_, ple_model_proj_;  // [Vp, NL*P] (mapped, never copied), [NL*P, C]
-  std::vector<float> ple_norm_;        // [P]
-  std::vector<float> final_norm_;      // [C]
+  Tensor ple_table_, ple_model_proj_;  // [Vp, NL*P] (mapped on the CPU), [NL*P, C]
+  Tensor ple_norm_;                    // [P]
+  Tensor final_norm_;                  // [C]
   std::vector<LayerWeights> layers_;
 };
 
@@ -569,8 +572,9 @@ std::vector<std::pair<std::string, Shape>> gemma4_tensor_table(const Gemma4Confi
   return t;
 }
 
-std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& weights) {
-  return std::make_unique<Gemma4>(cfg, weights);
+std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& weights,
+                                      const Ops& ops) {
+  return std::make_unique<Gemma4>(cfg, weights, ops);
 }
 
 TensorMap gemma4_random_weights(const Gemma4Config& cfg, DType dtype, uint64_t seed) {

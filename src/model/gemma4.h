@@ -74,7 +74,9 @@ std::vector<std::pair<std::string, Shape>> gemma4_tensor_table(const Gemma4Confi
 // (mmap'd, f32 or bf16); small vectors are read into f32 copies. Throws deg::Error naming a
 // missing tensor or a wrong shape.
 using TensorMap = std::map<std::string, Tensor>;
-std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& weights);
+// The family on `ops`' device (its weights are copied there when that is a GPU).
+std::unique_ptr<Family> gemma4_family(const Gemma4Config& cfg, const TensorMap& weights,
+                                      const Ops& ops = cpu_ops());
 
 // Random weights for tests and benchmarks (every matrix `dtype`, std 0.02; norm weights and
 // layer scalars around 1).

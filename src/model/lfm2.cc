@@ -19,58 +19,63 @@ namespace deg {
 
 namespace {
 
+// Every tensor on the family's backend (small f32 vectors too).
 struct ConvWeights {
-  Tensor in, out;           // [3C, C] (rows: B, C, x), [C, C]
-  std::vector<float> conv;  // [C, K]
+  Tensor in, out;  // [3C, C] (rows: B, C, x), [C, C]
+  Tensor conv;     // [C, K]
 };
 
 struct AttentionWeights {
-  Tensor q, k, v, o;                  // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
-  std::vector<float> q_norm, k_norm;  // [D]
+  Tensor q, k, v, o;      // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
+  Tensor q_norm, k_norm;  // [D]
 };
 
 struct LayerWeights {
   LayerKind kind = LayerKind::recurrent;
-  std::vector<float> operator_norm, ffn_norm;  // [C]
-  Tensor w1, w3, w2;                           // [I, C], [I, C], [C, I]
+  Tensor operator_norm, ffn_norm;  // [C]
+  Tensor w1, w3, w2;               // [I, C], [I, C], [C, I]
   ConvWeights cv;
   AttentionWeights at;
 };
 
 class Lfm2 final : public Family {
  public:
-  Lfm2(const Lfm2Config& cfg, const TensorMap& w) : cfg_(cfg) {
+  Lfm2(const Lfm2Config& cfg, const TensorMap& w, const Ops& ops) : Family(ops), cfg_(cfg) {
     const int64_t C = cfg.hidden, I = cfg.ffn, V = cfg.vocab, K = cfg.conv_kernel;
     const int64_t Hq = cfg.heads, Hkv = cfg.kv_heads, D = cfg.head_dim;
-    embed_ = weight_need(w, "embed_tokens.weight", {V, C});
-    head_ = cfg.tied ? embed_ : weight_need(w, "lm_head.weight", {V, C});
-    final_norm_ = weight_f32(w, "embedding_norm.weight", {C});
+    embed_ = weight_on(ops, w, "embed_tokens.weight", {V, C});
+    head_ = cfg.tied ? embed_ : weight_on(ops, w, "lm_head.weight", {V, C});
+    final_norm_ = vector_on(ops, weight_f32(w, "embedding_norm.weight", {C}));
     spec_ = {.family = "lfm2", .hidden = C, .vocab = V, .layers = {}};
     for (int64_t i = 0; i < int64_t(cfg.layers.size()); ++i) {
       LayerWeights l;
       l.kind = cfg.layers[size_t(i)];
-      l.operator_norm = weight_f32(w, layer_name(i, "operator_norm.weight"), {C});
-      l.ffn_norm = weight_f32(w, layer_name(i, "ffn_norm.weight"), {C});
-      l.w1 = weight_need(w, layer_name(i, "feed_forward.w1.weight"), {I, C});
-      l.w3 = weight_need(w, layer_name(i, "feed_forward.w3.weight"), {I, C});
-      l.w2 = weight_need(w, layer_name(i, "feed_forward.w2.weight"), {C, I});
+      l.operator_norm = vector_on(ops, weight_f32(w, layer_name(i, "operator_norm.weight"), {C}));
+      l.ffn_norm = vector_on(ops, weight_f32(w, layer_name(i, "ffn_norm.weight"), {C}));
+      const std::vector<Tensor> w13 =
+          weights_stacked_on(ops, w,
+                             {{layer_name(i, "feed_forward.w1.weight"), {I, C}},
+                              {layer_name(i, "feed_forward.w3.weight"), {I, C}}});
+      l.w1 = w13[0];
+      l.w3 = w13[1];
+      l.w2 = weight_on(ops, w, layer_name(i, "feed_forward.w2.weight"), {C, I});
       LayerSpec ls{.kind = l.kind};
       if (l.kind == LayerKind::recurrent) {
         auto n = [&](const std::string& s) { return layer_name(i, "conv." + s); };
-        l.cv.in = weight_need(w, n("in_proj.weight"), {3 * C, C});
-        l.cv.out = weight_need(w, n("out_proj.weight"), {C, C});
-        l.cv.conv = weight_f32(w, n("conv.weight"), {C, 1, K});
+        l.cv.in = weight_on(ops, w, n("in_proj.weight"), {3 * C, C});
+        l.cv.out = weight_on(ops, w, n("out_proj.weight"), {C, C});
+        l.cv.conv = vector_on(ops, weight_f32(w, n("conv.weight"), {C, 1, K}));
         ls.rec_shape = {};  // no recurrent state: the conv tail is all a row carries
         ls.conv_channels = C;
         ls.conv_kernel = K;
       } else {
         auto n = [&](const std::string& s) { return layer_name(i, "self_attn." + s); };
-        l.at.q = weight_need(w, n("q_proj.weight"), {Hq * D, C});
-        l.at.k = weight_need(w, n("k_proj.weight"), {Hkv * D, C});
-        l.at.v = weight_need(w, n("v_proj.weight"), {Hkv * D, C});
-        l.at.o = weight_need(w, n("out_proj.weight"), {C, Hq * D});
-        l.at.q_norm = weight_f32(w, n("q_layernorm.weight"), {D});
-        l.at.k_norm = weight_f32(w, n("k_layernorm.weight"), {D});
+        l.at.q = weight_on(ops, w, n("q_proj.weight"), {Hq * D, C});
+        l.at.k = weight_on(ops, w, n("k_proj.weight"), {Hkv * D, C});
+        l.at.v = weight_on(ops, w, n("v_proj.weight"), {Hkv * D, C});
+        l.at.o = weight_on(ops, w, n("out_proj.weight"), {C, Hq * D});
+        l.at.q_norm = vector_on(ops, weight_f32(w, n("q_layernorm.weight"), {D}));
+        l.at.k_norm = vector_on(ops, weight_f32(w, n("k_layernorm.weight"), {D}));
         ls.kv_heads = Hkv;
         ls.head_dim = D;
       }
@@ -115,8 +120,7 @@ class Lfm2 final : public Family {
 
  private:
   // y = norm(x) * w over n rows of C.
-  void norm_rows(const Exec& x, const float* in, float* out, int64_t n,
-                 const std::vector<float>& w) const {
+  void norm_rows(const Exec& x, const float* in, float* out, int64_t n, const Tensor& w) const {
     const int64_t C = cfg_.hidden;
     x.ops.rms_norm({.x = in,
                     .ldx = C,
@@ -124,7 +128,7 @@ class Lfm2 final : public Family {
                     .ldy = C,
                     .rows = n,
                     .dim = C,
-                    .w = w.data(),
+                    .w = w.data<float>(),
                     .eps = cfg_.eps,
                     .scale = NormScale::w});
   }
@@ -146,7 +150,7 @@ class Lfm2 final : public Family {
                        .ldy = W3,
                        .channels = C,
                        .kernel = cfg_.conv_kernel,
-                       .w = w.conv.data(),
+                       .w = w.conv.data<float>(),
                        .ldt = C});
     x.ops.binary(
         {.a = bcx + C, .lda = W3, .y = bcx + 2 * C, .ldy = W3, .rows = N, .n = C, .mul = true});
@@ -181,20 +185,22 @@ class Lfm2 final : public Family {
                       .rows = N,
                       .heads = heads,
                       .dim = D,
-                      .w = norm->data(),
+                      .w = norm->data<float>(),
                       .eps = cfg_.eps,
                       .scale = NormScale::w});
       x.ops.rope(
           {.rows = c.rows, .table = &rope_, .x = p, .ldx = heads * D, .heads = heads, .hs = D});
     }
-    float* o = self_attention(x, {.call = &c,
-                                  .q = q,
-                                  .k = k,
-                                  .v = v,
-                                  .heads = Hq,
-                                  .kv_heads = Hkv,
-                                  .head_dim = D,
-                                  .scale = 1.0f / std::sqrt(float(D))});
+    float* o = self_attention(
+        x, {.call = &c,
+            .q = q,
+            .k = k,
+            .v = v,
+            .heads = Hq,
+            .kv_heads = Hkv,
+            .head_dim = D,
+            .scale = 1.0f / std::sqrt(float(D)),
+            .bf16 = c.precision == GemmPrecision::bf16 && w.q.dtype() == DType::bf16});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&out, 1}, .precision = c.precision});
@@ -203,7 +209,7 @@ class Lfm2 final : public Family {
   Lfm2Config cfg_;
   BackboneSpec spec_;
   Tensor embed_, head_;
-  std::vector<float> final_norm_;
+  Tensor final_norm_;
   std::vector<LayerWeights> layers_;
   RopeTable rope_;
 };
@@ -377,8 +383,9 @@ std::vector<std::pair<std::string, Shape>> lfm2_tensor_table(const Lfm2Config& c
   return t;
 }
 
-std::unique_ptr<Family> lfm2_family(const Lfm2Config& cfg, const TensorMap& weights) {
-  return std::make_unique<Lfm2>(cfg, weights);
+std::unique_ptr<Family> lfm2_family(const Lfm2Config& cfg, const TensorMap& weights,
+                                    const Ops& ops) {
+  return std::make_unique<Lfm2>(cfg, weights, ops);
 }
 
 TensorMap lfm2_random_weights(const Lfm2Config& cfg, DType dtype, uint64_t seed) {

@@ -50,7 +50,9 @@ std::vector<std::pair<std::string, Shape>> lfm2_tensor_table(const Lfm2Config& c
 
 // Weights by table name. Matrices stay views (mmap'd, f32 or bf16); norm weights and conv
 // kernels are read into f32 copies. Throws deg::Error naming a missing tensor or a wrong shape.
-std::unique_ptr<Family> lfm2_family(const Lfm2Config& cfg, const TensorMap& weights);
+// The family on `ops`' device (its weights are copied there when that is a GPU).
+std::unique_ptr<Family> lfm2_family(const Lfm2Config& cfg, const TensorMap& weights,
+                                    const Ops& ops = cpu_ops());
 
 // Random weights for benchmarks and tests (matrices `dtype`, std 0.02; norm weights around 1).
 TensorMap lfm2_random_weights(const Lfm2Config& cfg, DType dtype, uint64_t seed);

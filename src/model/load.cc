@@ -74,15 +74,13 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
     table = qwen35_tensor_table(cfg);
     make = [cfg, ops](const TensorMap& w) { return qwen35_family(cfg, w, *ops); };
   } else if (is(lfm2_handles)) {
-    cpu_only("lfm2");
     Lfm2Config cfg = Lfm2Config::from_json(root);
     table = lfm2_tensor_table(cfg);
-    make = [cfg](const TensorMap& w) { return lfm2_family(cfg, w); };
+    make = [cfg, ops](const TensorMap& w) { return lfm2_family(cfg, w, *ops); };
   } else if (is(gemma4_handles)) {
-    cpu_only("gemma4");
     Gemma4Config cfg = Gemma4Config::from_json(root);
     table = gemma4_tensor_table(cfg);
-    make = [cfg](const TensorMap& w) { return gemma4_family(cfg, w); };
+    make = [cfg, ops](const TensorMap& w) { return gemma4_family(cfg, w, *ops); };
   } else {
     throw Error(ErrorKind::unsupported,
                 "model_type \"" + type +

@@ -29,9 +29,10 @@ dim3 row_grid(int64_t rows, int64_t n) {
   return dim3(unsigned(x), unsigned(rows < 65535 ? rows : 65535));
 }
 
-#define DEG_ROW_LOOP(r, j, rows, n)                                         \
-  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)                  \
-    for (int j = int(blockIdx.x * blockDim.x + threadIdx.x); j < int(n); j += int(gridDim.x * blockDim.x))
+#define DEG_ROW_LOOP(r, j, rows, n)                                      \
+  for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)               \
+    for (int j = int(blockIdx.x * blockDim.x + threadIdx.x); j < int(n); \
+         j += int(gridDim.x * blockDim.x))
 
 // A loop over [0, n) spread over the whole grid.
 #define DEG_GRID_LOOP(i, n)                                                 \
@@ -77,7 +78,8 @@ __device__ float block_sum(float v) {
 // kBlock: one vector per block; else one per warp.
 template <bool kBlock>
 __global__ void rms_norm_kernel(NormLaunch a) {
-  const int64_t v = kBlock ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+  const int64_t v =
+      kBlock ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
   const int lane = kBlock ? int(threadIdx.x) : int(threadIdx.x % 32), step = kBlock ? kThreads : 32;
   const int dim = int(a.dim);
@@ -339,8 +341,8 @@ cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (a.dim > kWarpNormDim) {
     rms_norm_kernel<true><<<unsigned(vectors), kThreads, 0, stream>>>(a);
   } else {
-    rms_norm_kernel<false><<<unsigned((vectors + kNormWarps - 1) / kNormWarps), kThreads, 0,
-                             stream>>>(a);
+    rms_norm_kernel<false>
+        <<<unsigned((vectors + kNormWarps - 1) / kNormWarps), kThreads, 0, stream>>>(a);
   }
   return launched();
 }

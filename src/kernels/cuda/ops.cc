@@ -517,8 +517,7 @@ class CudaOps final : public Ops {
     auto it = layouts_.find(key);
     if (it != layouts_.end()) return *it->second;
     if (layouts_.size() >= 4096) layouts_.clear();  // bounded: shapes vary with M
-    return *layouts_
-                .emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld))
+    return *layouts_.emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld))
                 .first->second;
   }
 
