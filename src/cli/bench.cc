@@ -84,7 +84,7 @@ struct BenchModel {
   int64_t layers = 0;
   std::vector<std::pair<std::string, Shape>> table;
   std::function<std::unique_ptr<Family>()> make;
-  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // on a given backend
+  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // on a given backend (qwen3_5, lfm2)
   TensorMap one_layer;
   std::vector<std::string> one_layer_names;
 };
@@ -131,9 +131,6 @@ BenchModel bench_model(const BenchOpts& o) {
     m.layers = int64_t(cfg.layers.size());
     m.table = gemma4_tensor_table(cfg);
     m.make = [cfg] { return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1)); };
-    m.make_on = [cfg](const Ops& ops) {
-      return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1), ops);
-    };
     Gemma4Config one = cfg;
     one.vocab = one.ple_vocab = 16;
     one.layers = {cfg.layers[0]};
@@ -316,7 +313,12 @@ void run(const BenchOpts& o) {
   }
   const BenchModel model = bench_model(o);
   const DeviceChoice device = pick_device(o.device);
-  if (device.device == Device::cuda) {
+  const bool on_cuda = o.family != "gemma4";
+  if (device.device == Device::cuda && (on_cuda || !device.automatic)) {
+    if (!on_cuda) {
+      throw Error(ErrorKind::unsupported,
+                  "--device cuda: the gemma4 family does not run on CUDA yet (--device cpu)");
+    }
     run_cuda(o, model, o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact);
     return;
   }
