@@ -209,13 +209,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto stage_keys = [&](int64_t block) {
     const KeyBlock kb = key_block(hk, block, task.last_key, D);
-    stage_tile(k_tile, kKeyBlock, kv_walk, g,
-               [&](int v) { return kb.vector(hk.prefix_k, hk.own_k, v); });
+    stage_keys_tile(k_tile, kb, hk.prefix_k, hk.own_k, kv_walk, g);
   };
   auto stage_values = [&](int64_t block) {
     const KeyBlock kb = key_block(hk, block, task.last_key, D);
-    stage_tile(v_tile, kKeyBlock, kv_walk, g,
-               [&](int v) { return kb.vector(hk.prefix_v, hk.own_v, v); });
+    stage_keys_tile(v_tile, kb, hk.prefix_v, hk.own_v, kv_walk, g);
   };
 
   stage_tile(q_tile, kBlockQueries, q_walk, g, query);
@@ -392,13 +390,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   auto stage_keys = [&](int64_t block) {
     const KeyBlock kb = key_block(hk, block, task.last_key, D);
-    stage_tile(k_tile, kKeyBlock, kv_walk, g,
-               [&](int v) { return kb.vector(hk.prefix_k, hk.own_k, v); });
+    stage_keys_tile(k_tile, kb, hk.prefix_k, hk.own_k, kv_walk, g);
   };
   auto stage_values = [&](int64_t block) {
     const KeyBlock kb = key_block(hk, block, task.last_key, D);
-    stage_tile(v_tile, kKeyBlock, kv_walk, g,
-               [&](int v) { return kb.vector(hk.prefix_v, hk.own_v, v); });
+    stage_keys_tile(v_tile, kb, hk.prefix_v, hk.own_v, kv_walk, g);
   };
 
   stage_tile(q_tile, kFewQueries, q_walk, g, query);

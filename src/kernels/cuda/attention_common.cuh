@@ -79,6 +79,33 @@ __device__ __forceinline__ void stage_tile(float* tile, int vectors, const Walk&
   }
 }
 
+// Stages key block `kb` (its kKeyBlock vectors from the prefix / own buffers, zeros past its
+// last valid key) into a K or V tile. With float4 copies and a vector's units dividing the CTA
+// (D a multiple of 4 that divides 1024: 256, 128, 64, ...), each thread keeps one column of
+// float4s and walks the vectors kThreads / units apart with one pointer step each; otherwise the
+// generic walk. The bytes copied are the same either way.
+template <class Block>
+__device__ __forceinline__ void stage_keys_tile(float* tile, const Block& kb, const float* prefix,
+                                                const float* own, const Walk& w,
+                                                const Geometry& g) {
+  if (!w.wide || kThreads % w.units != 0) {
+    stage_tile(tile, kKeyBlock, w, g, [&](int v) { return kb.vector(prefix, own, v); });
+    return;
+  }
+  const int col = 4 * w.unit, step = w.step_vectors;
+  const int64_t dim = kb.dim;
+  const float* from_prefix = prefix ? prefix + kb.prefix_offset + col : nullptr;  // v < prefix_vectors
+  const float* from_own = own + kb.own_offset + col;           // the rest
+  for (int v = w.vector; v < kKeyBlock; v += step) {
+    float* dst = tile + v * g.pitch + col;
+    if (v < kb.valid) {
+      copy16_async(dst, (v < kb.prefix_vectors ? from_prefix : from_own) + v * dim);
+    } else {
+      *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+}
+
 // ---- one row and KV head ----
 
 struct HeadKeys {
