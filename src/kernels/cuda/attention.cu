@@ -158,7 +158,9 @@ __device__ __forceinline__ void tensor_values(float (&acc)[kMaxValueTiles][4],
   }
 }
 
-template <bool kTensor>
+// kDim: the head dim fixed at compile time (0: from the launch), so the tensor-core loops of the
+// common D = 256 unroll without bounds checks; the arithmetic is the same either way.
+template <bool kTensor, int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_block_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool cols_low = value_col < g.dim4, cols_high = value_col + 128 < g.dim4;
   // Tensor-core roles.
   const int mma_row = 16 * (warp % 4), mma_key = 32 * (warp / 4);
-  const int value_tiles = (int(D) + 7) / 8, half_tiles = (value_tiles + 1) / 2;
+  const int value_tiles = kDim ? kDim / 8 : (int(D) + 7) / 8, half_tiles = (value_tiles + 1) / 2;
   const int tile0 = (warp / 4) * half_tiles;
   const int my_tiles = value_tiles - tile0 < half_tiles ? value_tiles - tile0 : half_tiles;
   const int dim_steps = (g.dim4 + 15) / 16;
@@ -520,7 +522,9 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
     const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kBlockQueries) * g.pitch +
                                           kKeyBlock * kBlockProbPitch + kBlockQueries) +
                          kBlockQueries * (sizeof(RowEnd) + sizeof(int2));
-    auto* kernel = a.bf16 ? attention_block_kernel<true> : attention_block_kernel<false>;
+    auto* kernel = !a.bf16             ? attention_block_kernel<false, 0>
+                   : g.head_dim == 256 ? attention_block_kernel<true, 256>
+                                       : attention_block_kernel<true, 0>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;

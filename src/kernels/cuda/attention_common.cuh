@@ -92,18 +92,25 @@ __device__ __forceinline__ void stage_keys_tile(float* tile, const Block& kb, co
     stage_tile(tile, kKeyBlock, w, g, [&](int v) { return kb.vector(prefix, own, v); });
     return;
   }
+  // Three runs of vectors: from the prefix, from own, zeros; each a pointer step per vector.
   const int col = 4 * w.unit, step = w.step_vectors;
-  const int64_t dim = kb.dim;
-  const float* from_prefix = prefix ? prefix + kb.prefix_offset + col : nullptr;  // v < prefix_vectors
-  const float* from_own = own + kb.own_offset + col;           // the rest
-  for (int v = w.vector; v < kKeyBlock; v += step) {
-    float* dst = tile + v * g.pitch + col;
-    if (v < kb.valid) {
-      copy16_async(dst, (v < kb.prefix_vectors ? from_prefix : from_own) + v * dim);
-    } else {
-      *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  const int prefix_end = kb.prefix_vectors < kb.valid ? kb.prefix_vectors : kb.valid;
+  const int64_t src_step = int64_t(step) * kb.dim;
+  const int dst_step = step * g.pitch;
+  int v = w.vector;
+  float* dst = tile + v * g.pitch + col;
+  if (v < prefix_end) {
+    const float* src = prefix + kb.prefix_offset + col + v * kb.dim;
+#pragma unroll 4
+    for (; v < prefix_end; v += step, src += src_step, dst += dst_step) copy16_async(dst, src);
   }
+  if (v < kb.valid) {
+    const float* src = own + kb.own_offset + col + v * kb.dim;
+#pragma unroll 4
+    for (; v < kb.valid; v += step, src += src_step, dst += dst_step) copy16_async(dst, src);
+  }
+  for (; v < kKeyBlock; v += step, dst += dst_step)
+    *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
 // ---- one row and KV head ----
