@@ -56,14 +56,13 @@ class Hardening : public ::testing::Test {
     delete dir_;
   }
   static std::string ckpt() { return (*dir_ / "ckpt").string(); }
-  static std::string schema_file(const char* rel) {
-    return testing::source_path(rel).string();
-  }
+  static std::string schema_file(const char* rel) { return testing::source_path(rel).string(); }
   // A copy of the tiny base with config.json edited by `edit`.
   static fs::path base_with(const testing::TempDir& t, const std::function<void(Json&)>& edit) {
     const fs::path b = t / "base";
     fs::create_directories(b);
-    for (const char* f : {"model.safetensors", "tokenizer.json"}) fs::copy_file(*dir_ / "base" / f, b / f);
+    for (const char* f : {"model.safetensors", "tokenizer.json"})
+      fs::copy_file(*dir_ / "base" / f, b / f);
     Json config = json_load(*dir_ / "base" / "config.json");
     edit(config);
     testing::write_text(b / "config.json", config.dump());
@@ -149,7 +148,8 @@ TEST_F(Hardening, ConfigValuesOutOfRangeAreRefusedByPointer) {
 
   // The same through `deg init` and `deg fill`: a config error, never a crash.
   testing::TempDir t;
-  const fs::path bad = base_with(t, [](Json& j) { j["rope_parameters"]["partial_rotary_factor"] = 4.0; });
+  const fs::path bad =
+      base_with(t, [](Json& j) { j["rope_parameters"]["partial_rotary_factor"] = 4.0; });
   auto r = run_deg({"init", "--base", bad.string(), "--out", (t / "ck").string()});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("/rope_parameters/partial_rotary_factor"), std::string::npos) << r.err;
@@ -246,10 +246,11 @@ TEST_F(Hardening, OptionsOutOfRangeAreUsageErrors) {
   testing::TempDir t;
   testing::write_text(t / "d.jsonl", "{\"document\": \"x\", \"expected\": {}}\n");
   const std::string s = schema_file("examples/support.schema.json");
-  auto r = run_deg(
-      {"eval", "--model", ckpt(), "--schema", s, "--data", (t / "d.jsonl").string(), "--batch", "0"});
+  auto r = run_deg({"eval", "--model", ckpt(), "--schema", s, "--data", (t / "d.jsonl").string(),
+                    "--batch", "0"});
   EXPECT_EQ(r.exit_code, 2) << r.err;
-  r = run_deg({"fill", "--model", ckpt(), "--schema", s, "--fork-tokens", "0", "--jsonl"}, "\"x\"\n");
+  r = run_deg({"fill", "--model", ckpt(), "--schema", s, "--fork-tokens", "0", "--jsonl"},
+              "\"x\"\n");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THROW(Engine::open({.model = ckpt(), .fork_tokens = 0}), Error);
 }
@@ -272,8 +273,8 @@ TEST_F(Hardening, DeepJsonIsRefusedBeforeItIsParsed) {
               "\"x\"\n");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   const std::string objects = nested(100000, "{\"a\":", "}");
-  r = run_deg({"fill", "--model", ckpt(), "--schema",
-               schema_file("examples/support.schema.json"), "--jsonl"},
+  r = run_deg({"fill", "--model", ckpt(), "--schema", schema_file("examples/support.schema.json"),
+               "--jsonl"},
               "{\"document\": " + objects + "}\n\"fine\"\n");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.out.find("deeper than 256"), std::string::npos) << r.out;
@@ -305,8 +306,8 @@ TEST_F(Hardening, SpecialTokenTextInDocumentsStaysText) {
   const engine::DocumentContext ctx = engine::document_context(
       m->tokenizer(), m->backbone().spec(), m->name(), {DocumentPart::of_text(doc)});
   for (int32_t id : ctx.ids) EXPECT_FALSE(m->tokenizer().is_special(id)) << id;
-  EXPECT_EQ(m->encode("<|endoftext|>").size(), 13u);             // queries and values: text
-  EXPECT_EQ(m->encode_template(m->layout().eos).size(), 1u);     // the layout: control tokens
+  EXPECT_EQ(m->encode("<|endoftext|>").size(), 13u);          // queries and values: text
+  EXPECT_EQ(m->encode_template(m->layout().eos).size(), 1u);  // the layout: control tokens
 }
 
 // A {"parts": [{"text_file": PATH}]} line on stdin made deg read and copy out any local file.
@@ -318,7 +319,9 @@ TEST_F(Hardening, FilePartsOnlyComeFromTheNamedRoot) {
   testing::write_text(t / "outside" / "secret.txt", "SECRET-TOKEN-42");
   fs::create_symlink(t / "outside" / "secret.txt", t / "root" / "link.txt");
   const std::string s = schema_file("examples/support.schema.json");
-  auto line = [](const std::string& f) { return "{\"parts\": [{\"text_file\": \"" + f + "\"}]}\n"; };
+  auto line = [](const std::string& f) {
+    return "{\"parts\": [{\"text_file\": \"" + f + "\"}]}\n";
+  };
 
   auto r = run_deg({"fill", "--model", ckpt(), "--schema", s, "--jsonl", "--report"},
                    line((t / "outside" / "secret.txt").string()));
@@ -336,7 +339,7 @@ TEST_F(Hardening, FilePartsOnlyComeFromTheNamedRoot) {
   std::getline(out, l1);
   std::getline(out, l2);
   std::getline(out, l3);
-  EXPECT_NE(l1.find("category"), std::string::npos) << l1;  // under the root: filled
+  EXPECT_NE(l1.find("category"), std::string::npos) << l1;                // under the root: filled
   EXPECT_NE(l2.find("outside the parts root"), std::string::npos) << l2;  // symlink out
   EXPECT_NE(l3.find("outside the parts root"), std::string::npos) << l3;  // ..
   EXPECT_EQ(r.out.find("SECRET"), std::string::npos) << r.out;
@@ -362,16 +365,18 @@ TEST_F(Hardening, ABadLineFailsAloneInOrder) {
   EXPECT_TRUE(lines[2].contains("error"));
   EXPECT_TRUE(lines[3].contains("category"));
   // Each good line is answered as it would be alone.
-  EXPECT_EQ(lines[3], engine_->fill(schema::schema_load(s), {std::string("kettle broken")})[0].value);
+  EXPECT_EQ(lines[3],
+            engine_->fill(schema::schema_load(s), {std::string("kettle broken")})[0].value);
 
   testing::TempDir t;
-  testing::write_text(t / "d.jsonl",
-                      "{\"document\": \"refund please\", \"expected\": {\"category\": \"billing\"}}\n"
-                      "not json\n"
-                      "{\"document\": 3}\n"
-                      "{\"document\": \"late parcel\", \"expected\": {\"category\": \"shipping\"}}\n");
-  r = run_deg({"eval", "--model", ckpt(), "--schema", s, "--data", (t / "d.jsonl").string(),
-               "--json"});
+  testing::write_text(
+      t / "d.jsonl",
+      "{\"document\": \"refund please\", \"expected\": {\"category\": \"billing\"}}\n"
+      "not json\n"
+      "{\"document\": 3}\n"
+      "{\"document\": \"late parcel\", \"expected\": {\"category\": \"shipping\"}}\n");
+  r = run_deg(
+      {"eval", "--model", ckpt(), "--schema", s, "--data", (t / "d.jsonl").string(), "--json"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_EQ(Json::parse(r.out)["records"], 2) << r.out;
   EXPECT_NE(r.err.find("line 2"), std::string::npos) << r.err;
@@ -474,8 +479,8 @@ TEST_F(Hardening, RequiredFieldsWithoutAValueAreReportedMissing) {
       {"type", "object"},
       {"properties", {{"n", {{"type", "number"}}}, {"s", {{"type", "string"}}}}},
       {"required", {"n", "s"}}};
-  std::vector<FillResult> r = engine_->fill(schema, {std::string("no digits here"),
-                                                     std::string("total 7 EUR")});
+  std::vector<FillResult> r =
+      engine_->fill(schema, {std::string("no digits here"), std::string("total 7 EUR")});
   EXPECT_EQ(r[0].missing, std::vector<std::string>{"/n"});
   EXPECT_TRUE(r[0].value.contains("s"));  // masked: the best valid span
   EXPECT_TRUE(r[1].missing.empty());
@@ -504,17 +509,16 @@ TEST_F(Hardening, RequiredFieldsWithoutAValueAreReportedMissing) {
 // An optional object whose required descendant came out null is left out whole, so the output
 // validates (its direct children only were looked at before).
 TEST(HardeningAssemble, OptionalObjectsMissingARequiredDescendantAreLeftOut) {
-  const OrderedJson schema = {
-      {"type", "object"},
-      {"properties",
-       {{"a",
-         {{"type", "object"},
-          {"properties",
-           {{"b",
-             {{"type", "object"},
-              {"properties", {{"x", {{"type", "number"}}}}},
-              {"required", {"x"}}}}}},
-          {"required", {"b"}}}}}}};
+  const OrderedJson schema = {{"type", "object"},
+                              {"properties",
+                               {{"a",
+                                 {{"type", "object"},
+                                  {"properties",
+                                   {{"b",
+                                     {{"type", "object"},
+                                      {"properties", {{"x", {{"type", "number"}}}}},
+                                      {"required", {"x"}}}}}},
+                                  {"required", {"b"}}}}}}};
   const schema::Plan plan = schema::plan_compile(schema);
   engine::Answers answers;
   answers.set("/a/b/x", {.kind = "extract", .value = nullptr});
@@ -563,8 +567,9 @@ TEST_F(Hardening, NonFiniteWeightsAndActivationsAreErrors) {
                 });
   }
   const Engine huge = Engine::open({.model = t / "huge"});
-  std::vector<FillResult> res = huge.fill(schema::schema_load(schema_file("examples/support.schema.json")),
-                                          {std::string("my kettle is broken")});
+  std::vector<FillResult> res =
+      huge.fill(schema::schema_load(schema_file("examples/support.schema.json")),
+                {std::string("my kettle is broken")});
   EXPECT_NE(res[0].error.find("NaN or infinite"), std::string::npos) << res[0].value.dump();
 }
 
@@ -573,9 +578,7 @@ TEST_F(Hardening, NonFiniteWeightsAndActivationsAreErrors) {
 // A 50 MB document was refused only after 14 s and 4.9 GB; /dev/zero grew until memory ran out.
 TEST_F(Hardening, OversizedDocumentsAreRefusedUnread) {
   testing::TempDir t;
-  {
-    std::ofstream(t / "huge.txt").put('x');
-  }
+  { std::ofstream(t / "huge.txt").put('x'); }
   fs::resize_file(t / "huge.txt", uintmax_t(64) << 30);  // sparse: 64 GiB nobody may read
   try {
     document_read(t / "huge.txt");

@@ -1,7 +1,6 @@
 // deg eval: field-level metrics of a model on a labelled JSONL set ({"document", "expected"}).
-#include <fmt/format.h>
-
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,8 +51,8 @@ void run_eval(const EvalArgs& a) {
   schema::Plan plan = schema::plan_compile(schema_json);
   const int fd = ::open(a.data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    throw Error(ErrorKind::not_found, fmt::format("cannot open the data file: {}",
-                                                  std::strerror(errno)),
+    throw Error(ErrorKind::not_found,
+                fmt::format("cannot open the data file: {}", std::strerror(errno)),
                 {.path = a.data});
   }
   struct Closer {
@@ -105,8 +104,7 @@ void run_eval(const EvalArgs& a) {
       if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
           !j.contains("expected") || !j["expected"].is_object()) {
         throw Error(ErrorKind::format,
-                    "each line needs {\"document\": string, \"expected\": {...}}",
-                    {.path = where});
+                    "each line needs {\"document\": string, \"expected\": {...}}", {.path = where});
       }
       batch.push_back({j["document"].get<std::string>(), j["expected"]});
     } catch (const Error& e) {

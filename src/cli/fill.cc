@@ -120,8 +120,8 @@ class Printer {
                             {.keep_nulls = args_.keep_nulls, .progress = progress.callback()});
     }
     for (size_t i = 0, k = 0; i < docs_.size(); ++i) {
-      FillResult r = docs_[i].error.empty() ? std::move(filled[k++])
-                                            : FillResult{.error = docs_[i].error};
+      FillResult r =
+          docs_[i].error.empty() ? std::move(filled[k++]) : FillResult{.error = docs_[i].error};
       print(docs_[i].name, r);
     }
     std::fflush(stdout);
@@ -207,8 +207,7 @@ void run_fill(const FillArgs& args) {
     const PartsAccess access{.base = fs::current_path(), .root = args.parts_root};
     LineReader reader(STDIN_FILENO, limits.line_bytes);
     while (std::optional<LineReader::Line> line = reader.next()) {
-      if (line->error.empty() && line->text.find_first_not_of(" \t") == std::string::npos)
-        continue;
+      if (line->error.empty() && line->text.find_first_not_of(" \t") == std::string::npos) continue;
       const std::string where = fmt::format("stdin line {}", line->number);
       InputDoc d{.name = where, .error = line->error};
       if (d.error.empty()) {
@@ -229,9 +228,9 @@ void run_fill(const FillArgs& args) {
           // A parts file names its files relative to itself, under --parts-root or its own
           // directory.
           const fs::path dir = fs::path(path).parent_path();
-          const PartsAccess access{
-              .base = dir, .root = args.parts_root.empty() ? (dir.empty() ? "." : dir)
-                                                           : fs::path(args.parts_root)};
+          const PartsAccess access{.base = dir,
+                                   .root = args.parts_root.empty() ? (dir.empty() ? "." : dir)
+                                                                   : fs::path(args.parts_root)};
           d.parts = document_from_line(document_read(path, limits), access, limits, path);
         } else {
           d.parts = {DocumentPart::of_text(document_read(path, limits))};

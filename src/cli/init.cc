@@ -11,7 +11,8 @@ void add_init_command(CLI::App& app) {
       "init",
       "Write a deg checkpoint with freshly initialised heads on a base model (an HF snapshot):\n"
       "backbone.safetensors (the text model in bf16), heads.safetensors (fp32), deg.json, plus\n"
-      "copies of the base's config.json and tokenizer files. The base is checked first as fully as\n"
+      "copies of the base's config.json and tokenizer files. The base is checked first as fully "
+      "as\n"
       "`deg fill` reads it (config values, every tensor's shape and values, the tokenizer).");
   auto opts = std::make_shared<CheckpointInitOptions>();
   auto base = std::make_shared<std::string>();

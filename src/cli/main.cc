@@ -61,7 +61,8 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty() && !app.remaining().empty() &&
         dynamic_cast<const CLI::RequiredError*>(&e)) {
       std::string names;
-      for (const CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; })) names += " " + cmd->get_name();
+      for (const CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; }))
+        names += " " + cmd->get_name();
       std::fprintf(stderr,
                    "deg: unknown command '%s'; the commands are:%s (`deg --help` says what "
                    "each does)\n",

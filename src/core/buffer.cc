@@ -73,7 +73,8 @@ std::string read_file(const std::filesystem::path& path, int64_t max_bytes, cons
   const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    if (err == ENOENT) throw Error(ErrorKind::not_found, fmt::format("{} not found", what), {.path = p});
+    if (err == ENOENT)
+      throw Error(ErrorKind::not_found, fmt::format("{} not found", what), {.path = p});
     throw Error(ErrorKind::io, fmt::format("cannot open the {}: {}", what, std::strerror(err)),
                 {.path = p});
   }

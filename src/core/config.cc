@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <iterator>
 #include <cstdlib>
+#include <iterator>
 
 #include "core/error.h"
 

@@ -26,7 +26,9 @@ bool is_array(const Field& f) {
 class Builder {
  public:
   Builder(const Answers& answers, bool keep_nulls, FillResult* result)
-      : answers_(answers), keep_nulls_(keep_nulls), report_(&result->fields),
+      : answers_(answers),
+        keep_nulls_(keep_nulls),
+        report_(&result->fields),
         missing_(&result->missing) {}
 
   std::optional<OrderedJson> build(const Field& f, std::vector<int64_t>& indices) {

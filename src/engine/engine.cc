@@ -44,9 +44,8 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 Engine Engine::open(const EngineOptions& options) {
   if (options.fork_tokens < 1 || options.fork_tokens > kMaxForkTokens) {
-    throw Error(ErrorKind::invalid_argument,
-                fmt::format("--fork-tokens must be in [1, {}], got {}", kMaxForkTokens,
-                            options.fork_tokens));
+    throw Error(ErrorKind::invalid_argument, fmt::format("--fork-tokens must be in [1, {}], got {}",
+                                                         kMaxForkTokens, options.fork_tokens));
   }
   const InputLimits& l = options.limits;
   if (l.document_bytes < 1 || l.line_bytes < 1 || l.parts < 1 || l.media_bytes < 1) {
@@ -59,12 +58,12 @@ Engine Engine::open(const EngineOptions& options) {
                                {.device = device.device, .cpu_fallback = device.automatic});
   impl->options = options;
   const BackboneSpec& spec = impl->model->backbone().spec();
-  log::debug("model {} opened in {:.0f} ms: {} backbone ({} layers, hidden {}, vocab {}) on {}",
-             options.model.string(),
-             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                 .count(),
-             impl->model->name(), spec.layers.size(), spec.hidden, spec.vocab,
-             impl->model->backbone().options().device == Device::cuda ? "cuda" : "cpu");
+  log::debug(
+      "model {} opened in {:.0f} ms: {} backbone ({} layers, hidden {}, vocab {}) on {}",
+      options.model.string(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      impl->model->name(), spec.layers.size(), spec.hidden, spec.vocab,
+      impl->model->backbone().options().device == Device::cuda ? "cuda" : "cpu");
   return Engine(std::move(impl));
 }
 
@@ -147,8 +146,8 @@ class Filler {
       run_forks(jobs);
       std::vector<Job> next;
       answer(jobs, next);
-      log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round,
-                 queries, ms_since(t0), next.size());
+      log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round, queries,
+                 ms_since(t0), next.size());
       jobs = std::move(next);
     }
     for (size_t d = 0; d < docs_.size(); ++d) {
@@ -255,8 +254,7 @@ class Filler {
       log::trace("fork batch {}: {} rows x {} tokens in {:.1f} ms", batches++, batch.rows,
                  batch.tokens, ms_since(t0));
       if (fill_.progress) {
-        fill_.progress(
-            {.stage = "answer", .done = int64_t(end), .total = int64_t(order.size())});
+        fill_.progress({.stage = "answer", .done = int64_t(end), .total = int64_t(order.size())});
       }
       begin = end;
     }
@@ -508,8 +506,8 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
              const DocumentParts& parts, size_t index, size_t count, Document& doc) {
   const InputLimits& limits = options.limits;
   if (int64_t(parts.size()) > limits.parts) {
-    doc.error = fmt::format("the document has {} parts, over the limit of {}", parts.size(),
-                            limits.parts);
+    doc.error =
+        fmt::format("the document has {} parts, over the limit of {}", parts.size(), limits.parts);
     return;
   }
   bool blank = true;

@@ -53,9 +53,8 @@ fs::path resolve_part_file(const std::string& name, const PartsAccess& access,
     throw Error(ErrorKind::not_found, "the parts root is not a directory; pass an existing one",
                 {.path = access.root.string()});
   }
-  const fs::path file = fs::canonical(fs::path(name).is_absolute() ? fs::path(name)
-                                                                   : access.base / name,
-                                      ec);
+  const fs::path file =
+      fs::canonical(fs::path(name).is_absolute() ? fs::path(name) : access.base / name, ec);
   if (ec) {
     throw Error(ErrorKind::not_found,
                 fmt::format("part {}: file \"{}\" not found ({})", part, name, ec.message()),
@@ -106,10 +105,10 @@ DocumentParts document_from_json(const Json& j, const PartsAccess& access,
   }
   const Json& list = j["parts"];
   if (int64_t(list.size()) > limits.parts) {
-    throw Error(ErrorKind::invalid_argument,
-                fmt::format("the document has {} parts, over the limit of {}", list.size(),
-                            limits.parts),
-                {.path = where});
+    throw Error(
+        ErrorKind::invalid_argument,
+        fmt::format("the document has {} parts, over the limit of {}", list.size(), limits.parts),
+        {.path = where});
   }
   DocumentParts parts;
   int64_t text_bytes = 0;

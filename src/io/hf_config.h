@@ -50,8 +50,8 @@ class JsonConfig {
  private:
   template <class T>
   T in_range(const std::string& key, T v, T lo, T hi) const {
-    if (!(v >= lo && v <= hi)) throw range_error(key, fmt::format("{}", v), fmt::format("{}", lo),
-                                                 fmt::format("{}", hi));
+    if (!(v >= lo && v <= hi))
+      throw range_error(key, fmt::format("{}", v), fmt::format("{}", lo), fmt::format("{}", hi));
     return v;
   }
   Error range_error(const std::string& key, const std::string& value, const std::string& lo,

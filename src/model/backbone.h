@@ -231,8 +231,7 @@ class Backbone {
   // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
   // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time; `progress` (may be
   // empty) hears (tokens read, L) after each chunk.
-  Tensor prefill(const TokenBatch& batch, State& state,
-                 const PrefillProgress& progress = {}) const;
+  Tensor prefill(const TokenBatch& batch, State& state, const PrefillProgress& progress = {}) const;
 
   // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens of each row,
   // fixed here (a pass that would exceed it throws): decode never reallocates.

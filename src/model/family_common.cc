@@ -35,7 +35,8 @@ int64_t first_non_finite(const Tensor& t) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<int64_t> found(size_t(chunks), -1);
   parallel_for(chunks, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) found[size_t(c)] = scan(c * kChunk, std::min(n, (c + 1) * kChunk));
+    for (int64_t c = begin; c < end; ++c)
+      found[size_t(c)] = scan(c * kChunk, std::min(n, (c + 1) * kChunk));
   });
   for (int64_t f : found)
     if (f >= 0) return f;

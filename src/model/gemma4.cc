@@ -353,9 +353,9 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
   const int64_t n = t.get_in<int64_t>("num_hidden_layers", 1, kMaxConfigLayers);
   const int64_t heads = t.get_in<int64_t>("num_attention_heads", 1, kMaxConfigHeads);
   const int64_t kv_heads = t.get_in<int64_t>("num_key_value_heads", 1, kMaxConfigHeads);
-  const int64_t head_dim =
-      t.get_or_in<int64_t>("head_dim", c.hidden / heads, 1, kMaxConfigHeadDim);
-  const int64_t global_dim = t.get_or_in<int64_t>("global_head_dim", head_dim, 1, kMaxConfigHeadDim);
+  const int64_t head_dim = t.get_or_in<int64_t>("head_dim", c.hidden / heads, 1, kMaxConfigHeadDim);
+  const int64_t global_dim =
+      t.get_or_in<int64_t>("global_head_dim", head_dim, 1, kMaxConfigHeadDim);
   c.eps = float(t.get_or_in<double>("rms_norm_eps", 1e-6, kMinConfigEps, kMaxConfigEps));
   c.ple_dim = t.get_or_in<int64_t>("hidden_size_per_layer_input", 0, 0, kMaxConfigHidden);
   c.ple_vocab = t.get_or_in<int64_t>("vocab_size_per_layer_input", c.vocab, 1, kMaxConfigVocab);

@@ -120,9 +120,10 @@ Heads Heads::load(const std::filesystem::path& path) {
     const float* v = t.data<float>();
     for (int64_t i = 0; i < t.numel(); ++i) {
       if (!std::isfinite(v[i])) {
-        throw Error(ErrorKind::format,
-                    fmt::format("holds a NaN or an infinity (element {}); the heads are corrupt", i),
-                    {.path = path.string(), .tensor = name});
+        throw Error(
+            ErrorKind::format,
+            fmt::format("holds a NaN or an infinity (element {}); the heads are corrupt", i),
+            {.path = path.string(), .tensor = name});
       }
     }
     return t;

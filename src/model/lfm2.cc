@@ -251,9 +251,10 @@ Lfm2Config Lfm2Config::from_json(const JsonConfig& root) {
                          : t.get_in<int64_t>("intermediate_size", 1, kMaxConfigWidth);
   std::optional<double> multiplier = 1.0;
   if (t.json().contains("block_ffn_dim_multiplier")) {
-    multiplier = t.has("block_ffn_dim_multiplier")
-                     ? std::optional<double>(t.get_in<double>("block_ffn_dim_multiplier", 1e-3, 1e3))
-                     : std::nullopt;
+    multiplier =
+        t.has("block_ffn_dim_multiplier")
+            ? std::optional<double>(t.get_in<double>("block_ffn_dim_multiplier", 1e-3, 1e3))
+            : std::nullopt;
   }
   const int64_t multiple_of = t.get_or_in<int64_t>("block_multiple_of", 256, 1, kMaxConfigWidth);
   c.ffn =

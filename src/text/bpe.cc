@@ -122,10 +122,10 @@ BpeModel::BpeModel(const Json& model, const std::string& pointer)
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       const int64_t id = it.value().get<int64_t>();
       if (id < 0 || id >= kMaxTokenIds) {
-        throw Error(ErrorKind::format,
-                    fmt::format("token id {} is outside [0, {}), the ids deg supports", id,
-                                kMaxTokenIds),
-                    {.pointer = json_pointer_join(pointer + "/vocab", it.key())});
+        throw Error(
+            ErrorKind::format,
+            fmt::format("token id {} is outside [0, {}), the ids deg supports", id, kMaxTokenIds),
+            {.pointer = json_pointer_join(pointer + "/vocab", it.key())});
       }
       vocab_[it.key()] = static_cast<int32_t>(id);
       max_id = std::max(max_id, static_cast<int32_t>(id));
