@@ -92,7 +92,7 @@ std::string read_file(const std::filesystem::path& path, int64_t max_bytes, cons
                 fmt::format("this is a directory, not a {}; pass a file", what), {.path = p});
   }
   auto too_big = [&](const std::string& size) {
-    return Error(ErrorKind::invalid_argument,
+    return Error(ErrorKind::unsupported,
                  fmt::format("the {} {} the limit of {} bytes, so deg does not read it; shorten or "
                              "split it",
                              what, size, max_bytes),

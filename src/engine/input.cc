@@ -30,7 +30,7 @@ Error nul_error(const std::string& where, size_t at) {
 }
 
 Error too_long(const std::string& where, const char* what, int64_t bytes, int64_t limit) {
-  return Error(ErrorKind::invalid_argument,
+  return Error(ErrorKind::unsupported,
                fmt::format("{} has {} bytes of text, over the limit of {} bytes; split it, or "
                            "raise --max-document-bytes",
                            what, bytes, limit),
