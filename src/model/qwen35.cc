@@ -348,7 +348,7 @@ Qwen35Config Qwen35Config::from_json(const JsonConfig& root) {
   }
   c.tied = root.has("tie_word_embeddings") ? root.get<bool>("tie_word_embeddings")
                                            : t.get_or<bool>("tie_word_embeddings", false);
-  if (c.heads % c.kv_heads || c.lin_v_heads % c.lin_k_heads) {
+  if (c.heads % c.kv_heads || c.lin_v_heads % c.lin_k_heads || c.head_dim < 1) {
     throw Error(ErrorKind::format,
                 fmt::format("inconsistent head counts: {} q / {} kv heads, {} key / {} value "
                             "DeltaNet heads, conv kernel {}",
