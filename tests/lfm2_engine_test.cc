@@ -40,7 +40,7 @@ TEST_F(Lfm2Engine, CheckpointUsesTheLfmChatLayout) {
   EXPECT_EQ(model->pad_id(), tok.token_to_id("<|pad|>"));
   EXPECT_EQ(model->eos_id(), tok.token_to_id("<|im_end|>"));
   // The trunk opens with bos, then a ChatML system turn and an opened user turn.
-  std::vector<int32_t> ids = model->encode(model->layout().bos + model->layout().prefix);
+  std::vector<int32_t> ids = model->encode_template(model->layout().bos + model->layout().prefix);
   ASSERT_GE(ids.size(), 4u);
   EXPECT_EQ(ids[0], tok.token_to_id("<|startoftext|>"));
   EXPECT_EQ(ids[1], tok.token_to_id("<|im_start|>"));

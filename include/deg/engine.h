@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -16,16 +17,22 @@
 #include <utility>
 #include <vector>
 
+#include "deg/input.h"
+
 namespace deg {
 
 struct EngineOptions {
   std::filesystem::path model;  // a deg checkpoint (or an HF snapshot with heads.safetensors)
   std::filesystem::path base;   // overrides deg.json "base" when the checkpoint's is elsewhere
-  int64_t fork_tokens = 16384;  // padded fork tokens per batched pass (memory, not results)
+  // Padded fork tokens per batched pass (memory, not results), in [1, kMaxForkTokens].
+  int64_t fork_tokens = 16384;
   // cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, else cpu (a
   // model whose family does not run on CUDA yet then runs on the CPU).
   std::string device = "auto";
+  InputLimits limits;  // documents over them fail alone, before they are tokenized
 };
+
+inline constexpr int64_t kMaxForkTokens = int64_t(1) << 24;  // 16,777,216
 
 // One part of a document given in parts: text, or a media part read as soft tokens — embeddings
 // made beforehand by the model's own vision / audio encoder (deg does not run encoders yet),
@@ -45,8 +52,19 @@ struct DocumentPart {
 };
 using DocumentParts = std::vector<DocumentPart>;
 
+// Where a fill is, for a progress line: `stage` "read" (the trunk reads document `document`,
+// `done` of `total` tokens) or "answer" (`done` of `total` queries of this round answered).
+struct FillProgress {
+  std::string stage;
+  size_t document = 0;  // 0-based, "read" only
+  size_t documents = 0;
+  int64_t done = 0, total = 0;
+};
+
 struct FillOptions {
   bool keep_nulls = false;  // keep optional fields whose answer is null (as JSON null)
+  // Called on the calling thread as the fill goes (never changes a result); may be empty.
+  std::function<void(const FillProgress&)> progress;
 };
 
 // One answered field of the report. `path` is a concrete JSON pointer ("/items/0/price").
@@ -62,6 +80,10 @@ struct FillResult {
   std::string error;  // non-empty: this document failed (the others are unaffected)
   nlohmann::ordered_json value;
   std::vector<FieldReport> fields;  // schema order
+  // Required fields for which the document holds no valid value at all (a required number in a
+  // document without one): left out of `value`, which then does not validate. Never silent: the
+  // CLI reports them and exits 1 unless --allow-missing.
+  std::vector<std::string> missing;
   bool ok() const { return error.empty(); }
 };
 
@@ -74,7 +96,8 @@ class Engine {
   Engine& operator=(Engine&&) noexcept;
 
   // Fills `schema` from each document. Throws deg::Error for a schema deg cannot fill (before
-  // any model work); a bad document (empty, not UTF-8, too long) fails alone in its result.
+  // any model work); a bad document (empty, not UTF-8, over the limits, or one the model reads
+  // into NaN / infinite values) fails alone in its result.
   std::vector<FillResult> fill(const nlohmann::ordered_json& schema,
                                const std::vector<std::string>& documents,
                                const FillOptions& options = {}) const;

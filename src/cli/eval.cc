@@ -1,13 +1,19 @@
 // deg eval: field-level metrics of a model on a labelled JSONL set ({"document", "expected"}).
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 
 #include "cli/commands.h"
 #include "core/buffer.h"
 #include "core/error.h"
 #include "deg/engine.h"
+#include "deg/input.h"
+#include "io/json.h"
 #include "schema/metrics.h"
 
 namespace deg::cli {
@@ -43,52 +49,85 @@ void print_table(const schema::Metrics& m) {
 void run_eval(const EvalArgs& a) {
   OrderedJson schema_json = schema::schema_load(a.schema);
   schema::Plan plan = schema::plan_compile(schema_json);
-  std::ifstream in(a.data);
-  if (!in) throw Error(ErrorKind::not_found, "cannot open the data file", {.path = a.data});
+  const int fd = ::open(a.data.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw Error(ErrorKind::not_found,
+                fmt::format("cannot open the data file: {}", std::strerror(errno)),
+                {.path = a.data});
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw Error(ErrorKind::invalid_argument, "this is a directory; --data takes a JSONL file",
+                {.path = a.data});
+  }
+  Engine engine = Engine::open({.model = a.model, .base = a.base, .device = a.device});
+  schema::MetricsAccumulator acc(plan);
+  // Records are read and scored a batch at a time (memory holds one batch); a line that is not a
+  // record is reported and skipped, the others still count.
   struct Record {
     std::string document;
     Json expected;
   };
-  std::vector<Record> records;
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line) && (a.limit <= 0 || int64_t(records.size()) < a.limit)) {
-    ++n;
-    if (line.empty()) continue;
-    Json j = json_parse(line, fmt::format("{} line {}", a.data, n));
-    if (!j.contains("document") || !j["document"].is_string() || !j.contains("expected")) {
-      throw Error(ErrorKind::format, "each line needs {\"document\": string, \"expected\": {...}}",
-                  {.path = fmt::format("{} line {}", a.data, n)});
-    }
-    records.push_back({j["document"].get<std::string>(), j["expected"]});
-  }
-  Engine engine = Engine::open({.model = a.model, .base = a.base, .device = a.device});
-  schema::MetricsAccumulator acc(plan);
-  int64_t failed = 0;
-  for (size_t b = 0; b < records.size(); b += size_t(a.batch)) {
+  std::vector<Record> batch;
+  int64_t failed = 0, skipped = 0, scored = 0;
+  const bool tty = isatty(STDERR_FILENO) == 1;
+  auto score = [&] {
+    if (batch.empty()) return;
     std::vector<std::string> docs;
-    for (size_t i = b; i < std::min(records.size(), b + size_t(a.batch)); ++i) {
-      docs.push_back(records[i].document);
-    }
+    for (const Record& r : batch) docs.push_back(r.document);
     std::vector<FillResult> results = engine.fill(schema_json, docs);
     for (size_t i = 0; i < results.size(); ++i) {
-      std::vector<schema::ScoredValue> scored;
+      std::vector<schema::ScoredValue> values;
       for (const FieldReport& f : results[i].fields) {
-        scored.push_back({f.path, Json::parse(f.value.dump()), f.confidence});
+        values.push_back({f.path, Json::parse(f.value.dump()), f.confidence});
       }
       if (!results[i].ok()) ++failed;
-      acc.add(records[b + i].expected, Json::parse(results[i].value.dump()), scored);
+      acc.add(batch[i].expected, Json::parse(results[i].value.dump()), values);
     }
-    std::fprintf(stderr, "\rdeg eval: %zu/%zu records", std::min(records.size(), b + docs.size()),
-                 records.size());
+    scored += int64_t(batch.size());
+    batch.clear();
+    if (tty) std::fprintf(stderr, "\rdeg eval: %lld records", (long long)scored);
+  };
+  LineReader reader(fd, InputLimits{}.line_bytes);
+  while (a.limit <= 0 || scored + int64_t(batch.size()) < a.limit) {
+    std::optional<LineReader::Line> line = reader.next();
+    if (!line) break;
+    const std::string where = fmt::format("{} line {}", a.data, line->number);
+    if (line->error.empty() && line->text.find_first_not_of(" \t") == std::string::npos) continue;
+    try {
+      if (!line->error.empty()) throw Error(ErrorKind::format, line->error, {.path = a.data});
+      Json j = json_parse(line->text, where);
+      if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
+          !j.contains("expected") || !j["expected"].is_object()) {
+        throw Error(ErrorKind::format,
+                    "each line needs {\"document\": string, \"expected\": {...}}", {.path = where});
+      }
+      batch.push_back({j["document"].get<std::string>(), j["expected"]});
+    } catch (const Error& e) {
+      ++skipped;
+      std::fprintf(stderr, "%sdeg: %s\n", tty ? "\n" : "", e.what());
+    }
+    if (int64_t(batch.size()) >= a.batch) score();
   }
-  std::fprintf(stderr, "\n");
+  score();
+  if (tty) std::fprintf(stderr, "\n");
   if (failed)
     std::fprintf(stderr, "deg eval: %lld documents failed and count as empty\n", (long long)failed);
   if (a.json) {
     fmt::print("{}\n", schema::metrics_to_json(acc.result()).dump(2));
   } else {
     print_table(acc.result());
+  }
+  std::fflush(stdout);
+  if (skipped) {
+    throw Error(ErrorKind::format,
+                fmt::format("{} lines of {} are not records and were skipped (the metrics above "
+                            "count the other {})",
+                            skipped, a.data, scored));
   }
 }
 
@@ -106,8 +145,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's base moved");
   cmd->add_option("--schema", a->schema, "JSON Schema file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--data", a->data, "JSONL file of labelled records")->required();
-  cmd->add_option("--limit", a->limit, "Score only the first N records (0: all)");
-  cmd->add_option("--batch", a->batch, "Documents per engine call")->capture_default_str();
+  cmd->add_option("--limit", a->limit, "Score only the first N records (0: all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+  cmd->add_option("--batch", a->batch, "Documents per engine call (1 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1024)));
   cmd->add_flag("--json", a->json, "Print the metrics as JSON");
   add_device_option(cmd, a->device);
   cmd->callback([a] { run_eval(*a); });

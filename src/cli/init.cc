@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "model/checkpoint.h"
+#include "engine/model.h"
 
 namespace deg::cli {
 
@@ -11,7 +11,9 @@ void add_init_command(CLI::App& app) {
       "init",
       "Write a deg checkpoint with freshly initialised heads on a base model (an HF snapshot):\n"
       "backbone.safetensors (the text model in bf16), heads.safetensors (fp32), deg.json, plus\n"
-      "copies of the base's config.json and tokenizer files. Train it with `deg train`.");
+      "copies of the base's config.json and tokenizer files. The base is checked first as fully "
+      "as\n"
+      "`deg fill` reads it (config values, every tensor's shape and values, the tokenizer).");
   auto opts = std::make_shared<CheckpointInitOptions>();
   auto base = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
@@ -21,7 +23,7 @@ void add_init_command(CLI::App& app) {
   cmd->callback([opts, base, out] {
     opts->base = *base;
     opts->out = *out;
-    checkpoint_init(*opts);
+    engine::checkpoint_create(*opts);
     fmt::print(stderr, "deg: wrote checkpoint {} (base {})\n", *out, *base);
   });
 }

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "cli/commands.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -28,15 +29,18 @@ int main(int argc, char** argv) {
     }
     return v;
   });
-  int threads = 0;
-  app.add_option("--threads", threads, "Worker threads (default: one per available core)")
-      ->check(CLI::NonNegativeNumber);
-  std::string log_level = "warn";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
-      ->capture_default_str();
+  std::string threads;
+  app.add_option("--threads", threads,
+                 fmt::format("Worker threads, 0 to {} (default: $DEG_THREADS, else one per "
+                             "available core)",
+                             deg::kMaxThreads));
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error or off (default: $DEG_LOG_LEVEL, else warn); "
+                 "debug and trace say what deg does and how long it takes");
   app.parse_complete_callback([&] {
-    deg::log::setup(log_level);
-    if (threads > 0) deg::set_thread_count(threads);
+    deg::log::setup(log_level.empty() ? deg::env_config().log_level : log_level);
+    if (!threads.empty()) deg::set_thread_count(deg::parse_thread_count(threads, "--threads"));
   });
 
   deg::cli::add_inspect_command(app);
@@ -50,10 +54,22 @@ int main(int argc, char** argv) {
   deg::cli::add_pretrain_command(app);
   deg::cli::add_shard_command(app);
 
+  // Exit codes (README): 0 success, 1 an error, 2 bad usage.
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (app.get_subcommands().empty() && !app.remaining().empty() &&
+        dynamic_cast<const CLI::RequiredError*>(&e)) {
+      std::string names;
+      for (const CLI::App* cmd : app.get_subcommands([](CLI::App*) { return true; }))
+        names += " " + cmd->get_name();
+      std::fprintf(stderr,
+                   "deg: unknown command '%s'; the commands are:%s (`deg --help` says what "
+                   "each does)\n",
+                   app.remaining().front().c_str(), names.c_str());
+      return 2;
+    }
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const deg::Error& e) {
     std::fprintf(stderr, "deg: %s\n", e.what());
     return e.kind() == deg::ErrorKind::invalid_argument ? 2 : 1;

@@ -1,14 +1,14 @@
 // deg tokenize / deg detokenize: a tokenizer.json run from the command line, for checking
 // ids and character spans against HF and for scripting.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdio>
-#include <iostream>
-#include <iterator>
 #include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "deg/input.h"
 #include "io/json.h"
 #include "text/tokenizer.h"
 
@@ -80,16 +80,17 @@ void add_tokenize_command(CLI::App& app) {
   tok->callback([model, jsonl, bytes] {
     const text::Tokenizer tokenizer = text::Tokenizer::load(*model);
     if (!*jsonl) {
-      std::string input{std::istreambuf_iterator<char>(std::cin), {}};
+      const std::string input = document_read("/dev/stdin");  // within the document limit
       fmt::print("{}\n", encoding_json(tokenizer.encode(input), *bytes));
       return;
     }
-    std::string line;
-    size_t line_no = 0;
-    while (std::getline(std::cin, line)) {
-      ++line_no;
-      if (line.empty()) continue;
-      fmt::print("{}\n", encoding_json(tokenizer.encode(jsonl_text(line, line_no)), *bytes));
+    LineReader lines(STDIN_FILENO, InputLimits{}.line_bytes);
+    while (std::optional<LineReader::Line> line = lines.next()) {
+      if (!line->error.empty()) throw Error(ErrorKind::invalid_argument, line->error);
+      if (line->text.empty()) continue;
+      fmt::print(
+          "{}\n",
+          encoding_json(tokenizer.encode(jsonl_text(line->text, size_t(line->number))), *bytes));
     }
   });
 
@@ -110,13 +111,12 @@ void add_tokenize_command(CLI::App& app) {
                   "Keep special tokens such as <|im_end|> in the text (skip_special_tokens=False)");
   detok->callback([dmodel, keep_special] {
     const text::Tokenizer tokenizer = text::Tokenizer::load(*dmodel);
-    std::string line;
-    size_t line_no = 0;
-    while (std::getline(std::cin, line)) {
-      ++line_no;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string what = fmt::format("stdin line {}", line_no);
-      Json j = json_parse(line, what);
+    LineReader lines(STDIN_FILENO, InputLimits{}.line_bytes);
+    while (std::optional<LineReader::Line> line = lines.next()) {
+      if (!line->error.empty()) throw Error(ErrorKind::invalid_argument, line->error);
+      if (line->text.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string what = fmt::format("stdin line {}", line->number);
+      Json j = json_parse(line->text, what);
       std::vector<int32_t> ids;
       if (j.is_array()) {
         for (const Json& v : j) {

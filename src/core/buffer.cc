@@ -8,8 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
 
@@ -70,16 +68,54 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::filesystem::path& path) 
   return std::shared_ptr<MappedFile>(new MappedFile(data, size, p));
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    ErrorKind kind = std::filesystem::exists(path) ? ErrorKind::io : ErrorKind::not_found;
-    throw Error(kind, kind == ErrorKind::not_found ? "file not found" : "cannot read file",
-                {.path = path.string()});
+std::string read_file(const std::filesystem::path& path, int64_t max_bytes, const char* what) {
+  const std::string p = path.string();
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT)
+      throw Error(ErrorKind::not_found, fmt::format("{} not found", what), {.path = p});
+    throw Error(ErrorKind::io, fmt::format("cannot open the {}: {}", what, std::strerror(err)),
+                {.path = p});
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    throw Error(ErrorKind::io, fmt::format("cannot stat the {}: {}", what, std::strerror(errno)),
+                {.path = p});
+  }
+  if (S_ISDIR(st.st_mode)) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("this is a directory, not a {}; pass a file", what), {.path = p});
+  }
+  auto too_big = [&](const std::string& size) {
+    return Error(ErrorKind::unsupported,
+                 fmt::format("the {} {} the limit of {} bytes, so deg does not read it; shorten or "
+                             "split it",
+                             what, size, max_bytes),
+                 {.path = p});
+  };
+  if (S_ISREG(st.st_mode) && int64_t(st.st_size) > max_bytes) {
+    throw too_big(fmt::format("is {} bytes, over", int64_t(st.st_size)));
+  }
+  std::string out;
+  if (S_ISREG(st.st_mode)) out.reserve(size_t(st.st_size));
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof(chunk));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorKind::io, fmt::format("cannot read the {}: {}", what, std::strerror(errno)),
+                  {.path = p});
+    }
+    if (n == 0) break;
+    out.append(chunk, size_t(n));
+    if (int64_t(out.size()) > max_bytes) throw too_big("runs past");
+  }
+  return out;
 }
 
 }  // namespace deg

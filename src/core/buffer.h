@@ -51,7 +51,15 @@ class MappedFile : public Buffer {
   std::string path_;
 };
 
-// Reads a whole (small) file into a string; throws deg::Error naming the path when it cannot.
-std::string read_file(const std::filesystem::path& path);
+// Files deg reads whole (configs, tokenizer.json, schemas, .npy media) are at most this big
+// unless the caller says otherwise (docs/hardening.md).
+inline constexpr int64_t kMaxReadFileBytes = int64_t(1) << 30;  // 1 GiB
+
+// Reads a whole file into a string; throws deg::Error naming the path when it cannot: a
+// directory, a missing file, or one over `max_bytes` — refused before it is read whole (a
+// regular file by its size, anything else such as a pipe or /dev/zero after max_bytes + 1
+// bytes). `what` names the file's role in messages ("document", "schema").
+std::string read_file(const std::filesystem::path& path, int64_t max_bytes = kMaxReadFileBytes,
+                      const char* what = "file");
 
 }  // namespace deg

@@ -127,9 +127,10 @@ ThreadPool& thread_pool() {
 }
 
 void set_thread_count(int threads) {
-  if (threads < 0) {
+  if (threads < 0 || threads > kMaxThreads) {
     throw Error(ErrorKind::invalid_argument,
-                fmt::format("--threads must be >= 0, got {}", threads));
+                fmt::format("--threads must be in [0, {}] (0: one per available core), got {}",
+                            kMaxThreads, threads));
   }
   std::lock_guard<std::mutex> lock(pool_mutex());
   requested_threads() = threads;

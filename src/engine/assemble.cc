@@ -25,8 +25,11 @@ bool is_array(const Field& f) {
 // Walks the answered tree: the value of `field` at `indices`, or nullopt when it is left out.
 class Builder {
  public:
-  Builder(const Answers& answers, bool keep_nulls, std::vector<FieldReport>* report)
-      : answers_(answers), keep_nulls_(keep_nulls), report_(report) {}
+  Builder(const Answers& answers, bool keep_nulls, FillResult* result)
+      : answers_(answers),
+        keep_nulls_(keep_nulls),
+        report_(&result->fields),
+        missing_(&result->missing) {}
 
   std::optional<OrderedJson> build(const Field& f, std::vector<int64_t>& indices) {
     const std::string ptr = schema::field_pointer(f, indices);
@@ -73,18 +76,24 @@ class Builder {
  private:
   std::optional<OrderedJson> build_object(const Field& f, std::vector<int64_t>& indices) {
     OrderedJson obj = OrderedJson::object();
-    bool missing_required = false;
+    const size_t mark = missing_->size();  // required values missing below this object
     for (const Field& child : f.children) {
       std::optional<OrderedJson> v = build(child, indices);
       if (v) {
         obj[child.key()] = std::move(*v);
       } else {
-        if (child.required && !child.nullable) missing_required = true;
+        if (child.required && !child.nullable)
+          missing_->push_back(schema::field_pointer(child, indices));
         if (keep_nulls_ && !is_array(child)) obj[child.key()] = nullptr;
       }
     }
     const bool root = f.path.empty();
-    if (!root && !f.required && missing_required) return std::nullopt;
+    // An optional object missing a required value (its own or a required descendant's) is left
+    // out whole, so the output stays valid; in a kept one they stay reported.
+    if (!root && !f.required && missing_->size() > mark) {
+      missing_->resize(mark);
+      return std::nullopt;
+    }
     return obj;
   }
 
@@ -107,6 +116,7 @@ class Builder {
   const Answers& answers_;
   bool keep_nulls_;
   std::vector<FieldReport>* report_;
+  std::vector<std::string>* missing_;
 };
 
 void collect_known(const Field& f, std::vector<int64_t>& indices, const Answers& answers,
@@ -141,7 +151,7 @@ std::vector<std::pair<std::string, Json>> Answers::known(const schema::Plan& pla
 FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls) {
   FillResult r;
   std::vector<int64_t> indices;
-  Builder b(answers, keep_nulls, &r.fields);
+  Builder b(answers, keep_nulls, &r);
   std::optional<OrderedJson> v = b.build(plan.root, indices);
   r.value = v ? std::move(*v) : OrderedJson::object();
   return r;

@@ -23,7 +23,8 @@ void append_part(const text::Tokenizer& tokenizer, const BackboneSpec& spec,
                   what + " is not valid UTF-8; convert it (e.g. iconv -t UTF-8) and retry");
     }
     if (part.text.empty()) return;
-    text::Encoding enc = tokenizer.encode(part.text);
+    // Plain text: a document's "<|im_end|>" is its text, never the template's control token.
+    text::Encoding enc = tokenizer.encode(part.text, {.special_tokens = false});
     ctx.ids.insert(ctx.ids.end(), enc.ids.begin(), enc.ids.end());
     for (const auto& [s, e] : enc.offsets) ctx.ranges.push_back({base + s, base + e});
     ctx.soft_rows.resize(ctx.ids.size(), -1);

@@ -146,7 +146,8 @@ SpanAnswer decode_span(const float* start, const float* end, const ContextText& 
     if (cands.size() < limit) break;  // every span was tried
     tried = cands.size();
   }
-  return null_answer;
+  // Masked: no span of the document reads as a value; the field is missing (confidence 0).
+  return null_masked ? SpanAnswer{} : null_answer;
 }
 
 std::vector<AnchorItem> decode_anchors(const float* logits, int64_t T, int64_t lo, int64_t hi,

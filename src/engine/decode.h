@@ -48,7 +48,8 @@ struct SpanSearch {
 };
 
 // The best-scoring span (start <= end, at most max_tokens long) whose trimmed text reads as a
-// value of `spec`; null when the null outcome scores higher, unless `null_masked`.
+// value of `spec`; null when the null outcome scores higher, unless `null_masked` (then null,
+// with confidence 0, only when no span of the document reads as a value: a missing field).
 // start/end: [T + 1] logits, index T = null.
 SpanAnswer decode_span(const float* start, const float* end, const ContextText& context,
                        const schema::ValueSpec& spec, bool null_masked, double temperature,

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -41,11 +43,27 @@ Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
 Engine Engine::open(const EngineOptions& options) {
+  if (options.fork_tokens < 1 || options.fork_tokens > kMaxForkTokens) {
+    throw Error(ErrorKind::invalid_argument, fmt::format("--fork-tokens must be in [1, {}], got {}",
+                                                         kMaxForkTokens, options.fork_tokens));
+  }
+  const InputLimits& l = options.limits;
+  if (l.document_bytes < 1 || l.line_bytes < 1 || l.parts < 1 || l.media_bytes < 1) {
+    throw Error(ErrorKind::invalid_argument, "input limits must be at least 1");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_unique<Impl>();
   const DeviceChoice device = pick_device(options.device);
   impl->model = DegModel::open(options.model, options.base,
                                {.device = device.device, .cpu_fallback = device.automatic});
   impl->options = options;
+  const BackboneSpec& spec = impl->model->backbone().spec();
+  log::debug(
+      "model {} opened in {:.0f} ms: {} backbone ({} layers, hidden {}, vocab {}) on {}",
+      options.model.string(),
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+      impl->model->name(), spec.layers.size(), spec.hidden, spec.vocab,
+      impl->model->backbone().options().device == Device::cuda ? "cuda" : "cpu");
   return Engine(std::move(impl));
 }
 
@@ -64,6 +82,31 @@ struct Document {
   Answers answers;
   std::string error;
 };
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+
+// Why a document fails when the model's numbers stop being numbers (the weights are checked
+// when they load, so this is an activation that overflowed).
+std::string non_finite_error(const std::string& where) {
+  return fmt::format(
+      "the model computed NaN or infinite values ({}); no answer would be valid. The weights "
+      "load finite, so an activation overflowed: try --device cpu, or a checkpoint in f32",
+      where);
+}
+
+// NaN or +inf among logits where masked entries may be -inf.
+bool overflowed(const std::vector<float>& logits) {
+  return std::any_of(logits.begin(), logits.end(),
+                     [](float v) { return std::isnan(v) || v == INFINITY; });
+}
 
 enum class Head : uint8_t { choice, score, noul, extract, count, anchor };
 
@@ -88,22 +131,33 @@ struct ItemScope {  // where a query sits: enclosing arrays' indices and the inn
 
 class Filler {
  public:
-  Filler(const DegModel& model, const EngineOptions& options, std::vector<Document>& docs)
-      : model_(model), options_(options), docs_(docs) {}
+  Filler(const DegModel& model, const EngineOptions& options, const FillOptions& fill,
+         std::vector<Document>& docs)
+      : model_(model), options_(options), fill_(fill), docs_(docs) {}
 
   void run(const schema::Plan& plan) {
     std::vector<Job> jobs;
     for (size_t d = 0; d < docs_.size(); ++d) {
       if (docs_[d].error.empty()) enqueue(d, plan.root, ItemScope{}, jobs);
     }
-    while (!jobs.empty()) {
+    for (int round = 0; !jobs.empty(); ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const size_t queries = jobs.size();
       run_forks(jobs);
       std::vector<Job> next;
       answer(jobs, next);
+      log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round, queries,
+                 ms_since(t0), next.size());
       jobs = std::move(next);
     }
     for (size_t d = 0; d < docs_.size(); ++d) {
-      if (docs_[d].error.empty()) generate(plan, d);
+      if (docs_[d].error.empty()) {
+        const auto t0 = std::chrono::steady_clock::now();
+        generate(plan, d);
+        if (generate_fields_.count(d))
+          log::debug("document {}: {} x-generate fields written in {:.0f} ms", d,
+                     generate_fields_[d].size(), ms_since(t0));
+      }
     }
   }
 
@@ -142,7 +196,13 @@ class Filler {
       job.ids.insert(job.ids.end(), ids.begin(), ids.end());
       if (piece.option_end) job.option_positions.push_back(int64_t(job.ids.size()) - 1);
     }
-    DEG_CHECK(!job.ids.empty(), "empty query for {}", field.pointer);
+    if (job.ids.empty()) {
+      throw Error(ErrorKind::format,
+                  fmt::format("the tokenizer encodes the query of {} to no tokens; it cannot "
+                              "encode plain text (use the model's own tokenizer.json)",
+                              field.pointer),
+                  {.path = model_.tokenizer().source()});
+    }
     out.push_back(std::move(job));
   }
 
@@ -154,7 +214,7 @@ class Filler {
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return jobs[a].ids.size() < jobs[b].ids.size(); });
     const int64_t C = model_.backbone().spec().hidden;
-    size_t begin = 0;
+    size_t begin = 0, batches = 0;
     while (begin < order.size()) {
       size_t end = begin + 1;
       while (end < order.size() &&
@@ -173,6 +233,7 @@ class Filler {
         prow.push_back(it->second);
         rows.push_back(job.ids);
       }
+      const auto t0 = std::chrono::steady_clock::now();
       TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
       ForkState fs = model_.backbone().fork(prefixes, prow, batch.tokens);
       Tensor hidden = model_.backbone().fork_forward(batch, fs, /*keep=*/false);  // [B, L, C]
@@ -185,9 +246,22 @@ class Filler {
         for (int64_t p : job.option_positions) {
           job.option_hidden.insert(job.option_hidden.end(), row + p * C, row + (p + 1) * C);
         }
+        if (!all_finite(job.answer_hidden.data(), C) ||
+            !all_finite(job.option_hidden.data(), int64_t(job.option_hidden.size()))) {
+          fail(job.doc, non_finite_error("the query of " + job.field->pointer));
+        }
+      }
+      log::trace("fork batch {}: {} rows x {} tokens in {:.1f} ms", batches++, batch.rows,
+                 batch.tokens, ms_since(t0));
+      if (fill_.progress) {
+        fill_.progress({.stage = "answer", .done = int64_t(end), .total = int64_t(order.size())});
       }
       begin = end;
     }
+  }
+
+  void fail(size_t d, const std::string& why) {
+    if (docs_[d].error.empty()) docs_[d].error = why;
   }
 
   // Heads over the finished forks, per document; arrays schedule their items' queries.
@@ -197,6 +271,7 @@ class Filler {
     for (size_t i = 0; i < jobs.size(); ++i) {
       Job& job = jobs[i];
       Document& doc = docs_[job.doc];
+      if (!doc.error.empty()) continue;  // failed in this round: no answers, no item queries
       const std::string ptr = schema::field_pointer(*job.field, job.place.indices);
       switch (job.head) {
         case Head::choice:
@@ -208,6 +283,10 @@ class Filler {
           engine::Pick p =
               engine::pick_best(logits.data(), int64_t(logits.size()),
                                 heads.temp(choice ? HeadKind::choice : HeadKind::score));
+          if (p.index < 0 || !all_finite(logits.data(), int64_t(logits.size()))) {
+            fail(job.doc, non_finite_error("the options of " + job.field->pointer));
+            continue;
+          }
           doc.answers.set(ptr, {.kind = choice ? "choice" : "score",
                                 .value = job.field->options[size_t(p.index)].value,
                                 .confidence = p.probability});
@@ -215,6 +294,10 @@ class Filler {
         }
         case Head::noul: {
           float l = noul_logits(heads, job.answer_hidden.data(), 1)[0];
+          if (!std::isfinite(l)) {
+            fail(job.doc, non_finite_error("the decision of " + job.field->pointer));
+            continue;
+          }
           float two[2] = {l, 0.0f};
           std::vector<double> p = engine::softmax(two, 2, heads.temp(HeadKind::noul));
           const bool yes = p[0] > p[1];
@@ -229,7 +312,11 @@ class Filler {
           }
           engine::Pick p = engine::pick_best(logits.data(), int64_t(logits.size()),
                                              heads.temp(HeadKind::count), allowed);
-          const int64_t n = std::max<int64_t>(0, p.index);
+          if (p.index < 0 || !all_finite(logits.data(), int64_t(logits.size()))) {
+            fail(job.doc, non_finite_error("the item count of " + job.field->pointer));
+            continue;
+          }
+          const int64_t n = p.index;
           doc.answers.set(ptr, {.kind = "count", .value = n, .confidence = p.probability});
           doc.answers.set_items(ptr, n);
           for (int64_t k = 0; k < n; ++k) {
@@ -245,8 +332,12 @@ class Filler {
         case Head::anchor: anchor_of[job.doc].push_back(i); break;
       }
     }
-    for (auto& [d, idx] : extract_of) answer_extracts(jobs, idx, docs_[d]);
-    for (auto& [d, idx] : anchor_of) answer_anchors(jobs, idx, d, next);
+    for (auto& [d, idx] : extract_of)
+      if (docs_[d].error.empty()) answer_extracts(jobs, idx, d);
+    for (auto& [d, idx] : anchor_of)
+      if (docs_[d].error.empty()) answer_anchors(jobs, idx, d, next);
+    // A document that failed in this round asks nothing more.
+    std::erase_if(next, [&](const Job& j) { return !docs_[j.doc].error.empty(); });
   }
 
   std::vector<float> stack_answers(const std::vector<Job>& jobs, const std::vector<size_t>& idx) {
@@ -256,7 +347,8 @@ class Filler {
     return a;
   }
 
-  void answer_extracts(std::vector<Job>& jobs, const std::vector<size_t>& idx, Document& doc) {
+  void answer_extracts(std::vector<Job>& jobs, const std::vector<size_t>& idx, size_t d) {
+    Document& doc = docs_[d];
     const Heads& heads = model_.heads();
     const int64_t T = doc.ctx_hidden.dim(0);
     std::vector<float> a = stack_answers(jobs, idx);
@@ -264,6 +356,7 @@ class Filler {
     for (size_t i : idx) sq.push_back({.anchor = jobs[i].anchor, .region_end = jobs[i].region_hi});
     SpanLogits lg =
         span_logits(heads, a.data(), int64_t(idx.size()), sq, doc.ctx_hidden.data<float>(), T);
+    if (overflowed(lg.start) || overflowed(lg.end)) return fail(d, non_finite_error("span logits"));
     for (size_t j = 0; j < idx.size(); ++j) {
       const Job& job = jobs[idx[j]];
       engine::SpanAnswer s = engine::decode_span(
@@ -286,6 +379,7 @@ class Filler {
     for (size_t i : idx) regions.push_back({.lo = jobs[i].region_lo, .hi = jobs[i].region_hi});
     std::vector<float> lg = anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions,
                                           doc.ctx_hidden.data<float>(), T);
+    if (overflowed(lg)) return fail(d, non_finite_error("anchor logits"));
     const auto& off = doc.context.offsets.offsets();
     for (size_t j = 0; j < idx.size(); ++j) {
       const Job& job = jobs[idx[j]];
@@ -352,6 +446,7 @@ class Filler {
       const int64_t V = logits.dim(1);
       std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
       bool any = false;
+      if (!all_finite(logits.data<float>(), B * V)) return fail(d, non_finite_error("LM logits"));
       for (int64_t b = 0; b < B; ++b) {
         if (done[size_t(b)]) continue;
         const float* l = logits.data<float>() + b * V;
@@ -390,6 +485,7 @@ class Filler {
 
   const DegModel& model_;
   const EngineOptions& options_;
+  const FillOptions& fill_;
   std::vector<Document>& docs_;
   std::map<size_t, std::vector<GenerateField>> generate_fields_;
 };
@@ -406,14 +502,33 @@ int64_t max_document_tokens(const Backbone& bb) {
   return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));
 }
 
-void prepare(const DegModel& model, const DocumentParts& parts, Document& doc) {
-  bool blank = true;
-  for (const DocumentPart& p : parts)
-    blank = blank && p.media.empty() && p.text.find_first_not_of(" \t\r\n") == std::string::npos;
-  if (blank) {
-    doc.error = "the document is empty";
+void prepare(const DegModel& model, const EngineOptions& options, const FillOptions& fill,
+             const DocumentParts& parts, size_t index, size_t count, Document& doc) {
+  const InputLimits& limits = options.limits;
+  if (int64_t(parts.size()) > limits.parts) {
+    doc.error =
+        fmt::format("the document has {} parts, over the limit of {}", parts.size(), limits.parts);
     return;
   }
+  bool blank = true;
+  int64_t bytes = 0;
+  for (const DocumentPart& p : parts) {
+    blank = blank && p.media.empty() && p.text.find_first_not_of(" \t\r\n") == std::string::npos;
+    bytes += int64_t(p.text.size());
+  }
+  if (bytes > limits.document_bytes) {
+    doc.error = fmt::format(
+        "the document has {} bytes of text, over the limit of {} bytes; split it, or raise "
+        "--max-document-bytes",
+        bytes, limits.document_bytes);
+    return;
+  }
+  if (blank) {
+    doc.error = parts.empty() ? "the document has no parts"
+                              : "the document is empty (no text but whitespace)";
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   const Backbone& bb = model.backbone();
   engine::DocumentContext ctx =
       engine::document_context(model.tokenizer(), bb.spec(), model.name(), parts);
@@ -424,7 +539,7 @@ void prepare(const DegModel& model, const DocumentParts& parts, Document& doc) {
         ctx.ids.size(), model.name(), max_document_tokens(bb));
     return;
   }
-  std::vector<int32_t> ids = model.encode(model.layout().bos + model.layout().prefix);
+  std::vector<int32_t> ids = model.encode_template(model.layout().bos + model.layout().prefix);
   doc.ctx_start = int64_t(ids.size());
   ids.insert(ids.end(), ctx.ids.begin(), ctx.ids.end());
   std::vector<int32_t> suffix = model.encode("\n");
@@ -440,8 +555,20 @@ void prepare(const DegModel& model, const DocumentParts& parts, Document& doc) {
   const auto T = int64_t(ctx.ids.size());
   doc.context = {std::move(ctx.text), schema::TokenOffsets(std::move(ctx.ranges))};
   doc.state = bb.empty_state(1);
-  Tensor hidden = bb.prefill(batch, doc.state);  // [1, L, C]
+  PrefillProgress progress;
+  if (fill.progress) {
+    progress = [&](int64_t done, int64_t total) {
+      fill.progress(
+          {.stage = "read", .document = index, .documents = count, .done = done, .total = total});
+    };
+  }
+  Tensor hidden = bb.prefill(batch, doc.state, progress);  // [1, L, C]
   doc.ctx_hidden = hidden.select(0, 0).slice(0, doc.ctx_start, doc.ctx_start + T).contiguous();
+  if (!all_finite(doc.ctx_hidden.data<float>(), doc.ctx_hidden.numel())) {
+    doc.error = non_finite_error("reading the document");
+  }
+  log::debug("document {}: {} bytes, {} tokens read in {:.0f} ms", index, bytes, ids.size(),
+             ms_since(t0));
 }
 
 }  // namespace
@@ -470,16 +597,22 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
                                      const FillOptions& options) const {
   schema::PlanOptions plan_options;
   plan_options.array_mode = impl_->model->array_mode();
+  const auto t0 = std::chrono::steady_clock::now();
   const schema::Plan plan = schema::plan_compile(schema, plan_options);
+  int64_t fields = 0;
+  schema::plan_visit(plan.root, [&](const schema::Field&) { ++fields; });
+  log::debug("plan: {} fields, {} of {} plan units, compiled in {:.1f} ms; {} documents", fields,
+             plan.units, plan_options.max_units, ms_since(t0), documents.size());
   std::vector<Document> docs(documents.size());
   for (size_t i = 0; i < documents.size(); ++i) {
     try {
-      prepare(*impl_->model, documents[i], docs[i]);
+      prepare(*impl_->model, impl_->options, options, documents[i], i, documents.size(), docs[i]);
     } catch (const Error& e) {
       docs[i].error = e.what();
     }
+    if (!docs[i].error.empty()) log::debug("document {} failed: {}", i, docs[i].error);
   }
-  Filler(*impl_->model, impl_->options, docs).run(plan);
+  Filler(*impl_->model, impl_->options, options, docs).run(plan);
   std::vector<FillResult> results(docs.size());
   for (size_t i = 0; i < docs.size(); ++i) {
     if (!docs[i].error.empty()) {

@@ -1,6 +1,7 @@
 #include "engine/model.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/checkpoint.h"
 #include "model/load.h"
 
@@ -34,7 +35,65 @@ ChatLayout chat_layout(const std::string& family) {
   return chatml;
 }
 
+void tokenizer_check(const text::Tokenizer& tokenizer, const BackboneSpec& spec,
+                     const ChatLayout& layout) {
+  if (tokenizer.vocab_size() > spec.vocab) {
+    throw Error(ErrorKind::format,
+                fmt::format("the tokenizer has {} tokens, the model's vocabulary only {}; use the "
+                            "tokenizer.json that belongs to this model",
+                            tokenizer.vocab_size(), spec.vocab),
+                {.path = tokenizer.source()});
+  }
+  // Every visible character of the renderer's plain text must reach the model in some token
+  // (offsets may leave out whitespace: trim_offsets).
+  const std::string probe = "FIELD /a_b\nTYPE: string\nANSWER: 0-9 {\"x\"}";
+  const text::Encoding enc = tokenizer.encode(probe, {.special_tokens = false});
+  std::vector<bool> covered(probe.size(), false);
+  for (const auto& [start, end] : enc.offsets) {
+    for (int64_t c = std::max<int64_t>(0, start); c < std::min<int64_t>(end, covered.size()); ++c)
+      covered[size_t(c)] = true;
+  }
+  for (size_t c = 0; c < probe.size(); ++c) {
+    if (covered[c] || probe[c] == ' ' || probe[c] == '\n') continue;
+    throw Error(ErrorKind::format,
+                fmt::format("the tokenizer drops the character '{}' of plain ASCII text: its "
+                            "vocabulary lacks byte or character tokens; use the model's own "
+                            "tokenizer.json",
+                            probe[c]),
+                {.path = tokenizer.source()});
+  }
+  for (const auto& [token, role] :
+       {std::pair{layout.pad, "pad"}, std::pair{layout.eos, "end-of-turn"}}) {
+    if (!tokenizer.token_to_id(token)) {
+      throw Error(ErrorKind::format,
+                  fmt::format("the tokenizer has no {} token '{}' that the {} layout needs", role,
+                              token, spec.family),
+                  {.path = tokenizer.source()});
+    }
+  }
+}
+
+void checkpoint_create(const CheckpointInitOptions& options) {
+  if (!fs::exists(options.base / "config.json")) {
+    throw Error(ErrorKind::not_found,
+                "config.json not found; --base must be an HF snapshot directory",
+                {.path = options.base.string()});
+  }
+  const std::unique_ptr<Backbone> backbone = backbone_open(options.base, {.device = Device::cpu});
+  const text::Tokenizer tokenizer = text::Tokenizer::load(options.base);
+  tokenizer_check(tokenizer, backbone->spec(), chat_layout(backbone->spec().family));
+  log::debug("base {} checked: {} backbone, {} tensors' shapes and values, tokenizer {}",
+             options.base.string(), backbone->spec().family, backbone->spec().layers.size(),
+             tokenizer.source());
+  checkpoint_init(options);
+}
+
 std::vector<int32_t> DegModel::encode(std::string_view text) const {
+  return text.empty() ? std::vector<int32_t>{}
+                      : tokenizer_.encode(text, {.special_tokens = false}).ids;
+}
+
+std::vector<int32_t> DegModel::encode_template(std::string_view text) const {
   return text.empty() ? std::vector<int32_t>{} : tokenizer_.encode(text).ids;
 }
 
@@ -72,18 +131,9 @@ std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& ba
   m->layout_ = chat_layout(m->backbone_->spec().family);
   m->array_mode_ =
       meta.array_mode == "index" ? schema::ArrayMode::index : schema::ArrayMode::anchor;
-  auto id_of = [&](const std::string& token, const char* role) {
-    auto id = m->tokenizer_.token_to_id(token);
-    if (!id) {
-      throw Error(ErrorKind::format,
-                  fmt::format("the tokenizer has no {} token '{}' that the {} layout needs", role,
-                              token, m->backbone_->spec().family),
-                  {.path = m->tokenizer_.source()});
-    }
-    return *id;
-  };
-  m->pad_id_ = id_of(m->layout_.pad, "pad");
-  m->eos_id_ = id_of(m->layout_.eos, "end-of-turn");
+  tokenizer_check(m->tokenizer_, m->backbone_->spec(), m->layout_);
+  m->pad_id_ = *m->tokenizer_.token_to_id(m->layout_.pad);
+  m->eos_id_ = *m->tokenizer_.token_to_id(m->layout_.eos);
   return m;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/backbone.h"
+#include "model/checkpoint.h"
 #include "model/heads.h"
 #include "schema/plan.h"
 #include "text/tokenizer.h"
@@ -22,6 +23,16 @@ struct ChatLayout {
   std::string eos;     // ends every generated value
 };
 ChatLayout chat_layout(const std::string& family);
+
+// Throws deg::Error when `tokenizer` cannot serve `spec`'s model: ids beyond its vocabulary,
+// plain text it encodes to nothing (an empty or byte-less vocabulary), or a missing layout token.
+void tokenizer_check(const text::Tokenizer& tokenizer, const BackboneSpec& spec,
+                     const ChatLayout& layout);
+
+// `deg init`: checks the base as fully as `deg fill` will read it — config.json, every tensor
+// with its shape and finite values, the tokenizer — then writes the checkpoint
+// (checkpoint_init), so a base deg cannot run never becomes a checkpoint.
+void checkpoint_create(const CheckpointInitOptions& options);
 
 class DegModel {
  public:
@@ -40,7 +51,11 @@ class DegModel {
   schema::ArrayMode array_mode() const { return array_mode_; }
   int32_t pad_id() const { return pad_id_; }
   int32_t eos_id() const { return eos_id_; }
+  // Text from outside or from a schema (documents, queries, known values): special-token
+  // strings in it stay plain text.
   std::vector<int32_t> encode(std::string_view text) const;
+  // The layout's own strings (bos, the chat prefix): the only place control tokens come from.
+  std::vector<int32_t> encode_template(std::string_view text) const;
 
  private:
   DegModel(std::unique_ptr<Backbone> backbone, Heads heads, text::Tokenizer tokenizer)

@@ -31,6 +31,14 @@ const Json& JsonConfig::at(const std::string& key) const {
   return *it;
 }
 
+Error JsonConfig::range_error(const std::string& key, const std::string& value,
+                              const std::string& lo, const std::string& hi) const {
+  return Error(ErrorKind::unsupported,
+               fmt::format("{} is outside [{}, {}], the range deg supports for {}; fix the config",
+                           value, lo, hi, key),
+               {.path = path_, .pointer = json_pointer_join(pointer_, key)});
+}
+
 Error JsonConfig::type_error(const std::string& key, const char* expected) const {
   return Error(ErrorKind::format,
                fmt::format("expected {}, found {}", expected, json_type_name(at(key))),

@@ -27,6 +27,17 @@ class JsonConfig {
   T get_or(const std::string& key, T fallback) const {
     return has(key) ? get<T>(key) : fallback;
   }
+  // The value at `key` (or `fallback` when absent) within [lo, hi], the range the code
+  // supports; throws deg::Error naming the file, the JSON pointer and the range otherwise (NaN
+  // and infinities are outside every range).
+  template <class T>
+  T get_in(const std::string& key, T lo, T hi) const {
+    return in_range(key, get<T>(key), lo, hi);
+  }
+  template <class T>
+  T get_or_in(const std::string& key, T fallback, T lo, T hi) const {
+    return has(key) ? get_in<T>(key, lo, hi) : fallback;
+  }
   JsonConfig sub(const std::string& key) const;  // an object member
 
   JsonConfig text() const;  // "text_config" when present, else *this
@@ -37,6 +48,14 @@ class JsonConfig {
   const std::string& pointer() const { return pointer_; }
 
  private:
+  template <class T>
+  T in_range(const std::string& key, T v, T lo, T hi) const {
+    if (!(v >= lo && v <= hi))
+      throw range_error(key, fmt::format("{}", v), fmt::format("{}", lo), fmt::format("{}", hi));
+    return v;
+  }
+  Error range_error(const std::string& key, const std::string& value, const std::string& lo,
+                    const std::string& hi) const;
   Error type_error(const std::string& key, const char* expected) const;
   const Json& at(const std::string& key) const;
 

@@ -5,13 +5,54 @@
 
 namespace deg {
 
-Json json_parse(std::string_view text, const std::string& what) {
+void json_check_depth(std::string_view text, const std::string& what, int64_t max_depth) {
+  int64_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) {
+        throw Error(ErrorKind::format,
+                    fmt::format("JSON nests deeper than {} arrays and objects (at byte {}); deg "
+                                "reads no input nested that deep",
+                                max_depth, i),
+                    {.path = what});
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+namespace {
+
+template <class J>
+J parse_checked(std::string_view text, const std::string& what) {
+  json_check_depth(text, what);
   try {
-    return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
+    return J::parse(text.begin(), text.end());
+  } catch (const typename J::parse_error& e) {
     throw Error(ErrorKind::format, fmt::format("invalid JSON at byte {}: {}", e.byte, e.what()),
                 {.path = what});
   }
+}
+
+}  // namespace
+
+Json json_parse(std::string_view text, const std::string& what) {
+  return parse_checked<Json>(text, what);
+}
+
+OrderedJson json_parse_ordered(std::string_view text, const std::string& what) {
+  return parse_checked<OrderedJson>(text, what);
 }
 
 Json json_load(const std::filesystem::path& path) {

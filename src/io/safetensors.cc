@@ -81,6 +81,7 @@ TensorInfo parse_entry(const std::string& name, const Json& entry, uint64_t data
 SafetensorsHeader safetensors_parse_header(std::string_view header_json, uint64_t data_size,
                                            const std::string& path) {
   Json j;
+  json_check_depth(header_json, path);
   try {
     j = Json::parse(header_json.begin(), header_json.end());
   } catch (const Json::exception& e) {

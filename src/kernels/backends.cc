@@ -4,6 +4,7 @@
 #include <new>
 #include <string>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
@@ -58,8 +59,8 @@ DeviceChoice pick_device(const std::string& name) {
   std::string d = name;
   const bool automatic = d == "auto";
   if (automatic) {
-    const char* env = std::getenv("DEG_DEVICE");
-    d = env && *env ? env : (cuda_available() ? "cuda" : "cpu");
+    const std::string& env = env_config().device;
+    d = !env.empty() ? env : (cuda_available() ? "cuda" : "cpu");
   }
   if (d == "cpu") return {.device = Device::cpu, .automatic = automatic};
   if (d == "cuda") {

@@ -299,7 +299,8 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   }
 }
 
-Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
+Tensor Backbone::prefill(const TokenBatch& batch, State& state,
+                         const PrefillProgress& progress) const {
   check_batch(batch, spec().vocab);
   check_soft(batch, spec());
   if (state.rows() != batch.rows) {
@@ -383,6 +384,7 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state) const {
                        lens[size_t(b)]);
       }
     }
+    if (progress) progress(s + c, L);
   }
   // Sliding layers end with room for their tails only: a trunk's sliding state is bounded.
   for (size_t i = 0; i < layers.size(); ++i) {

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -200,6 +201,8 @@ class Family {
   const Ops* ops_;
 };
 
+using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
+
 struct BackboneOptions {
   GemmPrecision precision = GemmPrecision::exact;
   // Where the weights, the state and every call live (the family is built for it). Results
@@ -226,8 +229,9 @@ class Backbone {
 
   State empty_state(int64_t rows) const;
   // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
-  // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time.
-  Tensor prefill(const TokenBatch& batch, State& state) const;
+  // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time; `progress` (may be
+  // empty) hears (tokens read, L) after each chunk.
+  Tensor prefill(const TokenBatch& batch, State& state, const PrefillProgress& progress = {}) const;
 
   // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens of each row,
   // fixed here (a pass that would exceed it throws): decode never reallocates.

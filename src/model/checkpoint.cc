@@ -45,6 +45,17 @@ CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
   m.base = j.get_or<std::string>("base", "custom");
   m.backbone = j.get_or<std::string>("backbone", "");
   m.array_mode = j.get_or<std::string>("array_mode", "anchor");
+  if (m.array_mode != "anchor" && m.array_mode != "index") {
+    throw Error(ErrorKind::unsupported,
+                "array_mode \"" + m.array_mode + "\" is neither \"anchor\" nor \"index\"",
+                {.path = (dir / "deg.json").string(), .pointer = "/array_mode"});
+  }
+  if (j.has("max_count") && j.get<int64_t>("max_count") != kMaxCount) {
+    throw Error(ErrorKind::unsupported,
+                fmt::format("max_count {} differs from the {} this deg build's count head has",
+                            j.get<int64_t>("max_count"), kMaxCount),
+                {.path = (dir / "deg.json").string(), .pointer = "/max_count"});
+  }
   m.raw = j.json();
   for (const char* key : {"lora", "moe"}) {
     if (j.has(key)) {

@@ -14,6 +14,37 @@ std::string layer_name(int64_t i, const std::string& rest) {
   return "layers." + std::to_string(i) + "." + rest;
 }
 
+namespace {
+
+// The index of the first NaN or infinity of a contiguous f32 / bf16 tensor, or -1: an exponent
+// of all ones. Long tensors are scanned on the thread pool (the weights are read once anyway).
+int64_t first_non_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  const bool bf16 = t.dtype() == DType::bf16;
+  const auto* f32 = bf16 ? nullptr : reinterpret_cast<const uint32_t*>(t.raw());
+  const auto* b16 = bf16 ? reinterpret_cast<const uint16_t*>(t.raw()) : nullptr;
+  auto scan = [&](int64_t begin, int64_t end) -> int64_t {
+    for (int64_t i = begin; i < end; ++i) {
+      const bool bad = bf16 ? (b16[i] & 0x7f80u) == 0x7f80u : (f32[i] & 0x7f800000u) == 0x7f800000u;
+      if (bad) return i;
+    }
+    return -1;
+  };
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  if (n <= kChunk) return scan(0, n);
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<int64_t> found(size_t(chunks), -1);
+  parallel_for(chunks, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      found[size_t(c)] = scan(c * kChunk, std::min(n, (c + 1) * kChunk));
+  });
+  for (int64_t f : found)
+    if (f >= 0) return f;
+  return -1;
+}
+
+}  // namespace
+
 const Tensor& weight_need(const TensorMap& w, const std::string& name, const Shape& shape) {
   auto it = w.find(name);
   if (it == w.end()) {
@@ -33,6 +64,13 @@ const Tensor& weight_need(const TensorMap& w, const std::string& name, const Sha
   }
   if (!t.is_contiguous()) {
     throw Error(ErrorKind::format, "tensor is not contiguous", {.tensor = name});
+  }
+  if (const int64_t at = first_non_finite(t); at >= 0) {
+    throw Error(ErrorKind::format,
+                fmt::format("tensor holds a NaN or an infinity (element {}); the weights are "
+                            "corrupt: re-download or re-export them",
+                            at),
+                {.tensor = name});
   }
   return t;
 }

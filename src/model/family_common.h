@@ -16,13 +16,30 @@
 
 namespace deg {
 
+// The ranges of config.json values the families support (docs/hardening.md). Values outside
+// them are refused where config.json is read, with the key's JSON pointer, so none reaches a
+// kernel: rope tables hold at most 256 frequencies (head_dim 512), token ids are int32, and the
+// sizes bound every allocation a config can ask for.
+inline constexpr int64_t kMaxConfigVocab = int64_t(1) << 22;  // 4,194,304 token ids
+inline constexpr int64_t kMaxConfigHidden = 65536;            // C
+inline constexpr int64_t kMaxConfigWidth = int64_t(1) << 20;  // MLP width 1,048,576
+inline constexpr int64_t kMaxConfigLayers = 1024;
+inline constexpr int64_t kMaxConfigHeads = 1024;
+inline constexpr int64_t kMaxConfigHeadDim = 512;
+inline constexpr int64_t kMaxConfigConvKernel = 64;
+inline constexpr int64_t kMaxConfigWindow = int64_t(1) << 31;
+inline constexpr double kMinConfigEps = 1e-12, kMaxConfigEps = 1.0;  // RMSNorm epsilon
+inline constexpr double kMinRopeTheta = 1.0, kMaxRopeTheta = 1e12;
+inline constexpr double kMaxConfigSoftcap = 1e6;
+
 // Weights by table name (relative to the text prefix, plus "lm_head.weight").
 using TensorMap = std::map<std::string, Tensor>;
 
 std::string layer_name(int64_t i, const std::string& rest);  // "layers.<i>.<rest>"
 
 // The tensor `name` of `shape`, f32 or bf16 and contiguous (a view: never copied). Throws
-// deg::Error naming the tensor when it is missing or of the wrong shape or dtype.
+// deg::Error naming the tensor when it is missing, of the wrong shape or dtype, or holds a NaN
+// or an infinity (checked once, when the family is built).
 const Tensor& weight_need(const TensorMap& w, const std::string& name, const Shape& shape);
 // The same, read into an f32 copy (norm weights, conv kernels: small vectors).
 std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const Shape& shape);

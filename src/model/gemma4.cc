@@ -350,18 +350,19 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
         .with_pointer(t.pointer() + "/" + key);
   };
   Gemma4Config c;
-  c.vocab = t.get<int64_t>("vocab_size");
-  c.hidden = t.get<int64_t>("hidden_size");
-  c.intermediate = t.get<int64_t>("intermediate_size");
-  const int64_t n = t.get<int64_t>("num_hidden_layers");
-  const int64_t heads = t.get<int64_t>("num_attention_heads");
-  const int64_t kv_heads = t.get<int64_t>("num_key_value_heads");
-  const int64_t head_dim = t.get_or<int64_t>("head_dim", c.hidden / std::max<int64_t>(heads, 1));
-  const int64_t global_dim = t.get_or<int64_t>("global_head_dim", head_dim);
-  c.eps = t.get_or<float>("rms_norm_eps", 1e-6f);
-  c.ple_dim = t.get_or<int64_t>("hidden_size_per_layer_input", 0);
-  c.ple_vocab = t.get_or<int64_t>("vocab_size_per_layer_input", c.vocab);
-  c.softcap = t.get_or<float>("final_logit_softcapping", 0.0f);
+  c.vocab = t.get_in<int64_t>("vocab_size", 1, kMaxConfigVocab);
+  c.hidden = t.get_in<int64_t>("hidden_size", 1, kMaxConfigHidden);
+  c.intermediate = t.get_in<int64_t>("intermediate_size", 1, kMaxConfigWidth);
+  const int64_t n = t.get_in<int64_t>("num_hidden_layers", 1, kMaxConfigLayers);
+  const int64_t heads = t.get_in<int64_t>("num_attention_heads", 1, kMaxConfigHeads);
+  const int64_t kv_heads = t.get_in<int64_t>("num_key_value_heads", 1, kMaxConfigHeads);
+  const int64_t head_dim = t.get_or_in<int64_t>("head_dim", c.hidden / heads, 1, kMaxConfigHeadDim);
+  const int64_t global_dim =
+      t.get_or_in<int64_t>("global_head_dim", head_dim, 1, kMaxConfigHeadDim);
+  c.eps = float(t.get_or_in<double>("rms_norm_eps", 1e-6, kMinConfigEps, kMaxConfigEps));
+  c.ple_dim = t.get_or_in<int64_t>("hidden_size_per_layer_input", 0, 0, kMaxConfigHidden);
+  c.ple_vocab = t.get_or_in<int64_t>("vocab_size_per_layer_input", c.vocab, 1, kMaxConfigVocab);
+  c.softcap = float(t.get_or_in<double>("final_logit_softcapping", 0.0, 0.0, kMaxConfigSoftcap));
   c.tied = root.has("tie_word_embeddings") ? root.get<bool>("tie_word_embeddings")
                                            : t.get_or<bool>("tie_word_embeddings", true);
   if (t.get_or<std::string>("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh") {
@@ -492,7 +493,7 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
   }
   const bool any_sliding =
       std::any_of(c.layers.begin(), c.layers.end(), [](const Gemma4Layer& l) { return l.sliding; });
-  if (any_sliding) c.window = t.get<int64_t>("sliding_window");
+  if (any_sliding) c.window = t.get_in<int64_t>("sliding_window", 1, kMaxConfigWindow);
   // Rotary per layer kind: rope_parameters {"sliding_attention": {..}, "full_attention": {..}}
   // (HF's defaults when absent).
   if (t.has("rope_parameters")) {
@@ -509,9 +510,9 @@ Gemma4Config Gemma4Config::from_json(const JsonConfig& root) {
             .with_pointer(r.pointer() + "/rope_type");
       }
       out = {.proportional = type == "proportional",
-             .theta = r.get_or<double>("rope_theta", out.theta),
-             .partial = r.get_or<double>("partial_rotary_factor", 1.0),
-             .factor = r.get_or<double>("factor", 1.0)};
+             .theta = r.get_or_in<double>("rope_theta", out.theta, kMinRopeTheta, kMaxRopeTheta),
+             .partial = r.get_or_in<double>("partial_rotary_factor", 1.0, 0.0, 1.0),
+             .factor = r.get_or_in<double>("factor", 1.0, 1e-6, 1e6)};
     }
   }
   for (const Gemma4Layer& l : c.layers) {

@@ -117,6 +117,15 @@ Heads Heads::load(const std::filesystem::path& path) {
           fmt::format("shape {} where {} was expected", shape_str(t.shape()), shape_str(shape)),
           {.path = path.string(), .tensor = name});
     }
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (!std::isfinite(v[i])) {
+        throw Error(
+            ErrorKind::format,
+            fmt::format("holds a NaN or an infinity (element {}); the heads are corrupt", i),
+            {.path = path.string(), .tensor = name});
+      }
+    }
     return t;
   };
   const TensorInfo* noul = file.find("noul.weight");
@@ -138,6 +147,15 @@ Heads Heads::load(const std::filesystem::path& path) {
   });
   h.span_bias = get("span_bias", {2, 2, int64_t(kRelEdges.size()) + 1});
   h.temperature = get("temperature", {int64_t(kHeadKindNames.size())});
+  for (size_t k = 0; k < kHeadKindNames.size(); ++k) {
+    const float temp = h.temperature.data<float>()[k];
+    if (!(temp >= 1e-3f && temp <= 1e3f)) {
+      throw Error(ErrorKind::format,
+                  fmt::format("the {} temperature {} is outside [0.001, 1000]; refit calibration",
+                              kHeadKindNames[k], temp),
+                  {.path = path.string(), .tensor = "temperature"});
+    }
+  }
   return h;
 }
 

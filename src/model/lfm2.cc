@@ -239,27 +239,30 @@ Lfm2Config Lfm2Config::from_json(const JsonConfig& root) {
         .with_pointer(t.pointer() + "/" + key);
   };
   Lfm2Config c;
-  c.vocab = t.get<int64_t>("vocab_size");
-  c.hidden = t.get<int64_t>("hidden_size");
-  const int64_t n_layers = t.get<int64_t>("num_hidden_layers");
-  c.heads = t.get<int64_t>("num_attention_heads");
-  c.kv_heads = t.get_or<int64_t>("num_key_value_heads", c.heads);
-  c.head_dim = t.get_or<int64_t>("head_dim", c.hidden / std::max<int64_t>(c.heads, 1));
-  c.conv_kernel = t.get_or<int64_t>("conv_L_cache", 3);
-  c.eps = t.get_or<float>("norm_eps", t.get_or<float>("block_norm_eps", 1e-5f));
+  c.vocab = t.get_in<int64_t>("vocab_size", 1, kMaxConfigVocab);
+  c.hidden = t.get_in<int64_t>("hidden_size", 1, kMaxConfigHidden);
+  const int64_t n_layers = t.get_in<int64_t>("num_hidden_layers", 1, kMaxConfigLayers);
+  c.heads = t.get_in<int64_t>("num_attention_heads", 1, kMaxConfigHeads);
+  c.kv_heads = t.get_or_in<int64_t>("num_key_value_heads", c.heads, 1, kMaxConfigHeads);
+  c.head_dim = t.get_or_in<int64_t>("head_dim", c.hidden / c.heads, 1, kMaxConfigHeadDim);
+  c.conv_kernel = t.get_or_in<int64_t>("conv_L_cache", 3, 1, kMaxConfigConvKernel);
+  c.eps = float(t.get_or_in<double>(
+      "norm_eps", t.get_or_in<double>("block_norm_eps", 1e-5, kMinConfigEps, kMaxConfigEps),
+      kMinConfigEps, kMaxConfigEps));
 
   // MLP width: HF reads block_ff_dim before intermediate_size; an explicit null multiplier
   // means "no multiplier" (no rounding), an absent one HF's default 1.0.
-  const int64_t ff =
-      t.has("block_ff_dim") ? t.get<int64_t>("block_ff_dim") : t.get<int64_t>("intermediate_size");
+  const int64_t ff = t.has("block_ff_dim")
+                         ? t.get_in<int64_t>("block_ff_dim", 1, kMaxConfigWidth)
+                         : t.get_in<int64_t>("intermediate_size", 1, kMaxConfigWidth);
   std::optional<double> multiplier = 1.0;
   if (t.json().contains("block_ffn_dim_multiplier")) {
-    multiplier = t.has("block_ffn_dim_multiplier")
-                     ? std::optional<double>(t.get<double>("block_ffn_dim_multiplier"))
-                     : std::nullopt;
+    multiplier =
+        t.has("block_ffn_dim_multiplier")
+            ? std::optional<double>(t.get_in<double>("block_ffn_dim_multiplier", 1e-3, 1e3))
+            : std::nullopt;
   }
-  const int64_t multiple_of = t.get_or<int64_t>("block_multiple_of", 256);
-  if (multiple_of <= 0) throw unsupported("block_multiple_of", "block_multiple_of must be > 0");
+  const int64_t multiple_of = t.get_or_in<int64_t>("block_multiple_of", 256, 1, kMaxConfigWidth);
   c.ffn =
       lfm2_ffn_width(ff, t.get_or<bool>("block_auto_adjust_ff_dim", true), multiplier, multiple_of);
 
@@ -296,14 +299,16 @@ Lfm2Config Lfm2Config::from_json(const JsonConfig& root) {
 
   // Rotary: rope_parameters (transformers 5; flat, or per layer type) wins over the legacy
   // top-level keys, of which HF reads the original `theta` first.
-  c.rope_theta = t.get_or<double>("theta", t.get_or<double>("rope_theta", 1e6));
+  c.rope_theta = t.get_or_in<double>(
+      "theta", t.get_or_in<double>("rope_theta", 1e6, kMinRopeTheta, kMaxRopeTheta), kMinRopeTheta,
+      kMaxRopeTheta);
   if (t.has("rope_parameters")) {
     JsonConfig rp = t.sub("rope_parameters");
     if (!rp.has("rope_theta") && rp.has("full_attention")) rp = rp.sub("full_attention");
     if (rp.get_or<std::string>("rope_type", "default") != "default") {
       throw unsupported("rope_parameters", "only rope_type \"default\" is supported");
     }
-    c.rope_theta = rp.get_or<double>("rope_theta", c.rope_theta);
+    c.rope_theta = rp.get_or_in<double>("rope_theta", c.rope_theta, kMinRopeTheta, kMaxRopeTheta);
   }
   if (t.has("rope_scaling")) {
     const JsonConfig rs = t.sub("rope_scaling");

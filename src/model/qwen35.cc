@@ -310,19 +310,19 @@ bool qwen35_handles(const std::string& model_type) {
 Qwen35Config Qwen35Config::from_json(const JsonConfig& root) {
   const JsonConfig t = root.text();
   Qwen35Config c;
-  c.vocab = t.get<int64_t>("vocab_size");
-  c.hidden = t.get<int64_t>("hidden_size");
-  c.intermediate = t.get<int64_t>("intermediate_size");
-  const int64_t n_layers = t.get<int64_t>("num_hidden_layers");
-  c.heads = t.get<int64_t>("num_attention_heads");
-  c.kv_heads = t.get<int64_t>("num_key_value_heads");
-  c.head_dim = t.get_or<int64_t>("head_dim", c.hidden / std::max<int64_t>(c.heads, 1));
-  c.lin_k_heads = t.get<int64_t>("linear_num_key_heads");
-  c.lin_v_heads = t.get<int64_t>("linear_num_value_heads");
-  c.lin_k_dim = t.get<int64_t>("linear_key_head_dim");
-  c.lin_v_dim = t.get<int64_t>("linear_value_head_dim");
-  c.conv_kernel = t.get_or<int64_t>("linear_conv_kernel_dim", 4);
-  c.eps = t.get_or<float>("rms_norm_eps", 1e-6f);
+  c.vocab = t.get_in<int64_t>("vocab_size", 1, kMaxConfigVocab);
+  c.hidden = t.get_in<int64_t>("hidden_size", 1, kMaxConfigHidden);
+  c.intermediate = t.get_in<int64_t>("intermediate_size", 1, kMaxConfigWidth);
+  const int64_t n_layers = t.get_in<int64_t>("num_hidden_layers", 1, kMaxConfigLayers);
+  c.heads = t.get_in<int64_t>("num_attention_heads", 1, kMaxConfigHeads);
+  c.kv_heads = t.get_in<int64_t>("num_key_value_heads", 1, kMaxConfigHeads);
+  c.head_dim = t.get_or_in<int64_t>("head_dim", c.hidden / c.heads, 1, kMaxConfigHeadDim);
+  c.lin_k_heads = t.get_in<int64_t>("linear_num_key_heads", 1, kMaxConfigHeads);
+  c.lin_v_heads = t.get_in<int64_t>("linear_num_value_heads", 1, kMaxConfigHeads);
+  c.lin_k_dim = t.get_in<int64_t>("linear_key_head_dim", 1, kMaxConfigHeadDim);
+  c.lin_v_dim = t.get_in<int64_t>("linear_value_head_dim", 1, kMaxConfigHeadDim);
+  c.conv_kernel = t.get_or_in<int64_t>("linear_conv_kernel_dim", 4, 1, kMaxConfigConvKernel);
+  c.eps = float(t.get_or_in<double>("rms_norm_eps", 1e-6, kMinConfigEps, kMaxConfigEps));
   auto unsupported = [&](const std::string& key, const std::string& what) {
     return Error(ErrorKind::unsupported, what, {.path = t.path()})
         .with_pointer(t.pointer() + "/" + key);
@@ -345,7 +345,7 @@ Qwen35Config Qwen35Config::from_json(const JsonConfig& root) {
       }
     }
   } else {  // HF default: every full_attention_interval-th layer is full attention
-    const int64_t every = t.get_or<int64_t>("full_attention_interval", 4);
+    const int64_t every = t.get_or_in<int64_t>("full_attention_interval", 4, 1, kMaxConfigLayers);
     for (int64_t i = 0; i < n_layers; ++i)
       c.layers.push_back((i + 1) % every ? LayerKind::recurrent : LayerKind::attention);
   }
@@ -354,20 +354,19 @@ Qwen35Config Qwen35Config::from_json(const JsonConfig& root) {
                                                  c.layers.size(), n_layers));
   }
   // Rotary: rope_parameters (transformers 5) wins over the legacy top-level keys.
-  c.rope_theta = t.get_or<double>("rope_theta", 10000.0);
-  c.partial_rotary = t.get_or<double>("partial_rotary_factor", 0.25);
+  c.rope_theta = t.get_or_in<double>("rope_theta", 10000.0, kMinRopeTheta, kMaxRopeTheta);
+  c.partial_rotary = t.get_or_in<double>("partial_rotary_factor", 0.25, 0.0, 1.0);
   if (t.has("rope_parameters")) {
     const JsonConfig rp = t.sub("rope_parameters");
     if (rp.get_or<std::string>("rope_type", "default") != "default") {
       throw unsupported("rope_parameters", "only rope_type \"default\" is supported");
     }
-    c.rope_theta = rp.get_or<double>("rope_theta", c.rope_theta);
-    c.partial_rotary = rp.get_or<double>("partial_rotary_factor", c.partial_rotary);
+    c.rope_theta = rp.get_or_in<double>("rope_theta", c.rope_theta, kMinRopeTheta, kMaxRopeTheta);
+    c.partial_rotary = rp.get_or_in<double>("partial_rotary_factor", c.partial_rotary, 0.0, 1.0);
   }
   c.tied = root.has("tie_word_embeddings") ? root.get<bool>("tie_word_embeddings")
                                            : t.get_or<bool>("tie_word_embeddings", false);
-  if (c.heads <= 0 || c.kv_heads <= 0 || c.heads % c.kv_heads || c.lin_k_heads <= 0 ||
-      c.lin_v_heads % c.lin_k_heads || c.conv_kernel < 1 || c.head_dim <= 0) {
+  if (c.heads % c.kv_heads || c.lin_v_heads % c.lin_k_heads || c.head_dim < 1) {
     throw Error(ErrorKind::format,
                 fmt::format("inconsistent head counts: {} q / {} kv heads, {} key / {} value "
                             "DeltaNet heads, conv kernel {}",

@@ -618,16 +618,11 @@ Plan plan_compile(const OrderedJson& schema, const PlanOptions& options) {
 }
 
 OrderedJson schema_parse(std::string_view text, const std::string& what) {
-  try {
-    return OrderedJson::parse(text.begin(), text.end());
-  } catch (const OrderedJson::parse_error& e) {
-    throw Error(ErrorKind::format, fmt::format("invalid JSON at byte {}: {}", e.byte, e.what()),
-                {.path = what});
-  }
+  return json_parse_ordered(text, what);
 }
 
 OrderedJson schema_load(const std::string& path) {
-  return schema_parse(read_file(path), path);
+  return schema_parse(read_file(path, kMaxSchemaBytes, "schema"), path);
 }
 
 const Field* plan_find(const Plan& plan, std::string_view pointer) {

@@ -103,8 +103,11 @@ struct Plan {
 // fault, within `schema`.
 Plan plan_compile(const OrderedJson& schema, const PlanOptions& options = {});
 
+// Schema files are at most this big (docs/hardening.md); a bigger one is refused unread.
+inline constexpr int64_t kMaxSchemaBytes = int64_t(8) << 20;  // 8 MiB
+
 // Parses schema text keeping key order (fields follow the schema's order). Throws deg::Error
-// (format) naming `what` and the byte offset.
+// (format) naming `what` and the byte offset, or where it nests deeper than kMaxJsonDepth.
 OrderedJson schema_parse(std::string_view text, const std::string& what);
 OrderedJson schema_load(const std::string& path);
 

@@ -143,20 +143,23 @@ void AddedVocabulary::add(const std::vector<AddedToken>& tokens, const BpeModel&
 }
 
 void AddedVocabulary::refresh() {
-  std::vector<std::pair<std::string, int32_t>> raw, normalized;
-  for (const auto& [id, token] : by_id_) {
-    if (token.normalized) {
-      auto it = normalized_form_.find(id);
-      normalized.emplace_back(it != normalized_form_.end() ? it->second : token.content, id);
-    } else {
-      raw.emplace_back(token.content, id);
+  for (const bool special : {true, false}) {
+    std::vector<std::pair<std::string, int32_t>> raw, normalized;
+    for (const auto& [id, token] : by_id_) {
+      if (token.special && !special) continue;
+      if (token.normalized) {
+        auto it = normalized_form_.find(id);
+        normalized.emplace_back(it != normalized_form_.end() ? it->second : token.content, id);
+      } else {
+        raw.emplace_back(token.content, id);
+      }
     }
+    // Deterministic build order (a trie does not depend on it, but duplicates do).
+    std::sort(raw.begin(), raw.end());
+    std::sort(normalized.begin(), normalized.end());
+    (special ? raw_ : raw_plain_).build(raw);
+    (special ? normalized_ : normalized_plain_).build(normalized);
   }
-  // Deterministic build order (a trie does not depend on it, but duplicates do).
-  std::sort(raw.begin(), raw.end());
-  std::sort(normalized.begin(), normalized.end());
-  raw_.build(raw);
-  normalized_.build(normalized);
 }
 
 void AddedVocabulary::split_with(Pieces& pieces, const Matcher& matcher) const {
@@ -213,15 +216,16 @@ void AddedVocabulary::split_with(Pieces& pieces, const Matcher& matcher) const {
   pieces = std::move(out);
 }
 
-void AddedVocabulary::split_and_normalize(Pieces& pieces, const Normalizer* normalizer) const {
-  split_with(pieces, raw_);
+void AddedVocabulary::split_and_normalize(Pieces& pieces, const Normalizer* normalizer,
+                                          bool special) const {
+  split_with(pieces, special ? raw_ : raw_plain_);
   if (normalizer) {
     for (Piece& p : pieces) {
       if (p.token_id < 0) normalizer->normalize(p.text);
     }
     std::erase_if(pieces, [](const Piece& p) { return p.token_id < 0 && p.text.empty(); });
   }
-  split_with(pieces, normalized_);
+  split_with(pieces, special ? normalized_ : normalized_plain_);
 }
 
 std::optional<int32_t> AddedVocabulary::token_to_id(std::string_view content) const {

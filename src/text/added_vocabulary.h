@@ -35,8 +35,9 @@ class AddedVocabulary {
            const Normalizer* normalizer);
 
   // Splits the undecided pieces at added tokens: first those matched on the original text,
-  // then (after normalizing each remaining piece) the normalized ones.
-  void split_and_normalize(Pieces& pieces, const Normalizer* normalizer) const;
+  // then (after normalizing each remaining piece) the normalized ones. `special`: special
+  // tokens are matched too; false leaves their text as plain text (HF's encode_special_tokens).
+  void split_and_normalize(Pieces& pieces, const Normalizer* normalizer, bool special) const;
 
   std::optional<int32_t> token_to_id(std::string_view content) const;
   // The added token's text (its normalized form when normalization changed it).
@@ -74,6 +75,8 @@ class AddedVocabulary {
   std::unordered_set<std::string, StringHash, std::equal_to<>> special_;
   Matcher raw_;         // normalized=false tokens
   Matcher normalized_;  // normalized=true tokens (by their normalized form)
+  Matcher raw_plain_;   // the same two without the special tokens
+  Matcher normalized_plain_;
 };
 
 }  // namespace deg::text

@@ -111,13 +111,21 @@ BpeModel::BpeModel(const Json& model, const std::string& pointer)
       throw Error(ErrorKind::format, "BPE vocab must be an object {token: id}",
                   {.pointer = pointer + "/vocab"});
     }
+    if (vocab.empty()) {
+      throw Error(ErrorKind::format,
+                  "the BPE vocabulary is empty, so this tokenizer can encode nothing; use the "
+                  "model's own tokenizer.json",
+                  {.pointer = pointer + "/vocab"});
+    }
     vocab_.reserve(vocab.size());
     int32_t max_id = -1;
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       const int64_t id = it.value().get<int64_t>();
-      if (id < 0 || id > INT32_MAX) {
-        throw Error(ErrorKind::format, fmt::format("token id {} out of range", id),
-                    {.pointer = pointer + "/vocab"});
+      if (id < 0 || id >= kMaxTokenIds) {
+        throw Error(
+            ErrorKind::format,
+            fmt::format("token id {} is outside [0, {}), the ids deg supports", id, kMaxTokenIds),
+            {.pointer = json_pointer_join(pointer + "/vocab", it.key())});
       }
       vocab_[it.key()] = static_cast<int32_t>(id);
       max_id = std::max(max_id, static_cast<int32_t>(id));

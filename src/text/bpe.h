@@ -28,6 +28,9 @@ struct WordToken {
   uint32_t end;
 };
 
+// Token ids a tokenizer.json may use: [0, kMaxTokenIds) (the id -> token table is dense).
+inline constexpr int64_t kMaxTokenIds = int64_t(1) << 24;  // 16,777,216
+
 class BpeModel {
  public:
   // Throws deg::Error (format) naming `pointer` for a malformed model.

@@ -224,7 +224,7 @@ Encoding Tokenizer::encode(std::string_view input, const EncodeOptions& options)
 
   Pieces pieces;
   pieces.push_back({NormalizedText(text), -1});
-  impl.added.split_and_normalize(pieces, impl.normalizer.get());
+  impl.added.split_and_normalize(pieces, impl.normalizer.get(), options.special_tokens);
   if (impl.pre_tokenizer) impl.pre_tokenizer->pre_tokenize(pieces);
 
   PieceTokens tokens;

@@ -36,6 +36,10 @@ struct EncodeOptions {
   // Tokenize the pieces of long texts on the thread pool. Off when the caller already runs
   // one encode per worker; the result is the same either way.
   bool parallel = true;
+  // Match special added tokens (<|im_end|>, <bos>, ...) in the text, as HF does by default.
+  // false: their text is plain text like any other, so text from outside (a document, a
+  // schema's description) can never become a control token of the chat template.
+  bool special_tokens = true;
 };
 
 class Tokenizer {
