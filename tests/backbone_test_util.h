@@ -94,6 +94,21 @@ inline std::vector<Device> test_devices() {
   return d;
 }
 
+// A device backend against the CPU's on an HF fixture (`dir` with ids.npy), both GEMM
+// precisions: as close as each is to HF (1e-4 with f32 activations; bf16 dot products round
+// differently on each backend, 2e-2).
+inline void expect_backend_agrees_with_cpu(const std::filesystem::path& dir, Device device) {
+  const std::vector<int32_t> ids = npy_ids(dir / "ids.npy");
+  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16}) {
+    auto cpu = backbone_open(dir, {.precision = p});
+    auto other = backbone_open(dir, {.precision = p, .device = device});
+    const double err =
+        rel_max_error(backbone_forward(*other, ids, true), backbone_forward(*cpu, ids, true));
+    EXPECT_LT(err, p == GemmPrecision::exact ? 1e-4 : 2e-2)
+        << dir.filename().string() << (p == GemmPrecision::exact ? " exact" : " bf16");
+  }
+}
+
 // test_devices() less the CPU: the backends checked against the CPU's.
 inline std::vector<Device> gpu_devices() {
   std::vector<Device> d = test_devices();

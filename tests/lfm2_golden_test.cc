@@ -55,19 +55,8 @@ class Lfm2Backends : public ::testing::TestWithParam<std::tuple<const char*, Dev
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Lfm2Backends);
 
 TEST_P(Lfm2Backends, AgreeWithTheCpu) {
-  // As close to the CPU as each is to HF (1e-4 with f32 activations; bf16 dot products round
-  // differently on each backend, 2e-2).
-  const Device device = std::get<1>(GetParam());
-  const auto dir = fixture(std::get<0>(GetParam()));
-  const std::vector<int32_t> ids = fixture_ids(std::get<0>(GetParam()));
-  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16}) {
-    auto cpu = backbone_open(dir, {.precision = p});
-    auto other = backbone_open(dir, {.precision = p, .device = device});
-    const double err =
-        rel_max_error(backbone_forward(*other, ids, true), backbone_forward(*cpu, ids, true));
-    EXPECT_LT(err, p == GemmPrecision::exact ? 1e-4 : 2e-2)
-        << (p == GemmPrecision::exact ? "exact" : "bf16");
-  }
+  testing::expect_backend_agrees_with_cpu(fixture(std::get<0>(GetParam())),
+                                          std::get<1>(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backends,

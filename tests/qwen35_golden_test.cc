@@ -50,18 +50,9 @@ class Qwen35Backends : public ::testing::TestWithParam<std::tuple<const char*, D
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Qwen35Backends);
 
 TEST_P(Qwen35Backends, AgreeWithTheCpu) {
-  // The backend against the CPU's, both GEMM precisions: as close as each is to HF (1e-4 with
-  // f32 activations; bf16 dot products round differently on each, 2e-2).
-  const auto dir = testing::fixture_path(std::string("qwen35/") + std::get<0>(GetParam()));
-  const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
-  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16}) {
-    auto cpu = backbone_open(dir, {.precision = p});
-    auto other = backbone_open(dir, {.precision = p, .device = std::get<1>(GetParam())});
-    const double err =
-        rel_max_error(backbone_forward(*other, ids, true), backbone_forward(*cpu, ids, true));
-    EXPECT_LT(err, p == GemmPrecision::exact ? 1e-4 : 2e-2)
-        << (p == GemmPrecision::exact ? "exact" : "bf16");
-  }
+  testing::expect_backend_agrees_with_cpu(
+      testing::fixture_path(std::string("qwen35/") + std::get<0>(GetParam())),
+      std::get<1>(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Backends,

@@ -85,6 +85,10 @@ struct SelfAttentionArgs {
   int64_t window = 0;  // > 0: sliding attention
   bool bf16 = false;   // bf16 dot products (AttendArgs::bf16)
 };
+// The call's dot products are bf16: bf16 precision over bf16 weights such as `w` (GemmPrecision).
+inline bool bf16_products(GemmPrecision precision, const Tensor& w) {
+  return precision == GemmPrecision::bf16 && w.dtype() == DType::bf16;
+}
 float* self_attention(const Exec& x, const SelfAttentionArgs& a);
 
 // Random weights for benchmarks: every tensor of `table` filled from a counter-based hash

@@ -233,17 +233,16 @@ class Gemma4 final : public Family {
       norm_heads(v, Hkv, nullptr);
       x.ops.rope({.rows = c.rows, .table = &w.rope, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
     }
-    float* o = self_attention(
-        x, {.call = &c,
-            .q = q,
-            .k = owner ? k : nullptr,
-            .v = owner ? v : nullptr,
-            .heads = Hq,
-            .kv_heads = Hkv,
-            .head_dim = D,
-            .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
-            .window = g.sliding ? cfg_.window : 0,
-            .bf16 = c.precision == GemmPrecision::bf16 && w.q.dtype() == DType::bf16});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = owner ? k : nullptr,
+                                  .v = owner ? v : nullptr,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f,  // q/k norms replace the 1/sqrt(D) scale
+                                  .window = g.sliding ? cfg_.window : 0,
+                                  .bf16 = bf16_products(c.precision, w.q)});
     GemmOutput proj{.w = &w.o, .y = out, .ldy = C};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&proj, 1}, .precision = c.precision});

@@ -191,16 +191,15 @@ class Lfm2 final : public Family {
       x.ops.rope(
           {.rows = c.rows, .table = &rope_, .x = p, .ldx = heads * D, .heads = heads, .hs = D});
     }
-    float* o = self_attention(
-        x, {.call = &c,
-            .q = q,
-            .k = k,
-            .v = v,
-            .heads = Hq,
-            .kv_heads = Hkv,
-            .head_dim = D,
-            .scale = 1.0f / std::sqrt(float(D)),
-            .bf16 = c.precision == GemmPrecision::bf16 && w.q.dtype() == DType::bf16});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f / std::sqrt(float(D)),
+                                  .bf16 = bf16_products(c.precision, w.q)});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
     x.ops.gemm(
         {.x = o, .m = N, .k = QW, .ldx = QW, .outputs = {&out, 1}, .precision = c.precision});

@@ -270,16 +270,15 @@ class Qwen35 final : public Family {
                     .scale = NormScale::one_plus_w});
     x.ops.rope({.rows = c.rows, .table = &rope_, .x = q, .ldx = OW, .heads = Hq, .hs = D});
     x.ops.rope({.rows = c.rows, .table = &rope_, .x = k, .ldx = KW, .heads = Hkv, .hs = D});
-    float* o = self_attention(
-        x, {.call = &c,
-            .q = q,
-            .k = k,
-            .v = v,
-            .heads = Hq,
-            .kv_heads = Hkv,
-            .head_dim = D,
-            .scale = 1.0f / std::sqrt(float(D)),
-            .bf16 = c.precision == GemmPrecision::bf16 && w.q.dtype() == DType::bf16});
+    float* o = self_attention(x, {.call = &c,
+                                  .q = q,
+                                  .k = k,
+                                  .v = v,
+                                  .heads = Hq,
+                                  .kv_heads = Hkv,
+                                  .head_dim = D,
+                                  .scale = 1.0f / std::sqrt(float(D)),
+                                  .bf16 = bf16_products(c.precision, w.q)});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,
