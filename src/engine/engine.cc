@@ -24,6 +24,7 @@
 #include "engine/model.h"
 #include "kernels/cuda_runtime.h"
 #include "schema/render.h"
+#include "schema/validate.h"
 
 namespace deg {
 
@@ -613,6 +614,11 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
     if (!docs[i].error.empty()) log::debug("document {} failed: {}", i, docs[i].error);
   }
   Filler(*impl_->model, impl_->options, options, docs).run(plan);
+  // Every value is checked against its schema before it is returned; the one sanctioned gap is a
+  // required value the document does not hold (FillResult::missing). With keep_nulls the nulls
+  // of absent fields are the user's choice, so the value checked is the one without them. A value
+  // that does not validate is a bug in deg: it becomes its document's error instead of output.
+  const schema::SchemaValidator validator(schema);
   std::vector<FillResult> results(docs.size());
   for (size_t i = 0; i < docs.size(); ++i) {
     if (!docs[i].error.empty()) {
@@ -620,6 +626,19 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
       continue;
     }
     results[i] = engine::assemble(plan, docs[i].answers, options.keep_nulls);
+    const FillResult& checked =
+        options.keep_nulls ? engine::assemble(plan, docs[i].answers, false) : results[i];
+    const std::vector<std::string> why =
+        validator.violations(Json::parse(checked.value.dump()), checked.missing);
+    if (!why.empty()) {
+      std::string list;
+      for (size_t k = 0; k < why.size() && k < 3; ++k) list += (k ? "; " : "") + why[k];
+      log::error("document {}: the filled value does not validate: {}", i, list);
+      results[i] = FillResult{.error =
+                                  "internal error: the filled value does not validate "
+                                  "against the schema (" +
+                                  list + "); this is a bug in deg, please report it"};
+    }
   }
   return results;
 }
