@@ -1,0 +1,49 @@
+// Arrays (engine/filler.h): an anchored array's item anchors from its per-token scores, each item
+// then asked its own fields as nested queries within its region.
+#include <algorithm>
+
+#include "core/log.h"
+#include "engine/filler.h"
+
+namespace deg::engine {
+
+void Filler::answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& idx, size_t d,
+                            std::vector<Job>& next) {
+  Document& doc = docs_[d];
+  const int64_t T = doc.ctx_hidden.dim(0);
+  std::vector<float> a = stack_answers(jobs, idx);
+  std::vector<Region> regions;
+  for (size_t i : idx) regions.push_back({.lo = jobs[i].region_lo, .hi = jobs[i].region_hi});
+  std::vector<float> lg = anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions,
+                                        doc.ctx_hidden.data<float>(), T);
+  if (overflowed(lg)) return fail(d, non_finite_error("anchor logits"));
+  const auto& off = doc.context.offsets.offsets();
+  for (size_t j = 0; j < idx.size(); ++j) {
+    const Job& job = jobs[idx[j]];
+    const std::string ptr = schema::field_pointer(*job.field, job.place.indices);
+    std::vector<engine::AnchorItem> items =
+        engine::decode_anchors(lg.data() + int64_t(j) * T, T, job.region_lo, job.region_hi,
+                               job.field->min_items, job.field->max_items);
+    doc.answers.set_items(ptr, int64_t(items.size()));
+    double confidence = 1;
+    for (size_t k = 0; k < items.size(); ++k) {
+      const engine::AnchorItem& it = items[k];
+      confidence *= it.probability;
+      ItemScope scope{job.place, it.anchor, it.anchor, it.region_end};
+      scope.place.indices.push_back(int64_t(k));
+      const int64_t c0 = off[size_t(it.anchor)].start;
+      const int64_t c1 = it.region_end > it.anchor ? off[size_t(it.region_end - 1)].end : c0;
+      std::u32string_view quote =
+          std::u32string_view(doc.context.text)
+              .substr(size_t(c0), size_t(std::min<int64_t>(c1 - c0, 4 * schema::kItemQuoteChars)));
+      scope.place.item =
+          schema::ItemLine{.mode = schema::ItemLine::Mode::anchor, .text = engine::utf8_of(quote)};
+      enqueue(d, job.field->children.at(0), scope, next);
+    }
+    doc.answers.set(ptr, {.kind = "anchor",
+                          .value = int64_t(items.size()),
+                          .confidence = items.empty() ? 1.0 : confidence});
+  }
+}
+
+}  // namespace deg::engine

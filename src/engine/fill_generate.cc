@@ -1,0 +1,77 @@
+// x-generate fields (engine/filler.h): the KNOWN VALUES block read once after the trunk, then
+// every generate field of the document as a fork row of one batched greedy decode.
+#include <algorithm>
+
+#include "core/log.h"
+#include "engine/filler.h"
+
+namespace deg::engine {
+
+// x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
+// field of the document as a fork row of one batched greedy decode.
+void Filler::generate(const schema::Plan& plan, size_t d) {
+  Document& doc = docs_[d];
+  auto found = generate_fields_.find(d);
+  if (found == generate_fields_.end()) return;
+  const auto& fields = found->second;
+  const Backbone& bb = model_.backbone();
+  State known = doc.state.clone();
+  std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(plan)));
+  bb.prefill(TokenBatch::single(known_ids), known);
+  std::vector<std::vector<int32_t>> rows;
+  int64_t budget = 0;
+  for (const auto& g : fields) {
+    rows.push_back(model_.encode(schema::generate_header(*g.field, g.scope.place)));
+    budget = std::max(budget, g.field->max_tokens);
+  }
+  TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
+  ForkState fs = bb.fork({{.state = &known, .row = 0}}, std::vector<int64_t>(rows.size(), 0),
+                         batch.tokens + budget + 1);
+  Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/true);
+  const int64_t C = bb.spec().hidden, B = int64_t(rows.size());
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
+  std::vector<bool> done(static_cast<size_t>(B), false);
+  std::vector<double> logprob(static_cast<size_t>(B), 0.0);
+  Tensor last = Tensor::empty({B, C}, DType::f32);
+  for (int64_t b = 0; b < B; ++b) {
+    const float* src = hidden.data<float>() + (b * batch.tokens + batch.lengths[size_t(b)] - 1) * C;
+    std::copy(src, src + C, last.mutable_data<float>() + b * C);
+  }
+  for (int64_t step = 0;; ++step) {
+    Tensor logits = bb.lm_logits(last);  // [B, V]
+    const int64_t V = logits.dim(1);
+    std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
+    bool any = false;
+    if (!all_finite(logits.data<float>(), B * V)) return fail(d, non_finite_error("LM logits"));
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[size_t(b)]) continue;
+      const float* l = logits.data<float>() + b * V;
+      const int64_t best = std::max_element(l, l + V) - l;
+      logprob[size_t(b)] += std::log(engine::softmax(l, V, 1.0)[size_t(best)]);
+      if (best == model_.eos_id() ||
+          int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
+        done[size_t(b)] = true;
+        continue;
+      }
+      out[size_t(b)].push_back(int32_t(best));
+      step_ids[size_t(b)] = int32_t(best);
+      any = true;
+    }
+    if (!any || step >= budget) break;
+    TokenBatch one{
+        .ids = step_ids, .rows = B, .tokens = 1, .lengths = std::vector<int64_t>(size_t(B), 1)};
+    Tensor h = bb.fork_forward(one, fs, /*keep=*/true, /*decode=*/true);
+    std::copy(h.data<float>(), h.data<float>() + B * C, last.mutable_data<float>());
+  }
+  for (size_t b = 0; b < fields.size(); ++b) {
+    std::string text = model_.tokenizer().decode(out[b], /*skip_special_tokens=*/true);
+    const Field& f = *fields[b].field;
+    if (f.value.max_length) text = engine::utf8_prefix(text, *f.value.max_length);
+    std::optional<Json> v = schema::value_read(f.value, text);
+    doc.answers.set(
+        schema::field_pointer(f, fields[b].scope.place.indices),
+        {.kind = "generate", .value = v ? *v : Json(text), .confidence = std::exp(logprob[b])});
+  }
+}
+
+}  // namespace deg::engine
