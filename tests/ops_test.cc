@@ -289,8 +289,11 @@ struct GemmOut {
   bool accumulate;
 };
 
+// stacked: the weights as adjacent row blocks of one tensor (one dtype) and the outputs side by
+// side in one buffer, as weights_stacked_on lays them out (the CUDA backend runs each group of
+// adjacent outputs with the same `accumulate` as one GEMM).
 OpCase gemm_case(std::string name, std::vector<GemmOut> outs, GemmPrecision precision,
-                 Tolerance tol) {
+                 Tolerance tol, bool stacked = false) {
   return {
       name, tol, [=] {
         std::mt19937 rng(101);
@@ -310,6 +313,54 @@ OpCase gemm_case(std::string name, std::vector<GemmOut> outs, GemmPrecision prec
           }
           y0->emplace_back();
           for (int64_t m : kTokenRows) y0->back().push_back(randn(size_t(m * o.n), rng));
+        }
+        if (stacked) {
+          return RunFn([=](const Ops& ops, const std::vector<int>& order) {
+            std::mt19937 jr = junk_rng(order);
+            const Layout lay = packed(kTokenRows, order);
+            Floats xb = place(lay, order, *x, ldx, span_cols(K), jr);
+            std::vector<int64_t> col0;
+            int64_t total = 0;
+            for (const GemmOut& o : outs) {
+              col0.push_back(total);
+              total += o.n;
+            }
+            const int64_t ldy = total + 3;
+            std::vector<Floats> init(kTokenRows.size());  // per unit: [m, total]
+            for (size_t u = 0; u < kTokenRows.size(); ++u)
+              for (int64_t r = 0; r < kTokenRows[u]; ++r)
+                for (size_t o = 0; o < outs.size(); ++o)
+                  for (int64_t c = 0; c < outs[o].n; ++c)
+                    init[u].push_back((*y0)[o][u][size_t(r * outs[o].n + c)]);
+            Floats y = place(lay, order, init, ldy, span_cols(total), jr);
+            Tensor all = Tensor::empty({total, K}, outs[0].dtype);
+            for (size_t o = 0; o < outs.size(); ++o)
+              std::memcpy(all.raw_mutable() + size_t(col0[o] * K) * dtype_size(outs[0].dtype),
+                          (*w)[o].raw(), (*w)[o].nbytes());
+            const Tensor on_all = ops.upload(all);
+            std::vector<Tensor> on;
+            std::vector<GemmOutput> go;
+            for (size_t o = 0; o < outs.size(); ++o)
+              on.push_back(on_all.slice(0, col0[o], col0[o] + outs[o].n));
+            for (size_t o = 0; o < outs.size(); ++o)
+              go.push_back({.w = &on[o],
+                            .y = y.data() + col0[o],
+                            .ldy = ldy,
+                            .accumulate = outs[o].accumulate});
+            ops.gemm({.x = xb.data(),
+                      .m = lay.rows,
+                      .k = K,
+                      .ldx = ldx,
+                      .outputs = go,
+                      .precision = precision});
+            Batch res;
+            for (size_t o = 0; o < outs.size(); ++o) {
+              std::vector<int64_t> cols = span_cols(outs[o].n);
+              for (int64_t& c : cols) c += col0[o];
+              add(res, fmt::format("y{}", o), take(lay, y, ldy, cols));
+            }
+            return res;
+          });
         }
         return RunFn([=](const Ops& ops, const std::vector<int>& order) {
           std::mt19937 jr = junk_rng(order);
@@ -1443,6 +1494,15 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(gemm_case("gemm_two_outputs_accumulate",
                           {{DType::f32, 16, true}, {DType::bf16, 24, false}}, GemmPrecision::bf16,
                           dot));
+    // Stacked weights and side-by-side outputs (one GEMM per adjacent group on CUDA): bf16 dot
+    // products; exact f32 with two groups (the accumulate flag splits them).
+    c.push_back(
+        gemm_case("gemm_stacked_bf16",
+                  {{DType::bf16, 40, false}, {DType::bf16, 24, false}, {DType::bf16, 8, false}},
+                  GemmPrecision::bf16, dot, true));
+    c.push_back(gemm_case("gemm_stacked_f32_two_groups",
+                          {{DType::f32, 32, false}, {DType::f32, 16, true}, {DType::f32, 8, true}},
+                          GemmPrecision::exact, dot, true));
 
     // One f32 sum of squares per vector, then elementwise products (cpu: 1.6e-7, 5e-15).
     const Tolerance norm{1e-6, 1e-13};
