@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "engine/decode.h"
 #include "io/json.h"
@@ -202,6 +204,57 @@ TEST_F(EngineTest, CliInitFillReportAndEval) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json m = Json::parse(r.out);
   EXPECT_EQ(m["records"], 1);
+}
+
+// --min-confidence: every leaf answer below the threshold is withheld (its report says so, it is
+// not in the value, a required one is reported missing), the value still validates with those
+// excused, nothing else changes; 0 withholds nothing.
+TEST_F(EngineTest, AnswersBelowMinConfidenceAreWithheld) {
+  const OrderedJson schema = load_schema("examples/invoice.schema.json");
+  const std::vector<FillResult> all = engine_->fill(schema, documents());
+  auto leaf = [](const FieldReport& f) { return f.kind != "anchor" && f.kind != "count"; };
+  std::vector<double> seen;
+  for (const FillResult& r : all)
+    for (const FieldReport& f : r.fields)
+      if (leaf(f) && !f.value.is_null()) seen.push_back(f.confidence);
+  ASSERT_GE(seen.size(), 4u);
+  std::sort(seen.begin(), seen.end());
+  const double p = seen[seen.size() / 2];  // the median: some answers on each side
+  ASSERT_LT(seen.front(), p);
+  const std::vector<FillResult> cut = engine_->fill(schema, documents(), {.min_confidence = p});
+  const schema::SchemaValidator validator(schema);
+  int withheld = 0;
+  for (size_t d = 0; d < cut.size(); ++d) {
+    ASSERT_TRUE(cut[d].ok()) << cut[d].error;
+    ASSERT_EQ(cut[d].fields.size(), all[d].fields.size());
+    for (size_t k = 0; k < cut[d].fields.size(); ++k) {
+      const FieldReport& f = cut[d].fields[k];
+      EXPECT_EQ(f.confidence, all[d].fields[k].confidence) << f.path;  // the answers are the same
+      EXPECT_EQ(f.withheld, leaf(f) && !f.value.is_null() && f.confidence < p) << f.path;
+      if (!f.withheld) continue;
+      ++withheld;
+      EXPECT_FALSE(cut[d].value.contains(OrderedJson::json_pointer(f.path))) << f.path;
+    }
+    EXPECT_TRUE(validator.violations(Json::parse(cut[d].value.dump()), cut[d].missing).empty())
+        << cut[d].value.dump();
+  }
+  EXPECT_GT(withheld, 0);
+  for (const FillResult& r : engine_->fill(schema, documents(), {.min_confidence = 0}))
+    for (const FieldReport& f : r.fields) EXPECT_FALSE(f.withheld) << f.path;
+  EXPECT_THROW(engine_->fill(schema, documents(), {.min_confidence = 1.5}), Error);
+  // The CLI: a threshold outside [0, 1] is a usage error; --report marks what it withheld.
+  const std::string ckpt = (*dir_ / "ckpt").string();
+  auto r = testing::run_deg({"fill", "--model", ckpt, "--schema",
+                             testing::source_path("examples/invoice.schema.json").string(),
+                             "--min-confidence", "2",
+                             testing::source_path("examples/invoice.txt").string()});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  r = testing::run_deg({"fill", "--model", ckpt, "--schema",
+                        testing::source_path("examples/invoice.schema.json").string(), "--report",
+                        "--allow-missing", "--min-confidence", "1",
+                        testing::source_path("examples/invoice.txt").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"withheld\": true"), std::string::npos) << r.out;
 }
 
 }  // namespace

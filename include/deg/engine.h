@@ -63,6 +63,11 @@ struct FillProgress {
 
 struct FillOptions {
   bool keep_nulls = false;  // keep optional fields whose answer is null (as JSON null)
+  // Leaf answers (choices, scores, booleans, extracts, generated text, multi-select picks) whose
+  // confidence is below this are withheld: the field reads as the null outcome, so it is left
+  // out (null where the schema allows null, or with keep_nulls), and a required one is reported
+  // in FillResult::missing. Their report entries say `withheld`. 0 (the default) keeps all.
+  double min_confidence = 0;
   // Called on the calling thread as the fill goes (never changes a result); may be empty.
   std::function<void(const FillProgress&)> progress;
 };
@@ -74,6 +79,7 @@ struct FieldReport {
   nlohmann::ordered_json value;
   double confidence = 0;                            // calibrated probability of this answer
   std::optional<std::pair<int64_t, int64_t>> span;  // code points of the document, extract only
+  bool withheld = false;  // below FillOptions::min_confidence: not in the value
 };
 
 struct FillResult {

@@ -26,6 +26,7 @@ struct FillArgs {
   bool jsonl = false;
   bool parts = false;
   bool allow_missing = false;
+  double min_confidence = 0;
   std::string parts_root;
   int64_t fork_tokens = 16384;
   int64_t batch = 16;
@@ -52,6 +53,7 @@ OrderedJson report_json(const FillResult& r) {
                       {"value", f.value},
                       {"confidence", f.confidence},
                       {"span", span}});
+    if (f.withheld) fields.back()["withheld"] = true;
   }
   OrderedJson out = {{"value", r.value}, {"fields", fields}};
   if (!r.missing.empty()) out["missing"] = r.missing;
@@ -117,7 +119,9 @@ class Printer {
     {
       ProgressLine progress;
       filled = engine_.fill(schema_, readable,
-                            {.keep_nulls = args_.keep_nulls, .progress = progress.callback()});
+                            {.keep_nulls = args_.keep_nulls,
+                             .min_confidence = args_.min_confidence,
+                             .progress = progress.callback()});
     }
     for (size_t i = 0, k = 0; i < docs_.size(); ++i) {
       FillResult r =
@@ -157,9 +161,10 @@ class Printer {
         std::string list;
         for (const std::string& p : r.missing) list += (list.empty() ? "" : ", ") + p;
         std::fprintf(stderr,
-                     "deg: %s: required %s: the document holds no valid value, so it is left "
+                     "deg: %s: required %s: the document holds no valid value%s, so it is left "
                      "out%s\n",
                      name.c_str(), list.c_str(),
+                     args_.min_confidence > 0 ? " (or none above --min-confidence)" : "",
                      args_.allow_missing ? "" : " (pass --allow-missing to accept that)");
       }
       out = args_.report ? report_json(r) : r.value;
@@ -279,11 +284,18 @@ void add_fill_command(CLI::App& app) {
   cmd->add_option("--model", a->model, "deg checkpoint directory (default: the embedded model)");
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's deg.json base moved");
   cmd->add_option("DOC", a->docs, "Document files (UTF-8 text)");
-  cmd->add_flag("--report", a->report,
-                "Print {value, fields: [{path, kind, value, confidence, span}], missing} per "
-                "document; spans are [start, end) in code points of the document; missing lists "
-                "required fields the document holds no value for (only when there are any)");
+  cmd->add_flag(
+      "--report", a->report,
+      "Print {value, fields: [{path, kind, value, confidence, span, withheld}], missing} per "
+      "document; spans are [start, end) in code points of the document; missing lists "
+      "required fields the document holds no value for (only when there are any)");
   cmd->add_flag("--keep-nulls", a->keep_nulls, "Keep optional fields whose answer is null");
+  cmd->add_option("--min-confidence", a->min_confidence,
+                  "Withhold answers whose confidence is below P: the field is left out (null "
+                  "where allowed, or with --keep-nulls; a required one is reported missing) and "
+                  "--report marks it \"withheld\": true")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_flag("--allow-missing", a->allow_missing,
                 "Exit 0 even when a required field has no value in a document (it is still "
                 "reported on stderr and in --report)");

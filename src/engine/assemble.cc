@@ -25,9 +25,10 @@ bool is_array(const Field& f) {
 // Walks the answered tree: the value of `field` at `indices`, or nullopt when it is left out.
 class Builder {
  public:
-  Builder(const Answers& answers, bool keep_nulls, FillResult* result)
+  Builder(const Answers& answers, bool keep_nulls, double min_confidence, FillResult* result)
       : answers_(answers),
         keep_nulls_(keep_nulls),
+        min_confidence_(min_confidence),
         report_(&result->fields),
         missing_(&result->missing) {}
 
@@ -38,7 +39,7 @@ class Builder {
       case FieldKind::anchor:
       case FieldKind::count: {
         const Answer* a = answers_.find(ptr);
-        if (a) add_report(ptr, *a);
+        if (a) add_report(ptr, *a, /*leaf=*/false);  // an array's count is never withheld
         OrderedJson arr = OrderedJson::array();
         for (int64_t k = 0; k < answers_.items(ptr); ++k) {
           indices.push_back(k);
@@ -54,8 +55,8 @@ class Builder {
           const std::string cptr = schema::field_pointer(child, indices);
           const Answer* a = answers_.find(cptr);
           if (!a) continue;
-          add_report(cptr, *a);
-          if (a->value == true && child.selects)
+          const bool keep = add_report(cptr, *a);
+          if (keep && a->value == true && child.selects)
             arr.push_back(OrderedJson::parse(child.selects->dump()));
         }
         return finish_array(f, std::move(arr));
@@ -63,8 +64,7 @@ class Builder {
       default: {
         const Answer* a = answers_.find(ptr);
         if (!a) return std::nullopt;
-        add_report(ptr, *a);
-        if (a->value.is_null()) {
+        if (!add_report(ptr, *a) || a->value.is_null()) {
           if (keep_nulls_ || (f.required && f.nullable)) return OrderedJson(nullptr);
           return std::nullopt;
         }
@@ -109,12 +109,16 @@ class Builder {
     return arr;
   }
 
-  void add_report(const std::string& ptr, const Answer& a) {
-    report_->push_back({ptr, a.kind, OrderedJson(a.value), a.confidence, a.span});
+  // Reports an answer; false when a leaf's is withheld (a non-null value below min_confidence).
+  bool add_report(const std::string& ptr, const Answer& a, bool leaf = true) {
+    const bool withheld = leaf && !a.value.is_null() && a.confidence < min_confidence_;
+    report_->push_back({ptr, a.kind, OrderedJson(a.value), a.confidence, a.span, withheld});
+    return !withheld;
   }
 
   const Answers& answers_;
   bool keep_nulls_;
+  double min_confidence_;
   std::vector<FieldReport>* report_;
   std::vector<std::string>* missing_;
 };
@@ -148,10 +152,11 @@ std::vector<std::pair<std::string, Json>> Answers::known(const schema::Plan& pla
   return out;
 }
 
-FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls) {
+FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls,
+                    double min_confidence) {
   FillResult r;
   std::vector<int64_t> indices;
-  Builder b(answers, keep_nulls, &r);
+  Builder b(answers, keep_nulls, min_confidence, &r);
   std::optional<OrderedJson> v = b.build(plan.root, indices);
   r.value = v ? std::move(*v) : OrderedJson::object();
   return r;

@@ -38,6 +38,8 @@ class Answers {
   std::map<std::string, int64_t> items_;
 };
 
-FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls);
+// min_confidence: FillOptions::min_confidence (leaf answers below it read as null).
+FillResult assemble(const schema::Plan& plan, const Answers& answers, bool keep_nulls,
+                    double min_confidence = 0);
 
 }  // namespace deg::engine

@@ -208,6 +208,10 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
   // required value the document does not hold (FillResult::missing). With keep_nulls the nulls
   // of absent fields are the user's choice, so the value checked is the one without them. A value
   // that does not validate is a bug in deg: it becomes its document's error instead of output.
+  if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("min_confidence must be in [0, 1], got {}", options.min_confidence));
+  }
   const schema::SchemaValidator validator(schema);
   std::vector<FillResult> results(docs.size());
   for (size_t i = 0; i < docs.size(); ++i) {
@@ -215,9 +219,11 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
       results[i].error = docs[i].error;
       continue;
     }
-    results[i] = engine::assemble(plan, docs[i].answers, options.keep_nulls);
+    results[i] =
+        engine::assemble(plan, docs[i].answers, options.keep_nulls, options.min_confidence);
     const FillResult& checked =
-        options.keep_nulls ? engine::assemble(plan, docs[i].answers, false) : results[i];
+        options.keep_nulls ? engine::assemble(plan, docs[i].answers, false, options.min_confidence)
+                           : results[i];
     const std::vector<std::string> why =
         validator.violations(Json::parse(checked.value.dump()), checked.missing);
     if (!why.empty()) {
