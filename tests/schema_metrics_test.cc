@@ -71,10 +71,41 @@ TEST(SchemaMetrics, HandComputedRecords) {
   EXPECT_EQ(m.bins[3].correct, 0);
   EXPECT_NEAR(m.ece(), 0.275, 1e-12);
 
+  // Confusions: /intent was right both times, so none.
+  EXPECT_TRUE(m.confusions.empty());
+
   const OrderedJson j = metrics_to_json(m);
   EXPECT_EQ(j["records"], 2);
   EXPECT_NEAR(j["extract"]["f1"].get<double>(), 4.0 / 7.0, 1e-12);
   EXPECT_EQ(j["bins"].size(), 10u);
+}
+
+TEST(SchemaMetrics, ChoiceConfusionsCountWhatAWrongAnswerWasTakenFor) {
+  const Plan plan = plan_compile(schema_parse(kSchema, "test"));
+  MetricsAccumulator acc(plan);
+  // gold a -> b twice, b -> a once, a -> (no answer) once, a -> a once (right: not a confusion).
+  for (const char* pair :
+       {R"(["a","b"])", R"(["a","b"])", R"(["b","a"])", R"(["a",null])", R"(["a","a"])"}) {
+    const Json p = Json::parse(pair);
+    Json predicted = Json::object();
+    if (!p[1].is_null()) predicted["intent"] = p[1];
+    acc.add(Json{{"intent", p[0]}}, predicted, {});
+  }
+  const Metrics& m = acc.result();
+  ASSERT_EQ(m.confusions.count("/intent"), 1u);
+  const Confusions& c = m.confusions.at("/intent");
+  EXPECT_EQ(c.size(), 3u);
+  EXPECT_EQ(c.at({"\"a\"", "\"b\""}), 2);
+  EXPECT_EQ(c.at({"\"b\"", "\"a\""}), 1);
+  EXPECT_EQ(c.at({"\"a\"", "null"}), 1);
+  const auto top = top_confusions(c, 2);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].second, 2);  // a -> b first
+  EXPECT_EQ(top[0].first.second, "\"b\"");
+  EXPECT_EQ(m.decisions_by_field.at("/intent").correct, 1);
+  const OrderedJson j = metrics_to_json(m);
+  EXPECT_EQ(j["fields"]["/intent"]["confusions"][0]["count"], 2);
+  EXPECT_EQ(j["fields"]["/intent"]["correct"], 1);
 }
 
 TEST(SchemaMetrics, NullPredictionIsRightWhenGoldIsAbsent) {

@@ -38,10 +38,22 @@ void print_table(const schema::Metrics& m) {
   fmt::print("extract F1         {:.4f}  (tp {} fp {} fn {})\n", m.extract.f1(),
              m.extract.true_positives, m.extract.false_positives, m.extract.false_negatives);
   fmt::print("calibration ECE    {:.4f}  ({} values, 10 bins)\n", m.ece(), m.calibrated());
+  if (!m.decisions_by_field.empty()) {
+    fmt::print("\n{:<40} {:>9} {:>9}\n", "decision field", "accuracy", "total");
+    for (const auto& [field, s] : m.decisions_by_field) {
+      fmt::print("{:<40} {:>9.4f} {:>9}\n", field, s.accuracy(), s.total);
+    }
+  }
   if (!m.extract_by_field.empty()) {
-    fmt::print("\n{:<40} {:>9} {:>9} {:>9}\n", "field", "precision", "recall", "F1");
+    fmt::print("\n{:<40} {:>9} {:>9} {:>9}\n", "extract field", "precision", "recall", "F1");
     for (const auto& [field, s] : m.extract_by_field) {
       fmt::print("{:<40} {:>9.4f} {:>9.4f} {:>9.4f}\n", field, s.precision(), s.recall(), s.f1());
+    }
+  }
+  for (const auto& [field, c] : m.confusions) {
+    fmt::print("\nmost confused, {} (gold -> predicted):\n", field);
+    for (const auto& [pair, n] : schema::top_confusions(c, 5)) {
+      fmt::print("  {:>6}  {} -> {}\n", n, pair.first, pair.second);
     }
   }
 }
@@ -139,7 +151,8 @@ void add_eval_command(CLI::App& app) {
       "Score a model on labelled data: JSON Lines of {\"document\": ..., \"expected\": {...}}.\n"
       "Reports choice/score/bool accuracy, extract precision/recall/F1 (values equal to a gold\n"
       "value of the same field, with multiplicity), whole-record exact match, and the expected\n"
-      "calibration error of the confidences (10 bins).");
+      "calibration error of the confidences (10 bins); then each field's figures and, for choice\n"
+      "fields, the most frequent confusions (gold -> predicted).");
   auto a = std::make_shared<EvalArgs>();
   cmd->add_option("--model", a->model, "deg checkpoint directory")->required();
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's base moved");

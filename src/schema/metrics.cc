@@ -160,6 +160,11 @@ void MetricsAccumulator::add(const Json& expected, const Json& predicted,
         s->correct += correct;
         s->total += total;
       }
+      // A single-valued choice answered wrong (or not at all): what it was taken for.
+      if (field.kind == FieldKind::choice && g.size() == 1 && p.size() <= 1 && correct == 0) {
+        const std::string guess = p.empty() ? "null" : p[0].dump();
+        ++metrics_.confusions[field.pointer][{g[0].dump(), guess}];
+      }
     } else {
       const std::vector<Json> gv = without_nulls(g), pv = without_nulls(p);
       const int64_t tp = matched(pv, gv);
@@ -213,6 +218,15 @@ void MetricsAccumulator::add_calibration(const Json& expected,
   }
 }
 
+std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> top_confusions(
+    const Confusions& c, size_t most) {
+  std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> out(c.begin(), c.end());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  if (out.size() > most) out.resize(most);
+  return out;
+}
+
 OrderedJson metrics_to_json(const Metrics& m) {
   const auto decision = [](const DecisionScore& s) {
     return OrderedJson{{"correct", s.correct}, {"total", s.total}, {"accuracy", s.accuracy()}};
@@ -230,6 +244,12 @@ OrderedJson metrics_to_json(const Metrics& m) {
   out["extract"] = span(m.extract);
   out["fields"] = OrderedJson::object();
   for (const auto& [ptr, s] : m.decisions_by_field) out["fields"][ptr] = decision(s);
+  for (const auto& [ptr, c] : m.confusions) {
+    OrderedJson list = OrderedJson::array();
+    for (const auto& [pair, n] : top_confusions(c, c.size()))
+      list.push_back({{"gold", pair.first}, {"predicted", pair.second}, {"count", n}});
+    out["fields"][ptr]["confusions"] = list;
+  }
   for (const auto& [ptr, s] : m.extract_by_field) out["fields"][ptr] = span(s);
   out["ece"] = m.ece();
   out["calibrated"] = m.calibrated();

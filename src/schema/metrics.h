@@ -47,9 +47,14 @@ struct CalibrationBin {
   int64_t correct = 0;
 };
 
+// How often a choice field answered `predicted` where the gold record says `gold` (both as JSON
+// text; "null" for no answer), for the wrong answers of single-valued choice fields.
+using Confusions = std::map<std::pair<std::string, std::string>, int64_t>;
+
 struct Metrics {
   std::map<std::string, DecisionScore> decisions;           // "choice", "score", "bool"
   std::map<std::string, DecisionScore> decisions_by_field;  // template pointer -> score
+  std::map<std::string, Confusions> confusions;             // choice field -> (gold, predicted)
   SpanScore extract;
   std::map<std::string, SpanScore> extract_by_field;  // template pointer -> score
   int64_t records = 0;
@@ -79,8 +84,13 @@ class MetricsAccumulator {
   Metrics metrics_;
 };
 
+// A field's confusions, most frequent first (ties in (gold, predicted) order), at most `most`.
+std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> top_confusions(
+    const Confusions& c, size_t most);
+
 // {"records", "exact_match", "decisions": {kind: {correct, total, accuracy}}, "extract":
-// {tp, fp, fn, precision, recall, f1}, "fields": {...}, "ece", "calibrated", "bins": [...]}
+// {tp, fp, fn, precision, recall, f1}, "fields": {pointer: {...} (choices also "confusions":
+// [{gold, predicted, count}])}, "ece", "calibrated", "bins": [...]}
 OrderedJson metrics_to_json(const Metrics& metrics);
 
 // A record as compared for exact match: nulls, empty arrays, empty objects and x-generate
