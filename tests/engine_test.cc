@@ -204,6 +204,26 @@ TEST_F(EngineTest, CliInitFillReportAndEval) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   Json m = Json::parse(r.out);
   EXPECT_EQ(m["records"], 1);
+  // --errors: the records with the most errors, each with its line and both values (a fresh
+  // checkpoint answers noise, so the one record has errors); the table shows the document.
+  testing::write_text(t / "two.jsonl",
+                      "{\"document\": \"refund for order AB-123456 please\", \"expected\": "
+                      "{\"category\": \"billing\", \"order_id\": \"AB-123456\"}}\n"
+                      "{\"document\": \"my login fails\", \"expected\": {\"category\": "
+                      "\"technical\"}}\n");
+  r = testing::run_deg({"eval", "--model", (t / "ck").string(), "--schema", schema, "--data",
+                        (t / "two.jsonl").string(), "--json", "--errors", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  m = Json::parse(r.out);
+  ASSERT_EQ(m["worst"].size(), 1u) << r.out;
+  EXPECT_GT(m["worst"][0]["errors"].get<int64_t>(), 0);
+  EXPECT_TRUE(m["worst"][0]["line"] == 1 || m["worst"][0]["line"] == 2);
+  EXPECT_TRUE(m["worst"][0].contains("expected") && m["worst"][0].contains("predicted"));
+  r = testing::run_deg({"eval", "--model", (t / "ck").string(), "--schema", schema, "--data",
+                        (t / "two.jsonl").string(), "--errors", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("records with the most errors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  document  "), std::string::npos) << r.out;
 }
 
 // --min-confidence: every leaf answer below the threshold is withheld (its report says so, it is

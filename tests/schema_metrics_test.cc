@@ -18,19 +18,25 @@ const char* kSchema = R"({"properties":{
 TEST(SchemaMetrics, HandComputedRecords) {
   const Plan plan = plan_compile(schema_parse(kSchema, "test"));
   MetricsAccumulator acc(plan);
-  acc.add(Json::parse(R"({"intent":"a","ok":true,"names":["Ann","Bob","Ann"],"city":"Oslo",
+  // The first record's errors: /ok wrong, /tags option y wrong (2 decisions); /names fp Cid and
+  // fn Bob, /city fn (3 extract errors): 5. The second: none.
+  const int64_t first_errors =
+      acc.add(Json::parse(R"({"intent":"a","ok":true,"names":["Ann","Bob","Ann"],"city":"Oslo",
                           "tags":["x"],"summary":"s1"})"),
-          Json::parse(R"({"intent":"a","ok":false,"names":["Ann","Ann","Cid"],"tags":["x","y"],
+              Json::parse(R"({"intent":"a","ok":false,"names":["Ann","Ann","Cid"],"tags":["x","y"],
                           "summary":"other"})"),
-          {{"/intent", Json("a"), 0.9},
-           {"/ok", Json(false), 0.6},
-           {"/names/0", Json("Ann"), 0.95},
-           {"/names/1", Json("Ann"), 0.85},
-           {"/names/2", Json("Cid"), 0.45},
-           {"/city", Json(nullptr), 0.3},
-           {"/summary", Json("other"), 0.99}});  // generate: never scored
-  acc.add(Json::parse(R"({"intent":"b","ok":false})"),
-          Json::parse(R"({"intent":"b","ok":false,"names":[],"summary":"whatever"})"), {});
+              {{"/intent", Json("a"), 0.9},
+               {"/ok", Json(false), 0.6},
+               {"/names/0", Json("Ann"), 0.95},
+               {"/names/1", Json("Ann"), 0.85},
+               {"/names/2", Json("Cid"), 0.45},
+               {"/city", Json(nullptr), 0.3},
+               {"/summary", Json("other"), 0.99}});  // generate: never scored
+  const int64_t second_errors =
+      acc.add(Json::parse(R"({"intent":"b","ok":false})"),
+              Json::parse(R"({"intent":"b","ok":false,"names":[],"summary":"whatever"})"), {});
+  EXPECT_EQ(first_errors, 5);
+  EXPECT_EQ(second_errors, 0);
   const Metrics& m = acc.result();
 
   // choice /intent: a==a, b==b -> 2 of 2.

@@ -13,8 +13,10 @@
 #include "core/error.h"
 #include "deg/engine.h"
 #include "deg/input.h"
+#include "engine/decode.h"
 #include "io/json.h"
 #include "schema/metrics.h"
+#include "text/unicode.h"
 
 namespace deg::cli {
 
@@ -24,8 +26,51 @@ struct EvalArgs {
   std::string model, base, schema, data, device = "auto";
   int64_t limit = 0;
   int64_t batch = 16;
+  int64_t errors = 0;  // --errors N: the N records with the most errors
   bool json = false;
 };
+
+// A scored record kept for --errors.
+struct Worst {
+  int64_t errors = 0, line = 0;
+  std::string document;
+  Json expected, predicted;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // deg's extracted spans, code points
+};
+
+// The document with deg's spans marked: reverse video on a terminal, else [[...]]; at most 2000
+// code points.
+std::string highlighted(const Worst& w, bool tty) {
+  const std::u32string text = text::utf8_to_u32(w.document);
+  const int64_t n = std::min<int64_t>(int64_t(text.size()), 2000);
+  std::vector<int> open(size_t(n + 1), 0), close(size_t(n + 1), 0);
+  for (const auto& [s, e] : w.spans) {
+    if (s < 0 || e <= s || s >= n) continue;
+    ++open[size_t(s)];
+    ++close[size_t(std::min(e, n))];
+  }
+  const std::string on = tty ? "\x1b[7m" : "[[", off = tty ? "\x1b[0m" : "]]";
+  std::string out;
+  for (int64_t i = 0; i <= n; ++i) {
+    for (int k = 0; k < close[size_t(i)]; ++k) out += off;
+    for (int k = 0; k < open[size_t(i)]; ++k) out += on;
+    if (i < n) out += engine::utf8_of(std::u32string_view(text).substr(size_t(i), 1));
+  }
+  if (int64_t(text.size()) > n) out += " ...";
+  return out;
+}
+
+void print_worst(const std::vector<Worst>& worst) {
+  if (worst.empty()) return;
+  const bool tty = isatty(STDOUT_FILENO) == 1;
+  fmt::print("\nrecords with the most errors ({} shown{}):\n", worst.size(),
+             tty ? "; deg's spans in reverse video" : "; deg's spans in [[ ]]");
+  for (const Worst& w : worst) {
+    fmt::print("\nline {}: {} error{}\n  document  {}\n  expected  {}\n  deg       {}\n", w.line,
+               w.errors, w.errors == 1 ? "" : "s", highlighted(w, tty), w.expected.dump(),
+               w.predicted.dump());
+  }
+}
 
 void print_table(const schema::Metrics& m) {
   fmt::print("records            {}\n", m.records);
@@ -83,7 +128,9 @@ void run_eval(const EvalArgs& a) {
   struct Record {
     std::string document;
     Json expected;
+    int64_t line = 0;
   };
+  std::vector<Worst> worst;
   std::vector<Record> batch;
   int64_t failed = 0, skipped = 0, scored = 0;
   const bool tty = isatty(STDERR_FILENO) == 1;
@@ -98,8 +145,23 @@ void run_eval(const EvalArgs& a) {
         values.push_back({f.path, Json::parse(f.value.dump()), f.confidence});
       }
       if (!results[i].ok()) ++failed;
-      acc.add(batch[i].expected, Json::parse(results[i].value.dump()), values);
+      const Json predicted = Json::parse(results[i].value.dump());
+      const int64_t errors = acc.add(batch[i].expected, predicted, values);
+      if (a.errors > 0 && errors > 0) {
+        Worst w{.errors = errors,
+                .line = batch[i].line,
+                .document = batch[i].document,
+                .expected = batch[i].expected,
+                .predicted = predicted};
+        for (const FieldReport& f : results[i].fields)
+          if (f.span && !f.withheld) w.spans.push_back(*f.span);
+        worst.push_back(std::move(w));
+      }
     }
+    // Keep the N worst (most errors, then the earliest line).
+    std::stable_sort(worst.begin(), worst.end(),
+                     [](const Worst& x, const Worst& y) { return x.errors > y.errors; });
+    if (int64_t(worst.size()) > a.errors) worst.resize(size_t(a.errors));
     scored += int64_t(batch.size());
     batch.clear();
     if (tty) std::fprintf(stderr, "\rdeg eval: %lld records", (long long)scored);
@@ -118,7 +180,7 @@ void run_eval(const EvalArgs& a) {
         throw Error(ErrorKind::format,
                     "each line needs {\"document\": string, \"expected\": {...}}", {.path = where});
       }
-      batch.push_back({j["document"].get<std::string>(), j["expected"]});
+      batch.push_back({j["document"].get<std::string>(), j["expected"], line->number});
     } catch (const Error& e) {
       ++skipped;
       std::fprintf(stderr, "%sdeg: %s\n", tty ? "\n" : "", e.what());
@@ -130,9 +192,23 @@ void run_eval(const EvalArgs& a) {
   if (failed)
     std::fprintf(stderr, "deg eval: %lld documents failed and count as empty\n", (long long)failed);
   if (a.json) {
-    fmt::print("{}\n", schema::metrics_to_json(acc.result()).dump(2));
+    OrderedJson out = schema::metrics_to_json(acc.result());
+    if (a.errors > 0) {
+      out["worst"] = OrderedJson::array();
+      for (const Worst& w : worst) {
+        OrderedJson spans = OrderedJson::array();
+        for (const auto& [s, e] : w.spans) spans.push_back({s, e});
+        out["worst"].push_back({{"line", w.line},
+                                {"errors", w.errors},
+                                {"expected", OrderedJson::parse(w.expected.dump())},
+                                {"predicted", OrderedJson::parse(w.predicted.dump())},
+                                {"spans", spans}});
+      }
+    }
+    fmt::print("{}\n", out.dump(2));
   } else {
     print_table(acc.result());
+    print_worst(worst);
   }
   std::fflush(stdout);
   if (skipped) {
@@ -163,6 +239,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--batch", a->batch, "Documents per engine call (1 to 1024)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1024)));
+  cmd->add_option("--errors", a->errors,
+                  "Show the N records with the most errors: the document with deg's spans "
+                  "marked, the expected and deg's values (--json: under \"worst\")")
+      ->check(CLI::Range(int64_t(0), int64_t(1000)));
   cmd->add_flag("--json", a->json, "Print the metrics as JSON");
   add_device_option(cmd, a->device);
   cmd->callback([a] { run_eval(*a); });

@@ -143,8 +143,9 @@ std::optional<Json> normalize_record(const Field& field, const Json& value) {
   return value;
 }
 
-void MetricsAccumulator::add(const Json& expected, const Json& predicted,
-                             const std::vector<ScoredValue>& scored) {
+int64_t MetricsAccumulator::add(const Json& expected, const Json& predicted,
+                                const std::vector<ScoredValue>& scored) {
+  int64_t errors = 0;
   Gathered gold, guess;
   gather(plan_.root, &expected, gold);
   gather(plan_.root, &predicted, guess);
@@ -155,6 +156,7 @@ void MetricsAccumulator::add(const Json& expected, const Json& predicted,
     if (const char* kind = decision_name(field.kind)) {
       const int64_t correct = matched(p, g);
       const auto total = int64_t(std::max(g.size(), p.size()));
+      errors += total - correct;
       for (DecisionScore* s :
            {&metrics_.decisions[kind], &metrics_.decisions_by_field[field.pointer]}) {
         s->correct += correct;
@@ -168,6 +170,7 @@ void MetricsAccumulator::add(const Json& expected, const Json& predicted,
     } else {
       const std::vector<Json> gv = without_nulls(g), pv = without_nulls(p);
       const int64_t tp = matched(pv, gv);
+      errors += int64_t(pv.size()) + int64_t(gv.size()) - 2 * tp;
       for (SpanScore* s : {&metrics_.extract, &metrics_.extract_by_field[field.pointer]}) {
         s->true_positives += tp;
         s->false_positives += int64_t(pv.size()) - tp;
@@ -180,6 +183,7 @@ void MetricsAccumulator::add(const Json& expected, const Json& predicted,
   const std::optional<Json> b = normalize_record(plan_.root, predicted);
   if (a == b) ++metrics_.exact;
   add_calibration(expected, scored);
+  return errors;
 }
 
 void MetricsAccumulator::add_calibration(const Json& expected,

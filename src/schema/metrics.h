@@ -74,7 +74,9 @@ class MetricsAccumulator {
 
   // `expected`: the gold record; `predicted`: deg's value for the same document; `scored`: the
   // report's per-field values with confidences (may be empty: then no calibration data).
-  void add(const Json& expected, const Json& predicted, const std::vector<ScoredValue>& scored);
+  // Returns the record's errors: wrong or missing decisions plus extract false positives and
+  // false negatives (0: every scored field right).
+  int64_t add(const Json& expected, const Json& predicted, const std::vector<ScoredValue>& scored);
   const Metrics& result() const { return metrics_; }
 
  private:
