@@ -493,6 +493,7 @@ class CudaOps final : public Ops {
                       uint64_t(reinterpret_cast<uintptr_t>(x)), uint64_t(ldx) * xe,
                       uint64_t(reinterpret_cast<uintptr_t>(o.y)), uint64_t(o.ldy) * 4});
     const MatmulDesc& desc = desc_;
+    if (layouts_.size() + 3 > kMaxLayouts) layouts_.clear();  // bounded: shapes vary with M
     const Layout &la = layout(wt, K, N, K), &lb = layout(xt, K, M, ldx),
                  &lc = layout(CUDA_R_32F, N, M, o.ldy);
     const float alpha = 1.0f, beta = o.accumulate ? 1.0f : 0.0f;
@@ -511,12 +512,13 @@ class CudaOps final : public Ops {
   }
 
   // The cuBLASLt layout of a [cols, rows] column-major matrix (kept: creating one per call
-  // costs host time on every GEMM of a decode step). Callers hold mu_.
+  // costs host time on every GEMM of a decode step). Callers hold mu_; the cache only grows
+  // here (matmul empties it between GEMMs when it is full, never while references are held).
+  static constexpr size_t kMaxLayouts = 4096;
   const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const {
     const auto key = std::make_tuple(int(t), rows, cols, ld);
     auto it = layouts_.find(key);
     if (it != layouts_.end()) return *it->second;
-    if (layouts_.size() >= 4096) layouts_.clear();  // bounded: shapes vary with M
     return *layouts_.emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld))
                 .first->second;
   }
