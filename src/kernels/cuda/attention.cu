@@ -123,8 +123,7 @@ __device__ __forceinline__ void accumulate_values(float (&acc)[8][8], const floa
 
 // The tensor-core value step of the block kernel: acc = acc alpha + P V for the warp's rows and
 // value tiles, then the rows whose split ends at this block store (or fold) and restart.
-__device__ __forceinline__ void tensor_values(float (&acc)[kMaxValueTiles][4],
-                                              const AttentionLaunch& a, const Geometry& g,
+__device__ __forceinline__ void tensor_values(float (&acc)[kMaxValueTiles][4], const Geometry& g,
                                               const float* probs, const float* v_tile,
                                               const float* alphas, const RowEnd* ends, int row0,
                                               int tile0, int tiles) {
@@ -158,8 +157,9 @@ __device__ __forceinline__ void tensor_values(float (&acc)[kMaxValueTiles][4],
   }
 }
 
-// kDim: the head dim fixed at compile time (0: from the launch), so the tensor-core loops of the
-// common D = 256 unroll without bounds checks; the arithmetic is the same either way.
+// kDim: the head dim fixed at compile time (0: from the launch), so the tensor-core value loop of
+// the common D = 256 unrolls without bounds checks (fixing the k steps too would spill); the
+// arithmetic is the same either way.
 template <bool kTensor, int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_block_kernel(const __grid_constant__ AttentionLaunch a,
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
 
     if constexpr (kTensor) {
-      tensor_values(tacc, a, g, probs, v_tile, alphas, ends, mma_row, tile0, my_tiles);
+      tensor_values(tacc, g, probs, v_tile, alphas, ends, mma_row, tile0, my_tiles);
     } else {
       const float4 a0 = load4(alphas + value_row), a1 = load4(alphas + 32 + value_row);
       const float alpha[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
