@@ -1,7 +1,8 @@
 // Fuzz target: arbitrary bytes encoded by real tokenizers (invalid UTF-8, special-token text,
 // long runs), checking the offsets invariants, then decoded. The tokenizers are loaded once:
-// every tokenizer.json under $DEG_FUZZ_TOKENIZERS (default: the source tree's
-// .cache/tokenizers/*/, filled by scripts/fetch-test-data; the first input byte picks one), or,
+// those $DEG_FUZZ_TOKENIZERS names (':'-separated directories, each holding a tokenizer.json or
+// subdirectories that do; default: the source tree's .cache/tokenizers, filled by
+// scripts/fetch-test-data; the first input byte picks one), or,
 // when there is none, the tiny byte-level tokenizer of the engine tests. Nothing here may
 // throw: encode and decode take any bytes.
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,18 +26,27 @@ namespace {
 std::vector<deg::text::Tokenizer> load_tokenizers() {
   namespace fs = std::filesystem;
   const char* env = std::getenv("DEG_FUZZ_TOKENIZERS");
-  const fs::path root = env ? fs::path(env) : fs::path(DEG_SOURCE_DIR) / ".cache/tokenizers";
+  const std::string roots = env ? env : std::string(DEG_SOURCE_DIR) + "/.cache/tokenizers";
   std::vector<fs::path> files;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (fs::exists(e.path() / "tokenizer.json")) files.push_back(e.path() / "tokenizer.json");
+  for (size_t at = 0; at <= roots.size();) {
+    const size_t colon = std::min(roots.find(':', at), roots.size());
+    const fs::path root = roots.substr(at, colon - at);
+    at = colon + 1;
+    if (fs::exists(root / "tokenizer.json")) {
+      files.push_back(root / "tokenizer.json");
+      continue;
+    }
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      if (fs::exists(e.path() / "tokenizer.json")) files.push_back(e.path() / "tokenizer.json");
+    }
   }
   std::sort(files.begin(), files.end());
   std::vector<deg::text::Tokenizer> out;
   for (const auto& f : files) out.push_back(deg::text::Tokenizer::load(f));
   if (out.empty()) {
     std::fprintf(stderr, "tokenizer_encode_fuzz: no tokenizer.json under %s; using the tiny one\n",
-                 root.c_str());
+                 roots.c_str());
     out.push_back(deg::text::Tokenizer::from_json(
         deg::json_parse(deg::testing::tiny_tokenizer_json(), "tiny"), "tiny"));
   }
