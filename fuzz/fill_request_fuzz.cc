@@ -11,8 +11,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const deg::PartsAccess access{};  // an empty root refuses every file part
-  const deg::InputLimits limits{.document_bytes = 256, .line_bytes = 4096, .parts = 8,
-                                .media_bytes = 4096};
+  const deg::InputLimits limits{
+      .document_bytes = 256, .line_bytes = 4096, .parts = 8, .media_bytes = 4096};
   try {
     const deg::DocumentParts parts = deg::document_from_line(
         std::string_view(reinterpret_cast<const char*>(data), size), access, limits, "fuzz");

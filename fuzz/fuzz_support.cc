@@ -10,7 +10,8 @@ namespace deg::testing {
 void write_text(const std::filesystem::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
-  if (!out) throw Error(ErrorKind::io, "cannot write the fuzz target's fixture", {.path = path.string()});
+  if (!out)
+    throw Error(ErrorKind::io, "cannot write the fuzz target's fixture", {.path = path.string()});
 }
 
 }  // namespace deg::testing

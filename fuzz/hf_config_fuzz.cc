@@ -39,10 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)deg::gpt_handles(root.json());
   });
   expect_error_or_ok([&] { (void)deg::gpt_tensor_table(deg::gpt_config_from_json(json, "fuzz")); });
-  expect_error_or_ok(
-      [&] { (void)deg::qwen35_tensor_table(deg::Qwen35Config::from_json(root)); });
+  expect_error_or_ok([&] { (void)deg::qwen35_tensor_table(deg::Qwen35Config::from_json(root)); });
   expect_error_or_ok([&] { (void)deg::lfm2_tensor_table(deg::Lfm2Config::from_json(root)); });
-  expect_error_or_ok(
-      [&] { (void)deg::gemma4_tensor_table(deg::Gemma4Config::from_json(root)); });
+  expect_error_or_ok([&] { (void)deg::gemma4_tensor_table(deg::Gemma4Config::from_json(root)); });
   return 0;
 }

@@ -10,8 +10,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const deg::OrderedJson schema =
-        deg::schema::schema_parse(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+    const deg::OrderedJson schema = deg::schema::schema_parse(
+        std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
     const deg::schema::Plan plan = deg::schema::plan_compile(schema);
     (void)deg::schema::plan_to_json(plan);
     (void)deg::schema::plan_to_text(plan);

@@ -18,8 +18,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         deg::json_parse(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
     const deg::text::Tokenizer tok = deg::text::Tokenizer::from_json(json, "fuzz");
     for (bool special : {true, false}) {
-      const deg::text::Encoding e = tok.encode(kText, {.parallel = false, .special_tokens = special});
-      if (e.offsets.size() != e.ids.size() || e.byte_offsets.size() != e.ids.size()) __builtin_trap();
+      const deg::text::Encoding e =
+          tok.encode(kText, {.parallel = false, .special_tokens = special});
+      if (e.offsets.size() != e.ids.size() || e.byte_offsets.size() != e.ids.size())
+        __builtin_trap();
       for (const auto& [b, end] : e.byte_offsets) {
         if (b < 0 || b > end || end > int64_t(kText.size())) __builtin_trap();
       }
