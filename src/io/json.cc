@@ -42,6 +42,12 @@ J parse_checked(std::string_view text, const std::string& what) {
   } catch (const typename J::parse_error& e) {
     throw Error(ErrorKind::format, fmt::format("invalid JSON at byte {}: {}", e.byte, e.what()),
                 {.path = what});
+  } catch (const typename J::out_of_range& e) {
+    // A number beyond double's range (1e400): nlohmann reports it as out_of_range, not as a
+    // parse error (found by fuzz/hf_config_fuzz).
+    throw Error(ErrorKind::format,
+                fmt::format("invalid JSON: {}", std::string_view(e.what()).substr(0, 200)),
+                {.path = what});
   }
 }
 

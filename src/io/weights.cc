@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "io/json.h"
 
@@ -37,29 +38,35 @@ WeightStore WeightStore::open_files(const std::vector<fs::path>& files) {
   return s;
 }
 
+std::map<std::string, std::vector<std::string>> safetensors_index_parse(std::string_view text,
+                                                                        const std::string& path) {
+  Json j = json_parse(text, path);
+  auto map = j.find("weight_map");
+  if (map == j.end() || !map->is_object()) {
+    throw Error(ErrorKind::format, "no \"weight_map\" object", {.path = path});
+  }
+  std::map<std::string, std::vector<std::string>> by_file;  // shard -> tensors it must hold
+  for (auto it = map->begin(); it != map->end(); ++it) {
+    if (!it->is_string()) {
+      throw Error(ErrorKind::format, "weight_map value is not a file name",
+                  {.path = path, .tensor = it.key()});
+    }
+    std::string shard = it->get<std::string>();
+    if (shard.find('/') != std::string::npos || shard == ".." || shard.empty()) {
+      throw Error(ErrorKind::format, "weight_map names a file outside the directory: " + shard,
+                  {.path = path, .tensor = it.key()});
+    }
+    by_file[shard].push_back(it.key());
+  }
+  return by_file;
+}
+
 WeightStore WeightStore::open_dir(const fs::path& dir) {
   WeightStore s;
   s.dir_ = dir.string();
   fs::path index = dir / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    Json j = json_load(index);
-    auto map = j.find("weight_map");
-    if (map == j.end() || !map->is_object()) {
-      throw Error(ErrorKind::format, "no \"weight_map\" object", {.path = index.string()});
-    }
-    std::map<std::string, std::vector<std::string>> by_file;  // shard -> tensors it must hold
-    for (auto it = map->begin(); it != map->end(); ++it) {
-      if (!it->is_string()) {
-        throw Error(ErrorKind::format, "weight_map value is not a file name",
-                    {.path = index.string(), .tensor = it.key()});
-      }
-      std::string shard = it->get<std::string>();
-      if (shard.find('/') != std::string::npos || shard == ".." || shard.empty()) {
-        throw Error(ErrorKind::format, "weight_map names a file outside the directory: " + shard,
-                    {.path = index.string(), .tensor = it.key()});
-      }
-      by_file[shard].push_back(it.key());
-    }
+    const auto by_file = safetensors_index_parse(read_file(index), index.string());
     for (const auto& [shard, names] : by_file) {
       SafetensorsFile f = SafetensorsFile::open(dir / shard);
       for (const auto& name : names) {

@@ -6,11 +6,18 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/safetensors.h"
 
 namespace deg {
+
+// The shards a `model.safetensors.index.json` text names, each with the tensors it must hold.
+// Throws deg::Error (format) naming `path` for anything but an object with a "weight_map" of
+// tensor name -> plain file name inside the snapshot directory.
+std::map<std::string, std::vector<std::string>> safetensors_index_parse(std::string_view text,
+                                                                        const std::string& path);
 
 class WeightStore {
  public:

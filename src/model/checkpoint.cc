@@ -4,6 +4,7 @@
 
 #include <fstream>
 
+#include "core/buffer.h"
 #include "core/error.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
@@ -39,8 +40,12 @@ const char* kCopiedFiles[] = {"config.json", "tokenizer.json", "tokenizer_config
 
 }  // namespace
 
-CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
-  JsonConfig j = JsonConfig::load(dir / "deg.json");
+CheckpointMeta checkpoint_meta_parse(std::string_view text, const std::string& path) {
+  Json json = json_parse(text, path);
+  if (!json.is_object()) {
+    throw Error(ErrorKind::format, "expected a JSON object at the top level", {.path = path});
+  }
+  JsonConfig j(std::move(json), path);
   CheckpointMeta m;
   m.base = j.get_or<std::string>("base", "custom");
   m.backbone = j.get_or<std::string>("backbone", "");
@@ -48,13 +53,13 @@ CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
   if (m.array_mode != "anchor" && m.array_mode != "index") {
     throw Error(ErrorKind::unsupported,
                 "array_mode \"" + m.array_mode + "\" is neither \"anchor\" nor \"index\"",
-                {.path = (dir / "deg.json").string(), .pointer = "/array_mode"});
+                {.path = path, .pointer = "/array_mode"});
   }
   if (j.has("max_count") && j.get<int64_t>("max_count") != kMaxCount) {
     throw Error(ErrorKind::unsupported,
                 fmt::format("max_count {} differs from the {} this deg build's count head has",
                             j.get<int64_t>("max_count"), kMaxCount),
-                {.path = (dir / "deg.json").string(), .pointer = "/max_count"});
+                {.path = path, .pointer = "/max_count"});
   }
   m.raw = j.json();
   for (const char* key : {"lora", "moe"}) {
@@ -63,9 +68,15 @@ CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
                   fmt::format("this checkpoint carries {} weights, which this deg build cannot "
                               "run yet; use a checkpoint without them",
                               key),
-                  {.path = (dir / "deg.json").string(), .pointer = std::string("/") + key});
+                  {.path = path, .pointer = std::string("/") + key});
     }
   }
+  return m;
+}
+
+CheckpointMeta checkpoint_meta_load(const fs::path& dir) {
+  const fs::path meta = dir / "deg.json";
+  CheckpointMeta m = checkpoint_meta_parse(read_file(meta), meta.string());
   for (const char* file : {"adapters.safetensors", "moe.safetensors"}) {
     if (fs::exists(dir / file)) {
       throw Error(ErrorKind::unsupported,

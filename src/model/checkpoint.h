@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "io/json.h"
 
@@ -25,6 +26,9 @@ struct CheckpointMeta {
 };
 
 CheckpointMeta checkpoint_meta_load(const std::filesystem::path& dir);
+// The meta from deg.json text; `path` names it in errors. Throws deg::Error (format,
+// unsupported) for a value this build cannot run; checks no files (checkpoint_meta_load does).
+CheckpointMeta checkpoint_meta_parse(std::string_view text, const std::string& path);
 
 struct CheckpointInitOptions {
   std::filesystem::path base;  // HF snapshot

@@ -175,7 +175,9 @@ TensorMap random_weights(const RandomWeightsArgs& a) {
   DEG_CHECK(a.table != nullptr, "random_weights without a table");
   TensorMap out;
   uint64_t index = 0;
-  for (const auto& [name, shape] : *a.table) {
+  for (const auto& entry : *a.table) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+    const Shape& shape = entry.second;
     Tensor t = Tensor::empty(shape, a.f32 && a.f32(name, shape) ? DType::f32 : a.dtype);
     const uint64_t tensor_seed = a.seed * 1000003u + index++;
     parallel_for(

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <stdexcept>
 
 #include "core/error.h"
 
@@ -417,11 +418,24 @@ GptConfig gpt_config_from_json(const Json& j, const std::string& what) {
   get("mudd_groups", c.mudd_groups);
   if (j.contains("post_mix_sources")) {
     const Json& arr = j["post_mix_sources"];
+    if (!arr.is_array())
+      throw Error(ErrorKind::format, "expected an array of {\"kind\", \"layer\"} objects",
+                  {.path = what, .pointer = "/post_mix_sources"});
     c.post_mix_sources.clear();
     for (size_t k = 0; k < arr.size(); ++k) {
       std::string ptr = fmt::format("/post_mix_sources/{}", k);
-      std::string kind = arr[k].value("kind", "");
+      // Typed reads: a number for "kind" or an element that is no object is a format error
+      // here, not nlohmann's type_error (found by fuzz/hf_config_fuzz).
+      std::string kind;
       GptMixSource s;
+      try {
+        if (!arr[k].is_object()) throw std::invalid_argument("not an object");
+        kind = arr[k].value("kind", "");
+        s.layer = arr[k].value("layer", 0);
+      } catch (const std::exception& e) {
+        throw Error(ErrorKind::format, fmt::format("bad value: {}", e.what()),
+                    {.path = what, .pointer = ptr});
+      }
       if (kind == "cache")
         s.kind = GptMixSource::Kind::cache;
       else if (kind == "value_embed")
@@ -434,7 +448,6 @@ GptConfig gpt_config_from_json(const Json& j, const std::string& what) {
         throw Error(ErrorKind::format,
                     "kind must be cache, value_embed, last_mlp_in or late_attn_in",
                     {.path = what, .pointer = ptr + "/kind"});
-      s.layer = arr[k].value("layer", 0);
       c.post_mix_sources.push_back(s);
     }
   }

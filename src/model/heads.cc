@@ -235,8 +235,11 @@ SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
   sp.null_end.apply(answers, n, ne.data());
   for (auto [q, key, logits] :
        {std::tuple{&qs, &sp.k_start, &out.start}, std::tuple{&qe, &sp.k_end, &out.end}}) {
+    // Copies, not the structured bindings: clang 14 cannot capture those.
+    float* const q_rows = q->data();
+    float* const logit_rows = logits->data();
     for_each_block(*key, context, T, C, [&](int64_t r0, int64_t, const Tensor& keys) {
-      dots(q->data(), n, keys, logits->data() + r0, W);
+      dots(q_rows, n, keys, logit_rows + r0, W);
     });
   }
   const float* bias = heads.span_bias.data<float>();

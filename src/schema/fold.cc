@@ -339,7 +339,7 @@ void Folder::merge_node(Node& node, const Node& other) {
   for (const auto& [key, loc] : other.keywords) add_keyword(node, key, loc);
   for (const auto& [name, parts] : other.properties) {
     auto slot = std::find_if(node.properties.begin(), node.properties.end(),
-                             [&](const auto& e) { return e.first == name; });
+                             [&name = name](const auto& e) { return e.first == name; });
     if (slot == node.properties.end()) {
       node.properties.push_back({name, parts});
     } else {
