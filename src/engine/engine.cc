@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -188,6 +189,10 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
                                      const FillOptions& options) const {
   schema::PlanOptions plan_options;
   plan_options.array_mode = impl_->model->array_mode();
+  if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("min_confidence must be in [0, 1], got {}", options.min_confidence));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const schema::Plan plan = schema::plan_compile(schema, plan_options);
   int64_t fields = 0;
@@ -208,10 +213,6 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
   // required value the document does not hold (FillResult::missing). With keep_nulls the nulls
   // of absent fields are the user's choice, so the value checked is the one without them. A value
   // that does not validate is a bug in deg: it becomes its document's error instead of output.
-  if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
-    throw Error(ErrorKind::invalid_argument,
-                fmt::format("min_confidence must be in [0, 1], got {}", options.min_confidence));
-  }
   const schema::SchemaValidator validator(schema);
   std::vector<FillResult> results(docs.size());
   for (size_t i = 0; i < docs.size(); ++i) {
@@ -221,9 +222,10 @@ std::vector<FillResult> Engine::fill(const OrderedJson& schema,
     }
     results[i] =
         engine::assemble(plan, docs[i].answers, options.keep_nulls, options.min_confidence);
-    const FillResult& checked =
-        options.keep_nulls ? engine::assemble(plan, docs[i].answers, false, options.min_confidence)
-                           : results[i];
+    std::optional<FillResult> without_nulls;
+    if (options.keep_nulls)
+      without_nulls = engine::assemble(plan, docs[i].answers, false, options.min_confidence);
+    const FillResult& checked = without_nulls ? *without_nulls : results[i];
     const std::vector<std::string> why =
         validator.violations(Json::parse(checked.value.dump()), checked.missing);
     if (!why.empty()) {

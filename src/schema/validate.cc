@@ -19,20 +19,8 @@ std::string pointer_of(const std::vector<std::string>& context) {
   std::string out;
   for (const std::string& part : context) {
     if (part == "<root>") continue;
-    std::string key = part.size() >= 2 && part.front() == '[' && part.back() == ']'
-                          ? part.substr(1, part.size() - 2)
-                          : part;
-    std::string escaped;
-    for (char c : key) {
-      if (c == '~') {
-        escaped += "~0";
-      } else if (c == '/') {
-        escaped += "~1";
-      } else {
-        escaped += c;
-      }
-    }
-    out += "/" + escaped;
+    const bool bracketed = part.size() >= 2 && part.front() == '[' && part.back() == ']';
+    out = json_pointer_join(out, bracketed ? part.substr(1, part.size() - 2) : part);
   }
   return out;
 }
