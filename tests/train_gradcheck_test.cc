@@ -7,9 +7,11 @@
 #include <functional>
 
 #include "model/gpt_config.h"
+#include "model/heads.h"
 #include "train/attention.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
+#include "train/head_loss.h"
 #include "train/loss.h"
 #include "train/ops.h"
 
@@ -280,27 +282,8 @@ TEST(TrainGradcheck, SoftcapLoss) {
 }
 
 // The whole tiny model: every parameter tensor, at non-initial random values.
-TEST(TrainGradcheck, WholeTinyModel) {
-  GptConfig c = gpt_preset("tiny");
-  GptParams p = GptParams::create(c);
-  p.init(7);
-  Rng rng(8);
-  for (auto& t : p.tensors())
-    for (auto& x : t.data) x += float(rng.normal() * 0.1);
-  for (auto& x : p.get("mudd_gate_scale").data) x = 0.5f;
-  for (auto& f : p.rotary_narrow.freq) f *= 2.0f;
-  GptBatch b;
-  const int64_t T = 20;
-  for (int64_t t = 0; t < T; ++t) {
-    b.inputs.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
-    b.targets.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
-    b.prefix.push_back(t % 3 == 0 ? -1 : int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
-    b.seg_start.push_back(t < 9 ? 0 : 9);
-  }
-  const GptStepOptions o{.mtp_weights = {1.0f, 0.5f, 0.25f},
-                         .prefix_weight = 0.25f,
-                         .window_short = 4,
-                         .window_long = 7};
+// Every tensor's gradient of the whole model's loss on batch b, by central differences.
+void expect_model_grads(GptParams& p, const GptBatch& b, const GptStepOptions& o, Rng& rng) {
   auto grads = p.zeros_like();
   gpt_loss_and_grad(p, b, o, grads);
   auto f = [&] { return gpt_loss(p, b, o); };
@@ -351,6 +334,109 @@ TEST(TrainGradcheck, WholeTinyModel) {
     t.data = keep;
     const double num1 = (gp - gm) / (2.0 * eps);
     EXPECT_NEAR(g[imax], num1, 5e-2 * std::fabs(num1) + 3e-5) << t.name << "[" << imax << "]";
+  }
+}
+
+GptParams perturbed_tiny(Rng& rng) {
+  GptConfig c = gpt_preset("tiny");
+  GptParams p = GptParams::create(c);
+  p.init(7);
+  for (auto& t : p.tensors())
+    for (auto& x : t.data) x += float(rng.normal() * 0.1);
+  for (auto& x : p.get("mudd_gate_scale").data) x = 0.5f;
+  for (auto& f : p.rotary_narrow.freq) f *= 2.0f;
+  return p;
+}
+
+TEST(TrainGradcheck, WholeTinyModel) {
+  Rng rng(8);
+  GptParams p = perturbed_tiny(rng);
+  const GptConfig& c = p.config();
+  GptBatch b;
+  const int64_t T = 20;
+  for (int64_t t = 0; t < T; ++t) {
+    b.inputs.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.targets.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.prefix.push_back(t % 3 == 0 ? -1 : int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.seg_start.push_back(t < 9 ? 0 : 9);
+  }
+  const GptStepOptions o{.mtp_weights = {1.0f, 0.5f, 0.25f},
+                         .prefix_weight = 0.25f,
+                         .window_short = 4,
+                         .window_long = 7};
+  expect_model_grads(p, b, o, rng);
+}
+
+// The fork layout of `deg train`: a 10-token document and two 5-token queries forked off it,
+// each continuing the document's positions and reading its keys (windows cut into them).
+TEST(TrainGradcheck, WholeTinyModelForkLayout) {
+  Rng rng(11);
+  GptParams p = perturbed_tiny(rng);
+  const GptConfig& c = p.config();
+  GptBatch b;
+  for (int64_t t = 0; t < 20; ++t) {
+    const bool doc = t < 10;
+    const int32_t start = doc ? 0 : t < 15 ? 10 : 15;
+    b.inputs.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.targets.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.seg_start.push_back(start);
+    b.prev.push_back(t == start && !doc ? 9 : int32_t(t - 1));
+    b.pos.push_back(doc ? int32_t(t) : int32_t(10 + t - start));
+    b.ctx_lo.push_back(0);
+    b.ctx_hi.push_back(doc ? 0 : 10);
+  }
+  const GptStepOptions o{.window_short = 4, .window_long = 7};
+  expect_model_grads(p, b, o, rng);
+}
+
+// Every head loss's gradients (answers, options, context, each head tensor and the relative
+// bias) against central differences, on one set of queries that uses every head.
+TEST(TrainGradcheck, HeadLosses) {
+  const int64_t C = 12, O = 4, T = 9;
+  Heads h = Heads::init(C, 3);
+  Rng rng(5);
+  for (auto& [name, t] : h.tensors(true)) {
+    float* v = t->mutable_data<float>();
+    for (int64_t i = 0; i < t->numel(); ++i) v[i] += float(rng.normal() * 0.05);
+  }
+  h.anchor.prior.bias.mutable_data<float>()[0] = -0.5f;  // anchors near 0.5, not saturated
+  Buf a = random_buf(rng, 6 * C), opts = random_buf(rng, O * C), ctx = random_buf(rng, T * C);
+  const std::vector<SpanQuery> sq = {{}, {.anchor = 2, .region_end = 6}, {}};
+  const std::vector<SpanTarget> st = {{3, 5}, {2, 4}, {}};
+  const std::vector<Region> regions = {{1, 8}};
+  const std::vector<std::vector<int64_t>> starts = {{2, 5}};
+  // answers: 0 choice, 1 noul, 2 count, 3..5 spans; the anchor reads answer 0 too.
+  auto loss = [&](Heads& g, float* da, float* dopts, float* dctx) {
+    double l = pointer_loss(h.choice, g.choice, a.data(), opts.data(), O, 2, da, dopts);
+    l += noul_loss(h, g, a.data() + C, false, da + C);
+    l += count_loss(h, g, a.data() + 2 * C, 1, 7, 3, da + 2 * C);
+    l += span_loss(h, g, a.data() + 3 * C, 3, sq, st, ctx.data(), T, da + 3 * C, dctx);
+    l += anchor_loss(h, g, a.data(), 1, regions, starts, ctx.data(), T, da, dctx);
+    return l;
+  };
+  Heads g = h.zeros_like();
+  Buf da = zeros(6 * C), dopts = zeros(O * C), dctx = zeros(T * C);
+  loss(g, da.data(), dopts.data(), dctx.data());
+  auto f = [&] {
+    Heads scratch = h.zeros_like();
+    Buf x = zeros(6 * C), y = zeros(O * C), z = zeros(T * C);
+    return loss(scratch, x.data(), y.data(), z.data());
+  };
+  expect_grad("answers", f, a.data(), 6 * C, da.data(), 72);
+  expect_grad("options", f, opts.data(), O * C, dopts.data());
+  expect_grad("context", f, ctx.data(), T * C, dctx.data(), 48);
+  auto gt = g.tensors(true);
+  auto ht = h.tensors(true);
+  for (size_t k = 0; k < ht.size(); ++k) {
+    // No score query here; the option keys' bias shifts every option's logit alike, so its
+    // gradient is exactly zero (the differences see only f32 noise).
+    if (ht[k].first.starts_with("score") || ht[k].first == "choice.key.bias") continue;
+    const float* gv = gt[k].second->data<float>();
+    bool any = false;
+    for (int64_t i = 0; i < gt[k].second->numel(); ++i) any = any || gv[i] != 0.0f;
+    EXPECT_TRUE(any) << ht[k].first << " gets no gradient";
+    expect_grad(ht[k].first.c_str(), f, ht[k].second->mutable_data<float>(), ht[k].second->numel(),
+                gv);
   }
 }
 

@@ -170,6 +170,29 @@ void Heads::save(const std::filesystem::path& path) const {
   safetensors_write(path, tensors);
 }
 
+std::vector<std::pair<std::string, Tensor*>> Heads::tensors(bool trained) {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for_each_linear(*this, [&](const std::string& name, Linear& l) {
+    out.emplace_back(name + ".weight", &l.weight);
+    out.emplace_back(name + ".bias", &l.bias);
+  });
+  out.emplace_back("span_bias", &span_bias);
+  if (!trained) out.emplace_back("temperature", &temperature);
+  return out;
+}
+
+Heads Heads::clone() const {
+  Heads h = *this;
+  for (auto& [name, t] : h.tensors()) *t = t->clone();
+  return h;
+}
+
+Heads Heads::zeros_like() const {
+  Heads h = *this;
+  for (auto& [name, t] : h.tensors()) *t = Tensor::zeros(t->shape(), DType::f32);
+  return h;
+}
+
 std::vector<float> pointer_logits(const PointerHeadWeights& head, const float* answer,
                                   const float* options, int64_t num_options) {
   std::vector<float> q(static_cast<size_t>(kHeadDim)),

@@ -76,6 +76,14 @@ struct Heads {
   void save(const std::filesystem::path& path) const;
 
   float temp(HeadKind kind) const { return temperature.data<float>()[int(kind)]; }
+
+  // Every tensor by its key name; `trained` leaves out the temperatures (calibration fits those,
+  // not the gradient).
+  std::vector<std::pair<std::string, Tensor*>> tensors(bool trained = false);
+  // A writable deep copy (loaded heads view their read-only mapped file).
+  Heads clone() const;
+  // Zeros of the same shapes: gradients, optimizer moments.
+  Heads zeros_like() const;
 };
 
 // Pointer head over one query's options: answer [C], options [O, C] -> logits [O].

@@ -13,8 +13,16 @@
 namespace deg::train {
 namespace {
 
-int64_t first_key(const AttnCore& a, int64_t i) {
-  return std::max<int64_t>(a.seg_start[i], i - a.window);
+// Calls f(j) for every key j visible to query i, in order: the context range, then the own
+// segment (whose positions run contiguously, so the window cuts it at i - window).
+template <class F>
+void for_each_key(const AttnCore& a, int64_t i, F&& f) {
+  if (a.ctx_lo) {
+    const int64_t pi = a.apos ? a.apos[i] : i;
+    for (int64_t j = a.ctx_lo[i]; j < a.ctx_hi[i]; ++j)
+      if (pi - (a.apos ? a.apos[j] : j) <= a.window) f(j);
+  }
+  for (int64_t j = std::max<int64_t>(a.seg_start[i], i - a.window); j <= i; ++j) f(j);
 }
 
 // Where head h of token t lives in the attention layout, and its rotary position.
@@ -22,9 +30,15 @@ struct Placement {
   int64_t pos, slot, rot;
 };
 Placement place(const AttnLayerShape& s, int64_t t, int64_t h) {
-  if (!s.paired) return {t, h, t};
+  const int64_t p = s.pos ? s.pos[t] : t;
+  if (!s.paired) return {t, h, p};
   const int64_t half = s.H / 2;
-  return {2 * t + h / half, h % half, 2 * t + h % 2};
+  return {2 * t + h / half, h % half, 2 * p + h % 2};
+}
+
+// The token before t (the key offset reads its key), or -1.
+int64_t prev_of(const AttnLayerShape& s, int64_t t) {
+  return s.prev ? s.prev[t] : t - 1;
 }
 
 // Rotates pairs (2i, 2i+1) by angle pos * freq[2i]: y0 = c x0 + s x1, y1 = c x1 - s x0.
@@ -38,6 +52,19 @@ void rotate(const float* x, float* y, const float* freq, int64_t d, int64_t pos,
   }
 }
 
+AttnCore core_of(const AttnLayerShape& s, const AttnSaved& sv, int64_t N, int64_t S) {
+  return {.N = N,
+          .S = S,
+          .dq = s.dq,
+          .dv = s.dv,
+          .seg_start = sv.seg_start.data(),
+          .window = s.window,
+          .scale = s.attn_scale,
+          .apos = sv.apos.empty() ? nullptr : sv.apos.data(),
+          .ctx_lo = s.ctx_lo ? sv.ctx_lo.data() : nullptr,
+          .ctx_hi = s.ctx_lo ? sv.ctx_hi.data() : nullptr};
+}
+
 }  // namespace
 
 void attention_core_forward(const AttnCore& a, const float* q, const float* k, const float* v,
@@ -45,28 +72,29 @@ void attention_core_forward(const AttnCore& a, const float* q, const float* k, c
   parallel_for(
       a.N,
       [&](int64_t begin, int64_t end) {
-        std::vector<float> p(size_t(a.window + 1));
+        std::vector<float> p;
+        std::vector<int64_t> keys;
         for (int64_t i = begin; i < end; ++i) {
-          const int64_t j0 = first_key(a, i);
+          keys.clear();
+          for_each_key(a, i, [&](int64_t j) { keys.push_back(j); });
+          p.resize(keys.size());
           for (int64_t h = 0; h < a.S; ++h) {
             const float* qi = q + (i * a.S + h) * a.dq;
             float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t j = j0; j <= i; ++j) {
-              const float sc = a.scale * dot(qi, k + (j * a.S + h) * a.dq, a.dq);
-              p[size_t(j - j0)] = sc;
-              mx = std::max(mx, sc);
+            for (size_t n = 0; n < keys.size(); ++n) {
+              p[n] = a.scale * dot(qi, k + (keys[n] * a.S + h) * a.dq, a.dq);
+              mx = std::max(mx, p[n]);
             }
             double sum = 0;
-            for (int64_t j = j0; j <= i; ++j) {
-              const float e = std::exp(p[size_t(j - j0)] - mx);
-              p[size_t(j - j0)] = e;
+            for (float& e : p) {
+              e = std::exp(e - mx);
               sum += e;
             }
             float* o = out + (i * a.S + h) * a.dv;
             std::memset(o, 0, sizeof(float) * size_t(a.dv));
             const float inv = float(1.0 / sum);
-            for (int64_t j = j0; j <= i; ++j)
-              axpy(p[size_t(j - j0)] * inv, v + (j * a.S + h) * a.dv, o, a.dv);
+            for (size_t n = 0; n < keys.size(); ++n)
+              axpy(p[n] * inv, v + (keys[n] * a.S + h) * a.dv, o, a.dv);
             lse[i * a.S + h] = mx + float(std::log(sum));
           }
         }
@@ -84,11 +112,10 @@ void attention_core_backward(const AttnCore& a, const float* q, const float* k, 
   parallel_for(a.S, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) {
       for (int64_t i = 0; i < a.N; ++i) {
-        const int64_t j0 = first_key(a, i);
         const size_t qi = size_t((i * a.S + h) * a.dq), oi = size_t((i * a.S + h) * a.dv);
         const float di = dot(dout + oi, out + oi, a.dv);
         const float l = lse[i * a.S + h];
-        for (int64_t j = j0; j <= i; ++j) {
+        for_each_key(a, i, [&](int64_t j) {
           const size_t kj = size_t((j * a.S + h) * a.dq), vj = size_t((j * a.S + h) * a.dv);
           const float p = std::exp(a.scale * dot(q + qi, k + kj, a.dq) - l);
           const float dp = dot(dout + oi, v + vj, a.dv);
@@ -96,7 +123,7 @@ void attention_core_backward(const AttnCore& a, const float* q, const float* k, 
           axpy(ds, k + kj, dq + qi, a.dq);
           axpy(ds, q + qi, dk + kj, a.dq);
           axpy(p, dout + oi, dv + vj, a.dv);
-        }
+        });
       }
     }
   });
@@ -128,8 +155,8 @@ void attention_layer_forward(const AttnLayerShape& s, const AttnLayerInputs& in,
       const float* src = sv.normed.data() + (t * 2 * H + g) * dq;
       rotate(src, dst, s.freq, s.rotary_dim, pl.rot, false);
       for (int64_t d = s.rotary_dim; d < dq; ++d) dst[d] = src[d];
-      if (s.key_offset && g >= H && t > 0) {
-        const float* prev = sv.normed.data() + ((t - 1) * 2 * H + g) * dq;
+      if (const int64_t tp = prev_of(s, t); s.key_offset && g >= H && tp >= 0) {
+        const float* prev = sv.normed.data() + (tp * 2 * H + g) * dq;
         for (int64_t d = s.rotary_dim; d < dq; ++d) dst[d] = prev[d];
       }
     }
@@ -141,16 +168,24 @@ void attention_layer_forward(const AttnLayerShape& s, const AttnLayerInputs& in,
       for (int64_t d = 0; d < dv; ++d) dst[d] = in.sa0 * src[d] + (aux ? aux[d] : 0.0f);
     }
   }
+  // The core's per-position arrays: a paired token t holds positions 2t and 2t + 1.
+  const int64_t f = s.paired ? 2 : 1;
   sv.seg_start.resize(size_t(N));
-  for (int64_t i = 0; i < N; ++i)
-    sv.seg_start[size_t(i)] = s.paired ? 2 * s.seg_start[i / 2] : s.seg_start[i];
-  const AttnCore core{.N = N,
-                      .S = S,
-                      .dq = dq,
-                      .dv = dv,
-                      .seg_start = sv.seg_start.data(),
-                      .window = s.window,
-                      .scale = s.attn_scale};
+  for (int64_t i = 0; i < N; ++i) sv.seg_start[size_t(i)] = int32_t(f * s.seg_start[i / f]);
+  if (s.pos || s.ctx_lo) {
+    sv.apos.resize(size_t(N));
+    sv.ctx_lo.assign(size_t(N), 0);
+    sv.ctx_hi.assign(size_t(N), 0);
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t t = i / f;
+      sv.apos[size_t(i)] = int32_t(f * (s.pos ? s.pos[t] : t) + i % f);
+      if (s.ctx_lo) {
+        sv.ctx_lo[size_t(i)] = int32_t(f * s.ctx_lo[t]);
+        sv.ctx_hi[size_t(i)] = int32_t(f * s.ctx_hi[t]);
+      }
+    }
+  }
+  const AttnCore core = core_of(s, sv, N, S);
   sv.core = zeros(N * S * dv);
   sv.lse = zeros(N * S);
   attention_core_forward(core, sv.q.data(), sv.k.data(), sv.v.data(), sv.core.data(),
@@ -220,13 +255,7 @@ void attention_layer_backward(const AttnLayerShape& s, const AttnLayerInputs& in
       }
     }
   }
-  const AttnCore core{.N = N,
-                      .S = S,
-                      .dq = dq,
-                      .dv = dv,
-                      .seg_start = sv.seg_start.data(),
-                      .window = s.window,
-                      .scale = s.attn_scale};
+  const AttnCore core = core_of(s, sv, N, S);
   Buf dQ = zeros(N * S * dq), dK = zeros(N * S * dq), dV = zeros(N * S * dv);
   attention_core_backward(core, sv.q.data(), sv.k.data(), sv.v.data(), sv.core.data(),
                           sv.lse.data(), dcore.data(), dQ.data(), dK.data(), dV.data());
@@ -242,8 +271,8 @@ void attention_layer_backward(const AttnLayerShape& s, const AttnLayerInputs& in
       Buf rot = zeros(s.rotary_dim);
       rotate(src, rot.data(), s.freq, s.rotary_dim, pl.rot, true);
       for (int64_t d = 0; d < s.rotary_dim; ++d) dst[d] += rot[size_t(d)];
-      if (s.key_offset && gi >= H && t > 0) {
-        float* prev = dnormed.data() + ((t - 1) * 2 * H + gi) * dq;
+      if (const int64_t tp = prev_of(s, t); s.key_offset && gi >= H && tp >= 0) {
+        float* prev = dnormed.data() + (tp * 2 * H + gi) * dq;
         for (int64_t d = s.rotary_dim; d < dq; ++d) prev[d] += src[d];
       } else {
         for (int64_t d = s.rotary_dim; d < dq; ++d) dst[d] += src[d];

@@ -16,12 +16,16 @@
 namespace deg::train {
 
 // Causal sliding-window attention over N positions: key j is visible to query i when
-// seg_start[i] <= j <= i and i - j <= window.
+// seg_start[i] <= j <= i or ctx_lo[i] <= j < ctx_hi[i], and apos[i] - apos[j] <= window. apos
+// (the position a window measures) runs contiguously inside a segment; null means apos[i] = i,
+// null ctx ranges mean none. A fork query of `deg train` sees its document's keys that way.
 struct AttnCore {
   int64_t N = 0, S = 0, dq = 0, dv = 0;
   const int32_t* seg_start = nullptr;  // [N]
   int64_t window = 0;
   float scale = 1.0f;
+  const int32_t* apos = nullptr;                       // [N] or null
+  const int32_t *ctx_lo = nullptr, *ctx_hi = nullptr;  // [N] or null
 };
 // q, k [N, S, Dq], v [N, S, Dv] -> out [N, S, Dv], lse [N, S].
 void attention_core_forward(const AttnCore& a, const float* q, const float* k, const float* v,
@@ -43,6 +47,11 @@ struct AttnLayerShape {
   float eps = 1.1920928955078125e-7f;
   const float* freq = nullptr;         // [Dq] angular frequency per dim (0 past rotary_dim)
   const int32_t* seg_start = nullptr;  // [T]
+  // The fork layout (GptBatch): previous token (key offset), position (rotary, window) and the
+  // extra visible key range of each token; null: t - 1, t and none.
+  const int32_t* prev = nullptr;
+  const int32_t* pos = nullptr;
+  const int32_t *ctx_lo = nullptr, *ctx_hi = nullptr;
 };
 
 // Per-token, per-head lanes inside a wider row ([T, stride], head h at offset + h).
@@ -82,14 +91,15 @@ struct AttnLayerGrads {
 
 // What the backward reads.
 struct AttnSaved {
-  Buf p_qk, p_v;                   // [T, 2H Dq], [T, H Dv]: projections before sa0
-  Buf normed;                      // [T, 2H, Dq]
-  Buf rstd;                        // [T, 2H]
-  Buf q, k, v;                     // [N, S, Dq] x2, [N, S, Dv]
-  Buf core, lse;                   // [N, S, Dv], [N, S]
-  Buf y2, y3;                      // [T, H, Dv]: after XSA, after the gate
-  Buf out_lin;                     // [T, C]: y3 W_o^T
-  std::vector<int32_t> seg_start;  // [N]
+  Buf p_qk, p_v;                              // [T, 2H Dq], [T, H Dv]: projections before sa0
+  Buf normed;                                 // [T, 2H, Dq]
+  Buf rstd;                                   // [T, 2H]
+  Buf q, k, v;                                // [N, S, Dq] x2, [N, S, Dv]
+  Buf core, lse;                              // [N, S, Dv], [N, S]
+  Buf y2, y3;                                 // [T, H, Dv]: after XSA, after the gate
+  Buf out_lin;                                // [T, C]: y3 W_o^T
+  std::vector<int32_t> seg_start;             // [N]
+  std::vector<int32_t> apos, ctx_lo, ctx_hi;  // [N] (empty in the plain layout)
 };
 
 // out [T, C] = the sublayer's output (o_scale included).

@@ -300,10 +300,12 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
   Buf demb = dsm;
   const float* smear_w = w.get("smear_gate");
   float* g_smear = G("smear_gate");
-  for (int64_t t = 1; t < T; ++t) {
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tp = b.prev_of(t);
+    if (tp < 0) continue;
     const float s = sigmoid(a.smear_z[size_t(t)]), lam = w.smear_lambda();
-    const float* prev = a.emb.data() + (t - 1) * C;
-    axpy(lam * s, dsm.data() + t * C, demb.data() + (t - 1) * C, C);
+    const float* prev = a.emb.data() + tp * C;
+    axpy(lam * s, dsm.data() + t * C, demb.data() + tp * C, C);
     const float dg = dot(dsm.data() + t * C, prev, C);
     g_scalars[2 * L] += dg * s;
     const float dz = dg * lam * s * (1.0f - s);

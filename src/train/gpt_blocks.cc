@@ -19,7 +19,7 @@ int32_t py_mod(int32_t a, int32_t m) {
 
 }  // namespace
 
-void ngram_hash(const GptConfig& c, const int32_t* x, int64_t T, int32_t* rows, int32_t* signs) {
+void ngram_hash(const GptConfig& c, const GptBatch& b, int32_t* rows, int32_t* signs) {
   const int32_t half = int32_t(c.ngram_vocab / 2);
   const int32_t bmod = half - 1, tmod = int32_t(c.ngram_vocab) - half - 1;
   const int32_t mask = int32_t(c.ngram_sign_rows - 1);
@@ -27,26 +27,27 @@ void ngram_hash(const GptConfig& c, const int32_t* x, int64_t T, int32_t* rows, 
   const auto& tr = c.trigram_row_muls;
   const auto& bs = c.bigram_sign_muls;
   const auto& ts = c.trigram_sign_muls;
+  const int64_t T = b.size();
+  const int32_t* x = b.inputs.data();
   for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = b.pos_of(t);
+    const int32_t x1 = pos >= 1 ? x[b.prev_of(t)] : 0;  // one and two tokens back
+    const int32_t x2 = pos >= 2 ? x[b.prev_of(b.prev_of(t))] : 0;
     // Bigram row: position 0 takes the reserved last row; position 1 hashes the reserved id as
     // its previous token (the seed computes the hash in place after setting out[0]).
-    if (t == 0) {
+    if (pos == 0) {
       rows[t] = bmod;
     } else {
-      const int32_t prev = t == 1 ? bmod : x[t - 1];
+      const int32_t prev = pos == 1 ? bmod : x1;
       rows[t] = py_mod(wrap_mul(br[0], x[t]) ^ wrap_mul(br[1], prev), bmod);
     }
     rows[T + t] =
-        t < 2
-            ? half + tmod
-            : py_mod(wrap_mul(tr[0], x[t]) ^ wrap_mul(tr[1], x[t - 1]) ^ wrap_mul(tr[2], x[t - 2]),
-                     tmod) +
-                  half;
-    signs[t] = t < 1 ? 0 : (wrap_mul(bs[1], x[t - 1]) ^ wrap_mul(bs[0], x[t])) & mask;
+        pos < 2 ? half + tmod
+                : py_mod(wrap_mul(tr[0], x[t]) ^ wrap_mul(tr[1], x1) ^ wrap_mul(tr[2], x2), tmod) +
+                      half;
+    signs[t] = pos < 1 ? 0 : (wrap_mul(bs[1], x1) ^ wrap_mul(bs[0], x[t])) & mask;
     signs[T + t] =
-        t < 2 ? 0
-              : (wrap_mul(ts[2], x[t - 2]) ^ wrap_mul(ts[1], x[t - 1]) ^ wrap_mul(ts[0], x[t])) &
-                    mask;
+        pos < 2 ? 0 : (wrap_mul(ts[2], x2) ^ wrap_mul(ts[1], x1) ^ wrap_mul(ts[0], x[t])) & mask;
   }
 }
 

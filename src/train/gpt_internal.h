@@ -63,7 +63,11 @@ inline AttnLayerShape attn_shape(const GptParams& p, const GptBatch& b, const Gp
           .attn_scale = r.attn_scale,
           .eps = c.norm_eps,
           .freq = r.freq.data(),
-          .seg_start = b.seg_start.data()};
+          .seg_start = b.seg_start.data(),
+          .prev = b.prev.empty() ? nullptr : b.prev.data(),
+          .pos = b.pos.empty() ? nullptr : b.pos.data(),
+          .ctx_lo = b.ctx_lo.empty() ? nullptr : b.ctx_lo.data(),
+          .ctx_hi = b.ctx_lo.empty() ? nullptr : b.ctx_hi.data()};
 }
 
 inline const float* cache_of(const GptActs& a, int j) {

@@ -18,6 +18,11 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                 F = c.mlp_hidden, hd = c.head_dim;
   const int L = c.num_layers;
   DEG_CHECK(int64_t(b.seg_start.size()) == T && int64_t(b.targets.size()) == T, "batch shapes");
+  DEG_CHECK((b.prev.empty() || int64_t(b.prev.size()) == T) &&
+                (b.pos.empty() || int64_t(b.pos.size()) == T) &&
+                b.ctx_lo.size() == b.ctx_hi.size() &&
+                (b.ctx_lo.empty() || int64_t(b.ctx_lo.size()) == T),
+            "fork layout shapes");
   for (int64_t t = 0; t < T; ++t)
     if (b.inputs[size_t(t)] < 0 || b.inputs[size_t(t)] >= V)
       throw Error(ErrorKind::invalid_argument,
@@ -32,7 +37,7 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
     std::memcpy(&a.emb[size_t(t * C)], embed + b.inputs[size_t(t)] * C, sizeof(float) * size_t(C));
   a.ngram_rows.resize(size_t(2 * T));
   a.ngram_signs.resize(size_t(2 * T));
-  ngram_hash(c, b.inputs.data(), T, a.ngram_rows.data(), a.ngram_signs.data());
+  ngram_hash(c, b, a.ngram_rows.data(), a.ngram_signs.data());
   a.x0_ngram = zeros(T * Dn);
   const float* table = w.get("ngram_table");
   for (int64_t t = 0; t < T; ++t)
@@ -49,14 +54,16 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
       std::memcpy(&a.ve[j][size_t(t * C)], plane + b.inputs[size_t(t)] * C,
                   sizeof(float) * size_t(C));
   }
-  // Smear: token t takes smear_lambda * sigmoid(gate . emb[t, :12]) of token t-1.
+  // Smear: token t takes smear_lambda * sigmoid(gate . emb[t, :12]) of the token before it.
   a.smeared = a.emb;
   a.smear_z = zeros(T);
   const float* smear_w = w.get("smear_gate");
-  for (int64_t t = 1; t < T; ++t) {
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tp = b.prev_of(t);
+    if (tp < 0) continue;
     a.smear_z[size_t(t)] = dot(&a.emb[size_t(t * C)], smear_w, c.smear_channels);
     const float g = w.smear_lambda() * sigmoid(a.smear_z[size_t(t)]);
-    axpy(g, &a.emb[size_t((t - 1) * C)], &a.smeared[size_t(t * C)], C);
+    axpy(g, &a.emb[size_t(tp * C)], &a.smeared[size_t(t * C)], C);
   }
   a.x0 = zeros(T * C);
   a.x0_rstd = zeros(T);

@@ -6,7 +6,9 @@
 //
 // A batch is one packed token stream (the seed's B = 1 varlen layout): attention runs inside
 // segments (seg_start), while smear, n-gram hashes and multi-token targets read the stream as
-// is, as the seed's do.
+// is, as the seed's do. `deg train` packs documents with their fork queries: a query's tokens
+// follow its document's last token (prev), continue its positions (pos) and see its keys
+// (ctx_lo, ctx_hi) besides their own, exactly as the inference fork reads the trunk state.
 //
 // Letters: T tokens, C model dim, H heads, F MLP hidden, V vocab, Dn n-gram dim.
 #pragma once
@@ -26,7 +28,13 @@ struct GptBatch {
   std::vector<int32_t> targets;    // [T] (-1: none)
   std::vector<int32_t> prefix;     // [T] prefix-token targets, or empty
   std::vector<int32_t> seg_start;  // [T] first position of each token's attention segment
+  // The fork layout, all [T] or all empty (the stream as is: t - 1, t, no context range).
+  std::vector<int32_t> prev;            // stream index of the token before this one, -1: none
+  std::vector<int32_t> pos;             // position in its sequence
+  std::vector<int32_t> ctx_lo, ctx_hi;  // keys [ctx_lo, ctx_hi) are visible too
   int64_t size() const { return int64_t(inputs.size()); }
+  int64_t prev_of(int64_t t) const { return prev.empty() ? t - 1 : prev[size_t(t)]; }
+  int64_t pos_of(int64_t t) const { return pos.empty() ? t : pos[size_t(t)]; }
 };
 
 struct GptStepOptions {
@@ -36,9 +44,10 @@ struct GptStepOptions {
   int64_t window_long = 0;
 };
 
-// Row ids [2T] (bigram rows then trigram rows) and sign-pool rows [2T] of a token stream
-// (ngram_table.py ngram_row_ids, perf/kernels/ngram_embed.py sign hashes; int32 wrap-around).
-void ngram_hash(const GptConfig& c, const int32_t* x, int64_t T, int32_t* rows, int32_t* signs);
+// Row ids [2T] (bigram rows then trigram rows) and sign-pool rows [2T] of a batch's tokens
+// (ngram_table.py ngram_row_ids, perf/kernels/ngram_embed.py sign hashes; int32 wrap-around),
+// each hashed with the tokens before it (GptBatch::prev_of) from its position on.
+void ngram_hash(const GptConfig& c, const GptBatch& b, int32_t* rows, int32_t* signs);
 
 // A two-layer head on the residual stream: out = (gelu(x W1^T) W2^T + b2) * scale, and for the
 // grouped post-loop mix deltas = gelu(x W1^T) W2g^T * scale (MUDD and MUDD-gate blocks).
