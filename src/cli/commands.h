@@ -22,6 +22,7 @@ void add_plan_command(CLI::App& app);
 void add_init_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 void add_shard_command(CLI::App& app);
 
 }  // namespace deg::cli

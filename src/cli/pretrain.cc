@@ -9,20 +9,11 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "core/error.h"
 #include "model/gpt_config.h"
 
 namespace deg::cli {
-namespace {
-
-std::string clock(double s) {
-  const int64_t t = int64_t(s + 0.5);
-  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
-                   : fmt::format("{}:{:02}", t / 60, t % 60);
-}
-
-}  // namespace
-
 void add_pretrain_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "pretrain",
@@ -59,14 +50,10 @@ void add_pretrain_command(CLI::App& app) {
     o->config = gpt_config_resolve(*config);
     const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
       if (*quiet) return;
-      const int width = 30;
-      const int done = int(width * p.step / std::max<int64_t>(1, p.steps));
-      std::string bar(size_t(done), '#');
-      bar.resize(size_t(width), '.');
       std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";
-      std::fprintf(stderr, "\r[%s] %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ", bar.c_str(),
-                   (long long)p.step, (long long)p.steps, p.train_loss, val.c_str(), p.tokens_per_s,
-                   clock(p.eta_s).c_str());
+      std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ",
+                   progress_bar(p.step, p.steps).c_str(), (long long)p.step, (long long)p.steps,
+                   p.train_loss, val.c_str(), p.tokens_per_s, clock_text(p.eta_s).c_str());
       if (p.val_loss) std::fprintf(stderr, "\n");
     });
     fmt::print(

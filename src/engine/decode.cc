@@ -180,4 +180,13 @@ std::vector<AnchorItem> decode_anchors(const float* logits, int64_t T, int64_t l
   return items;
 }
 
+std::string item_quote(const ContextText& context, int64_t anchor, int64_t region_end) {
+  const auto& off = context.offsets.offsets();
+  const int64_t c0 = off[size_t(anchor)].start;
+  const int64_t c1 = region_end > anchor ? off[size_t(region_end - 1)].end : c0;
+  return utf8_of(
+      std::u32string_view(context.text)
+          .substr(size_t(c0), size_t(std::min<int64_t>(c1 - c0, 4 * schema::kItemQuoteChars))));
+}
+
 }  // namespace deg::engine

@@ -10,6 +10,7 @@
 
 #include "io/json.h"
 #include "schema/plan.h"
+#include "schema/render.h"
 #include "schema/spans.h"
 
 namespace deg::engine {
@@ -63,6 +64,11 @@ struct AnchorItem {
   int64_t region_end = 0;
   double probability = 0;
 };
+// The ITEM line's text of an anchored item: the context from its anchor token to the end of its
+// region (the anchor's own text when the region is empty), at most 4 * kItemQuoteChars code
+// points (the renderer quotes and cuts it further).
+std::string item_quote(const ContextText& context, int64_t anchor, int64_t region_end);
+
 std::vector<AnchorItem> decode_anchors(const float* logits, int64_t T, int64_t lo, int64_t hi,
                                        int64_t min_items, std::optional<int64_t> max_items);
 

@@ -131,11 +131,7 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
         ctx.ids.size(), model.name(), max_document_tokens(bb));
     return;
   }
-  std::vector<int32_t> ids = model.encode_template(model.layout().bos + model.layout().prefix);
-  doc.ctx_start = int64_t(ids.size());
-  ids.insert(ids.end(), ctx.ids.begin(), ctx.ids.end());
-  std::vector<int32_t> suffix = model.encode("\n");
-  ids.insert(ids.end(), suffix.begin(), suffix.end());
+  const std::vector<int32_t> ids = model.trunk_ids(ctx.ids, &doc.ctx_start);
   TokenBatch batch = TokenBatch::single(ids);
   if (!ctx.embeddings.empty()) {
     batch.soft.rows.assign(ids.size(), -1);

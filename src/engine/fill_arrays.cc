@@ -17,7 +17,6 @@ void Filler::answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& i
   std::vector<float> lg = anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions,
                                         doc.ctx_hidden.data<float>(), T);
   if (overflowed(lg)) return fail(d, non_finite_error("anchor logits"));
-  const auto& off = doc.context.offsets.offsets();
   for (size_t j = 0; j < idx.size(); ++j) {
     const Job& job = jobs[idx[j]];
     const std::string ptr = schema::field_pointer(*job.field, job.place.indices);
@@ -31,13 +30,9 @@ void Filler::answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& i
       confidence *= it.probability;
       ItemScope scope{job.place, it.anchor, it.anchor, it.region_end};
       scope.place.indices.push_back(int64_t(k));
-      const int64_t c0 = off[size_t(it.anchor)].start;
-      const int64_t c1 = it.region_end > it.anchor ? off[size_t(it.region_end - 1)].end : c0;
-      std::u32string_view quote =
-          std::u32string_view(doc.context.text)
-              .substr(size_t(c0), size_t(std::min<int64_t>(c1 - c0, 4 * schema::kItemQuoteChars)));
       scope.place.item =
-          schema::ItemLine{.mode = schema::ItemLine::Mode::anchor, .text = engine::utf8_of(quote)};
+          schema::ItemLine{.mode = schema::ItemLine::Mode::anchor,
+                           .text = engine::item_quote(doc.context, it.anchor, it.region_end)};
       enqueue(d, job.field->children.at(0), scope, next);
     }
     doc.answers.set(ptr, {.kind = "anchor",

@@ -62,19 +62,9 @@ void Filler::add_job(size_t d, const Field& field, const ItemScope& scope, Head 
           .anchor = scope.anchor,
           .region_lo = scope.region_lo,
           .region_hi = scope.region_hi};
-  schema::RenderedQuery q = schema::render_query(field, scope.place);
-  for (const schema::TextPiece& piece : schema::query_pieces(q)) {
-    std::vector<int32_t> ids = model_.encode(piece.text);
-    job.ids.insert(job.ids.end(), ids.begin(), ids.end());
-    if (piece.option_end) job.option_positions.push_back(int64_t(job.ids.size()) - 1);
-  }
-  if (job.ids.empty()) {
-    throw Error(ErrorKind::format,
-                fmt::format("the tokenizer encodes the query of {} to no tokens; it cannot "
-                            "encode plain text (use the model's own tokenizer.json)",
-                            field.pointer),
-                {.path = model_.tokenizer().source()});
-  }
+  DegModel::Query q = model_.encode_query(field, scope.place);
+  job.ids = std::move(q.ids);
+  job.option_positions = std::move(q.option_positions);
   out.push_back(std::move(job));
 }
 

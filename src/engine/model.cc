@@ -97,6 +97,34 @@ std::vector<int32_t> DegModel::encode_template(std::string_view text) const {
   return text.empty() ? std::vector<int32_t>{} : tokenizer_.encode(text).ids;
 }
 
+std::vector<int32_t> DegModel::trunk_ids(const std::vector<int32_t>& context,
+                                         int64_t* ctx_start) const {
+  std::vector<int32_t> ids = encode_template(layout_.bos + layout_.prefix);
+  *ctx_start = int64_t(ids.size());
+  ids.insert(ids.end(), context.begin(), context.end());
+  std::vector<int32_t> suffix = encode("\n");
+  ids.insert(ids.end(), suffix.begin(), suffix.end());
+  return ids;
+}
+
+DegModel::Query DegModel::encode_query(const schema::Field& field,
+                                       const schema::QueryPlace& place) const {
+  Query q;
+  for (const schema::TextPiece& piece : schema::query_pieces(schema::render_query(field, place))) {
+    std::vector<int32_t> ids = encode(piece.text);
+    q.ids.insert(q.ids.end(), ids.begin(), ids.end());
+    if (piece.option_end) q.option_positions.push_back(int64_t(q.ids.size()) - 1);
+  }
+  if (q.ids.empty()) {
+    throw Error(ErrorKind::format,
+                fmt::format("the tokenizer encodes the query of {} to no tokens; it cannot "
+                            "encode plain text (use the model's own tokenizer.json)",
+                            field.pointer),
+                {.path = tokenizer_.source()});
+  }
+  return q;
+}
+
 std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& base,
                                          const BackboneOptions& options) {
   if (!fs::is_directory(dir)) {

@@ -11,6 +11,7 @@
 #include "model/checkpoint.h"
 #include "model/heads.h"
 #include "schema/plan.h"
+#include "schema/render.h"
 #include "text/tokenizer.h"
 
 namespace deg::engine {
@@ -56,6 +57,17 @@ class DegModel {
   std::vector<int32_t> encode(std::string_view text) const;
   // The layout's own strings (bos, the chat prefix): the only place control tokens come from.
   std::vector<int32_t> encode_template(std::string_view text) const;
+
+  // The trunk of a document (schema/render.h): bos + prefix, its context tokens, "\n".
+  // ctx_start receives the first context token's index.
+  std::vector<int32_t> trunk_ids(const std::vector<int32_t>& context, int64_t* ctx_start) const;
+  // The query of `field` at `place` as its fork reads it, piece by piece, and the last token of
+  // each option line (choice and score). Throws deg::Error when it encodes to no tokens.
+  struct Query {
+    std::vector<int32_t> ids;
+    std::vector<int64_t> option_positions;
+  };
+  Query encode_query(const schema::Field& field, const schema::QueryPlace& place) const;
 
  private:
   DegModel(std::unique_ptr<Backbone> backbone, Heads heads, text::Tokenizer tokenizer)

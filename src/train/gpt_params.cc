@@ -202,7 +202,7 @@ void GptParams::init(uint64_t seed) {
   rotary_wide = rotary_initial(c.head_dim, c.rotary_dim, c.wide_attn_scale);
 }
 
-void GptParams::save(const std::filesystem::path& path) const {
+void GptParams::save(const std::filesystem::path& path, const std::string& prefix) const {
   std::vector<NamedTensor> out;
   for (const auto& t : tensors_) out.push_back({t.name, Tensor::from_vector(t.data, t.shape)});
   out.push_back({"ngram_sign_pool",
@@ -213,19 +213,21 @@ void GptParams::save(const std::filesystem::path& path) const {
     out.push_back({std::string("rotary.") + name + ".attn_scale",
                    Tensor::from_vector(std::vector<float>{r->attn_scale}, {1})});
   }
+  for (auto& t : out) t.name = prefix + t.name;
   safetensors_write(path, out, {{"format", "pt"}, {"family", "gpt"}});
 }
 
-GptParams GptParams::load(const GptConfig& config, const std::filesystem::path& path) {
+GptParams GptParams::load(const GptConfig& config, const std::filesystem::path& path,
+                          const std::string& prefix) {
   GptParams p = create(config);
   SafetensorsFile file = SafetensorsFile::open(path);
   auto read = [&](const std::string& name, std::vector<float>& dst, const Shape& shape) {
-    Tensor t = file.tensor(name);
+    Tensor t = file.tensor(prefix + name);
     if (t.shape() != shape)
       throw Error(ErrorKind::format,
                   fmt::format("tensor has shape {}, the config expects {}", shape_str(t.shape()),
                               shape_str(shape)),
-                  {.path = path.string(), .tensor = name});
+                  {.path = path.string(), .tensor = prefix + name});
     dst = t.to(DType::f32).to_f32_vector();
   };
   for (auto& t : p.tensors_) read(t.name, t.data, t.shape);

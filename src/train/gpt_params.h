@@ -78,11 +78,13 @@ class GptParams {
   // Zero-valued tensors of the same names and shapes (gradients, optimizer state).
   std::vector<ParamTensor> zeros_like() const;
 
-  // weights safetensors: every tensor and buffer, f32.
-  void save(const std::filesystem::path& path) const;
+  // weights safetensors: every tensor and buffer, f32, each name after `prefix` (a deg
+  // checkpoint's backbone.safetensors keeps them under "model.").
+  void save(const std::filesystem::path& path, const std::string& prefix = "") const;
   // Loads tensors by name into a model created from its config; throws deg::Error naming a
   // missing or mis-shaped tensor.
-  static GptParams load(const GptConfig& config, const std::filesystem::path& path);
+  static GptParams load(const GptConfig& config, const std::filesystem::path& path,
+                        const std::string& prefix = "");
 
  private:
   void add(const std::string& name, Shape shape);

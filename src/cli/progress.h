@@ -1,0 +1,28 @@
+// Progress lines of the long-running commands (pretrain, train): a bar and a clock.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+namespace deg::cli {
+
+// "[#####.....]" of `width` cells for done of total.
+inline std::string progress_bar(int64_t done, int64_t total, int width = 30) {
+  const int full =
+      int(int64_t(width) * std::clamp<int64_t>(done, 0, total) / std::max<int64_t>(1, total));
+  std::string bar(size_t(full), '#');
+  bar.resize(size_t(width), '.');
+  return "[" + bar + "]";
+}
+
+// Seconds as m:ss or h:mm:ss.
+inline std::string clock_text(double s) {
+  const int64_t t = int64_t(std::max(0.0, s) + 0.5);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+}  // namespace deg::cli

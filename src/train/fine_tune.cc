@@ -1,0 +1,635 @@
+// `deg train` (see fine_tune.h): records -> examples, the training loop for a gpt trunk with its
+// heads or for heads on a frozen trunk, dev loss and early stopping, checkpoints and resume,
+// calibration.
+#include "train/fine_tune.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/model.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+#include "model/checkpoint.h"
+#include "model/gpt_config.h"
+#include "schema/plan.h"
+#include "train/calibrate.h"
+#include "train/features.h"
+#include "train/optim.h"
+
+namespace deg::train {
+
+namespace fs = std::filesystem;
+
+TaskFiles parse_task(const std::string& spec) {
+  std::vector<std::string> parts;
+  size_t at = 0;
+  for (size_t c; (c = spec.find(':', at)) != std::string::npos; at = c + 1)
+    parts.push_back(spec.substr(at, c - at));
+  parts.push_back(spec.substr(at));
+  if (parts.size() < 2 || parts.size() > 3 ||
+      std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); })) {
+    throw Error(ErrorKind::invalid_argument,
+                fmt::format("--task '{}' is not SCHEMA.json:TRAIN.jsonl[:DEV.jsonl]", spec));
+  }
+  TaskFiles t{.schema = parts[0], .train = parts[1], .dev = parts.size() == 3 ? parts[2] : ""};
+  const fs::path dir = t.schema.parent_path();
+  t.name = dir.empty() || dir == "." ? t.schema.stem().string() : dir.filename().string();
+  return t;
+}
+
+namespace {
+
+// ---- data ----
+
+struct Record {
+  std::string document;
+  Json expected;
+};
+
+// The records of a JSONL file; `limit` > 0 keeps that many, evenly spaced.
+std::vector<Record> read_records(const fs::path& path, int64_t limit) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error(ErrorKind::not_found, "cannot open the records file", {.path = path.string()});
+  std::vector<Record> out;
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path.string(), n);
+    const Json j = json_parse(line, where);
+    if (!j.is_object() || !j.contains("document") || !j["document"].is_string() ||
+        !j.contains("expected") || !j["expected"].is_object()) {
+      throw Error(ErrorKind::format,
+                  where + ": a record must be {\"document\": string, \"expected\": object}");
+    }
+    out.push_back({j["document"].get<std::string>(), j["expected"]});
+  }
+  if (out.empty()) throw Error(ErrorKind::format, "no records", {.path = path.string()});
+  // An evenly spaced subset: files are often sorted by label.
+  if (limit > 0 && limit < int64_t(out.size())) {
+    std::vector<Record> some;
+    for (int64_t i = 0; i < limit; ++i)
+      some.push_back(std::move(out[size_t(i * int64_t(out.size()) / limit)]));
+    out = std::move(some);
+  }
+  return out;
+}
+
+// A deterministic 64-bit mix (splitmix64's finaliser) for per-query sampling decisions.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+struct Dataset {
+  std::vector<TaskExample> train, dev;
+  int64_t unlocated = 0;
+};
+
+Dataset build_dataset(const engine::DegModel& model, const FineTuneOptions& o,
+                      const std::function<void(const FineTuneProgress&)>& progress) {
+  Dataset ds;
+  schema::PlanOptions po;
+  po.array_mode = model.array_mode();
+  for (size_t k = 0; k < o.tasks.size(); ++k) {
+    const TaskFiles& t = o.tasks[k];
+    const schema::Plan plan = schema::plan_compile(schema::schema_load(t.schema.string()), po);
+    for (int split = 0; split < 2; ++split) {
+      const fs::path& file = split == 0 ? t.train : t.dev;
+      if (file.empty()) continue;
+      const std::vector<Record> records = read_records(file, split == 0 ? o.max_train : o.max_dev);
+      auto& out = split == 0 ? ds.train : ds.dev;
+      for (size_t r = 0; r < records.size(); ++r) {
+        TaskExample ex;
+        try {
+          ex = make_example(model, plan, records[r].document, records[r].expected, int(k));
+        } catch (const Error& e) {
+          throw Error(e.kind(), fmt::format("{}: record {}: {}", file.string(), r + 1, e.what()));
+        }
+        ds.unlocated += ex.unlocated;
+        if (split == 0 && o.empty_array_rate < 1.0) {
+          std::erase_if(ex.queries, [&, i = uint64_t(0)](const TaskQuery& q) mutable {
+            const uint64_t h = mix(o.seed ^ mix(out.size() * 1000003ull + i++));
+            return q.head == QueryHead::anchor && q.starts.empty() &&
+                   double(h >> 11) * 0x1.0p-53 >= o.empty_array_rate;
+          });
+        }
+        out.push_back(std::move(ex));
+        if (progress && (r + 1) % 64 == 0)
+          progress({.stage = "prepare", .done = int64_t(r + 1), .total = int64_t(records.size())});
+      }
+    }
+  }
+  if (ds.train.empty()) throw Error(ErrorKind::invalid_argument, "no training records");
+  return ds;
+}
+
+// ---- optimisation ----
+
+// AdamW over the heads' trained tensors.
+class HeadsAdam {
+ public:
+  explicit HeadsAdam(const Heads& h) : m_(h.zeros_like()), v_(h.zeros_like()) {}
+  void step(Heads& w, Heads& g, float lr, float wd) {
+    ++t_;
+    const double c1 = 1 - std::pow(0.9, double(t_)), c2 = 1 - std::pow(0.999, double(t_));
+    auto wt = w.tensors(true), gt = g.tensors(true), mt = m_.tensors(true), vt = v_.tensors(true);
+    for (size_t k = 0; k < wt.size(); ++k) {
+      float* p = wt[k].second->mutable_data<float>();
+      float* d = gt[k].second->mutable_data<float>();
+      float* m = mt[k].second->mutable_data<float>();
+      float* v = vt[k].second->mutable_data<float>();
+      const bool decay = wt[k].first.ends_with(".weight");
+      for (int64_t i = 0; i < wt[k].second->numel(); ++i) {
+        m[i] = 0.9f * m[i] + 0.1f * d[i];
+        v[i] = 0.999f * v[i] + 0.001f * d[i] * d[i];
+        const double upd = (m[i] / c1) / (std::sqrt(v[i] / c2) + 1e-8);
+        p[i] -= float(lr * (upd + (decay ? wd * p[i] : 0.0)));
+        d[i] = 0;
+      }
+    }
+  }
+  void save(const fs::path& path) {
+    std::vector<NamedTensor> out;
+    for (auto [prefix, h] : {std::pair{"m.", &m_}, std::pair{"v.", &v_}})
+      for (auto& [name, t] : h->tensors(true)) out.push_back({prefix + name, *t});
+    safetensors_write(path, out, {{"steps", std::to_string(t_)}});
+  }
+  void load(const fs::path& path) {
+    SafetensorsFile f = SafetensorsFile::open(path);
+    for (auto [prefix, h] : {std::pair{"m.", &m_}, std::pair{"v.", &v_}})
+      for (auto& [name, t] : h->tensors(true)) *t = f.tensor(prefix + name).clone();
+    t_ = std::stoll(f.metadata().at("steps"));
+  }
+
+ private:
+  Heads m_, v_;
+  int64_t t_ = 0;
+};
+
+double squared_norm(Heads& g) {
+  double s = 0;
+  for (auto& [name, t] : g.tensors(true)) {
+    const float* d = t->data<float>();
+    for (int64_t i = 0; i < t->numel(); ++i) s += double(d[i]) * d[i];
+  }
+  return s;
+}
+
+void scale(Heads& g, float f) {
+  for (auto& [name, t] : g.tensors(true)) {
+    float* d = t->mutable_data<float>();
+    for (int64_t i = 0; i < t->numel(); ++i) d[i] *= f;
+  }
+}
+
+// Linear warmup, then linear decay to zero.
+float lr_scale(int64_t step, int64_t total, int64_t warmup) {
+  if (step < warmup) return float(step + 1) / float(warmup);
+  return std::max(0.0f, float(total - step) / float(std::max<int64_t>(1, total - warmup)));
+}
+
+// Writes through a temporary file and a rename: the old file may be mapped by the open model.
+template <class F>
+void write_replacing(const fs::path& path, F&& write) {
+  const fs::path tmp = path.string() + ".tmp";
+  write(tmp);
+  fs::rename(tmp, path);
+}
+
+// ---- the trunk being trained, or the cached features of a frozen one ----
+
+class Trainer {
+ public:
+  Trainer(const FineTuneOptions& o, const engine::DegModel& model, Dataset& ds, bool train_trunk)
+      : o_(o),
+        model_(model),
+        ds_(ds),
+        train_trunk_(train_trunk),
+        heads_(model.heads().clone()),
+        hgrad_(heads_.zeros_like()),
+        hadam_(heads_) {
+    if (train_trunk_) {
+      const GptConfig cfg = gpt_config_resolve((o.out / "config.json").string());
+      params_ = GptParams::load(cfg, o.out / "backbone.safetensors", "model.");
+      tgrad_ = params_->zeros_like();
+      OptimizerHyper h;
+      h.adam_lr *= o.trunk_lr;
+      h.muon_lr *= o.trunk_lr;
+      topt_.emplace(*params_, h);
+    }
+  }
+
+  void cache_features(const std::function<void(const FineTuneProgress&)>& progress) {
+    if (train_trunk_) return;
+    for (auto* set : {&ds_.train, &ds_.dev}) {
+      auto& cache = set == &ds_.train ? train_feats_ : dev_feats_;
+      for (size_t i = 0; i < set->size(); ++i) {
+        cache.push_back(engine_features(model_, (*set)[i]));
+        if (progress && ((i + 1) % 16 == 0 || i + 1 == set->size()))
+          progress({.stage = "features", .done = int64_t(i + 1), .total = int64_t(set->size())});
+      }
+    }
+  }
+
+  // One optimizer step over the next examples; returns the mean loss per query.
+  double step(int64_t step, int64_t* tokens, LossStats* stats) {
+    std::vector<size_t> batch = next_batch(tokens);
+    double loss = 0;
+    int64_t queries = 0;
+    for (size_t i : batch) queries += int64_t(ds_.train[i].queries.size());
+    queries = std::max<int64_t>(1, queries);
+    if (train_trunk_) {
+      std::vector<const TaskExample*> exs;
+      for (size_t i : batch) exs.push_back(&ds_.train[i]);
+      const Packed p = pack_examples(exs);
+      const GptStepOptions so = step_options();
+      GptActs acts;
+      gpt_forward(*params_, p.batch, so, acts);
+      const int64_t C = params_->config().model_dim;
+      Buf dfinal = zeros(p.batch.size() * C);
+      for (size_t k = 0; k < exs.size(); ++k) {
+        const Feats f = packed_features(p, exs, k, acts.final_xn.data(), C);
+        Feats df = zeros_like(f);
+        loss += example_loss(heads_, hgrad_, *exs[k], f, df, stats);
+        scatter_features(p, exs, k, df, dfinal.data(), C);
+      }
+      for (float& v : dfinal) v /= float(queries);
+      gpt_backward(*params_, p.batch, so, acts, dfinal.data(), tgrad_);
+    } else {
+      for (size_t i : batch) {
+        Feats df = zeros_like(train_feats_[i]);
+        loss += example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, stats);
+      }
+    }
+    scale(hgrad_, 1.0f / float(queries));
+    if (!std::isfinite(loss))
+      throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
+    // Global norm clipping over heads and trunk.
+    double sq = squared_norm(hgrad_);
+    if (train_trunk_)
+      for (auto& g : tgrad_)
+        for (float v : g.data) sq += double(v) * v;
+    const double norm = std::sqrt(sq);
+    if (o_.clip > 0 && norm > o_.clip) {
+      const float f = float(o_.clip / norm);
+      scale(hgrad_, f);
+      if (train_trunk_)
+        for (auto& g : tgrad_)
+          for (float& v : g.data) v *= f;
+    }
+    const float lr = lr_scale(step, o_.steps, o_.warmup_steps);
+    hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
+    if (train_trunk_) topt_->step(*params_, tgrad_, lr, 0.95f, true, false);
+    return loss / double(queries);
+  }
+
+  // Mean loss per query over the dev examples (by task), forward only.
+  std::vector<double> dev_loss() {
+    std::vector<LossStats> by_task(o_.tasks.size());
+    Heads scratch = heads_.zeros_like();
+    auto add = [&](const TaskExample& ex, const Feats& f) {
+      Feats df = zeros_like(f);
+      example_loss(heads_, scratch, ex, f, df, &by_task[size_t(ex.task)]);
+    };
+    if (train_trunk_) {
+      for_each_dev_pack([&](const Packed& p, const std::vector<const TaskExample*>& exs,
+                            const float* hidden, int64_t C) {
+        for (size_t k = 0; k < exs.size(); ++k) add(*exs[k], packed_features(p, exs, k, hidden, C));
+      });
+    } else {
+      for (size_t i = 0; i < ds_.dev.size(); ++i) add(ds_.dev[i], dev_feats_[i]);
+    }
+    std::vector<double> out;
+    LossStats all;
+    for (const LossStats& s : by_task) {
+      all.add(s);
+      out.push_back(s.total_queries() ? s.total() / double(s.total_queries()) : 0.0);
+    }
+    out.insert(out.begin(), all.total_queries() ? all.total() / double(all.total_queries()) : 0);
+    return out;  // [all, task 0, task 1, ...]
+  }
+
+  // Per head kind, the calibration items of the dev examples (halves: even / odd examples).
+  void calibration_items(std::vector<CalibrationItem> (&fit)[5],
+                         std::vector<CalibrationItem> (&report)[5]) {
+    auto collect = [&](size_t index, const TaskExample& ex, const Feats& f) {
+      auto& out = index % 2 == 0 ? fit : report;
+      const int64_t C = heads_.hidden, T = ex.ctx_tokens;
+      for (size_t i = 0; i < ex.queries.size(); ++i) {
+        const TaskQuery& q = ex.queries[i];
+        const float* a = f.answers.data() + int64_t(i) * C;
+        switch (q.head) {
+          case QueryHead::choice:
+          case QueryHead::score: {
+            const bool choice = q.head == QueryHead::choice;
+            out[int(choice ? HeadKind::choice : HeadKind::score)].push_back(
+                {.a = pointer_logits(choice ? heads_.choice : heads_.score, a,
+                                     f.options.data() + f.option_at[i] * C,
+                                     int64_t(q.option_positions.size())),
+                 .target = q.option});
+            break;
+          }
+          case QueryHead::noul:
+            out[int(HeadKind::noul)].push_back(
+                {.a = {noul_logits(heads_, a, 1)[0], 0.0f}, .target = q.yes ? 0 : 1});
+            break;
+          case QueryHead::count: {
+            std::vector<float> l = count_logits(heads_, a, 1);
+            for (int64_t n = 0; n <= kMaxCount; ++n)
+              if (n < q.count_lo || n > q.count_hi) l[size_t(n)] = -INFINITY;
+            out[int(HeadKind::count)].push_back({.a = std::move(l), .target = q.count});
+            break;
+          }
+          case QueryHead::extract: {
+            const SpanLogits s = span_logits(heads_, a, 1, {q.span_query}, f.ctx.data(), T);
+            const bool null = q.span.start < 0;
+            out[int(HeadKind::extract)].push_back({.a = s.start,
+                                                   .b = s.end,
+                                                   .target = null ? T : q.span.start,
+                                                   .target_end = null ? T : q.span.end});
+            break;
+          }
+          case QueryHead::anchor: break;  // no temperature: a threshold at 0.5
+        }
+      }
+    };
+    if (train_trunk_) {
+      size_t index = 0;
+      for_each_dev_pack([&](const Packed& p, const std::vector<const TaskExample*>& exs,
+                            const float* hidden, int64_t C) {
+        for (size_t k = 0; k < exs.size(); ++k)
+          collect(index++, *exs[k], packed_features(p, exs, k, hidden, C));
+      });
+    } else {
+      for (size_t i = 0; i < ds_.dev.size(); ++i) collect(i, ds_.dev[i], dev_feats_[i]);
+    }
+  }
+
+  Heads& heads() { return heads_; }
+
+  void save_weights(const fs::path& dir) {
+    write_replacing(dir / "heads.safetensors", [&](const fs::path& p) { heads_.save(p); });
+    if (train_trunk_)
+      write_replacing(dir / "backbone.safetensors",
+                      [&](const fs::path& p) { params_->save(p, "model."); });
+  }
+  void save_state(const fs::path& dir) {
+    fs::create_directories(dir);
+    save_weights(dir);
+    hadam_.save(dir / "heads_adam.safetensors");
+    if (train_trunk_) topt_->save(dir / "trunk_optimizer.safetensors");
+  }
+  void load_weights(const fs::path& dir) {
+    heads_ = Heads::load(dir / "heads.safetensors").clone();
+    if (train_trunk_)
+      params_ = GptParams::load(params_->config(), dir / "backbone.safetensors", "model.");
+  }
+  void load_state(const fs::path& dir) {
+    load_weights(dir);
+    hadam_.load(dir / "heads_adam.safetensors");
+    if (train_trunk_) topt_->load(dir / "trunk_optimizer.safetensors");
+  }
+
+  int64_t cursor = 0;  // examples consumed since the start
+
+ private:
+  GptStepOptions step_options() const {
+    return {.window_short = params_->config().window_short,
+            .window_long = params_->config().window_long};
+  }
+
+  // The next examples of the shuffled stream (each epoch its own order) under the token budget.
+  std::vector<size_t> next_batch(int64_t* tokens) {
+    std::vector<size_t> out;
+    int64_t used = 0;
+    const int64_t n = int64_t(ds_.train.size());
+    while (true) {
+      const int64_t epoch = cursor / n, at = cursor % n;
+      if (epoch != order_epoch_) {
+        order_.resize(size_t(n));
+        for (int64_t i = 0; i < n; ++i) order_[size_t(i)] = size_t(i);
+        Rng rng(mix(o_.seed ^ mix(uint64_t(epoch))));
+        for (int64_t i = n - 1; i > 0; --i)
+          std::swap(order_[size_t(i)], order_[rng.next_u64() % uint64_t(i + 1)]);
+        order_epoch_ = epoch;
+      }
+      const size_t e = order_[size_t(at)];
+      const int64_t t = ds_.train[e].tokens();
+      if (!out.empty() && used + t > o_.batch_tokens) break;
+      out.push_back(e);
+      used += t;
+      ++cursor;
+    }
+    *tokens += used;
+    return out;
+  }
+
+  template <class F>
+  void for_each_dev_pack(F&& f) {
+    const int64_t C = params_->config().model_dim;
+    size_t i = 0;
+    while (i < ds_.dev.size()) {
+      std::vector<const TaskExample*> exs;
+      int64_t used = 0;
+      while (i < ds_.dev.size() && (exs.empty() || used + ds_.dev[i].tokens() <= o_.batch_tokens)) {
+        used += ds_.dev[i].tokens();
+        exs.push_back(&ds_.dev[i++]);
+      }
+      const Packed p = pack_examples(exs);
+      GptActs acts;
+      gpt_forward(*params_, p.batch, step_options(), acts);
+      f(p, exs, acts.final_xn.data(), C);
+    }
+  }
+
+  const FineTuneOptions& o_;
+  const engine::DegModel& model_;
+  Dataset& ds_;
+  bool train_trunk_;
+  Heads heads_, hgrad_;
+  HeadsAdam hadam_;
+  std::optional<GptParams> params_;  // a trunk that trains
+  std::vector<ParamTensor> tgrad_;
+  std::optional<GptOptimizer> topt_;
+  std::vector<Feats> train_feats_, dev_feats_;
+  std::vector<size_t> order_;
+  int64_t order_epoch_ = -1;
+};
+
+// out/ as a deg checkpoint of the base: a copy of a deg checkpoint, or `deg init` of a model.
+void prepare_out(const FineTuneOptions& o) {
+  if (o.resume) {
+    if (!fs::exists(o.out / "train_state" / "trainer.json"))
+      throw Error(ErrorKind::not_found, "no train_state/trainer.json to resume from",
+                  {.path = o.out.string()});
+    return;
+  }
+  if (fs::exists(o.out) && !fs::is_empty(o.out))
+    throw Error(ErrorKind::invalid_argument,
+                "output directory exists and is not empty; choose a new --out (or --resume)",
+                {.path = o.out.string()});
+  if (!fs::exists(o.base / "deg.json")) {
+    engine::checkpoint_create({.base = o.base, .out = o.out, .seed = o.seed});
+    return;
+  }
+  if (!fs::exists(o.base / "config.json"))
+    throw Error(ErrorKind::not_found,
+                "this deg checkpoint has no config.json of its own; train from its base instead",
+                {.path = o.base.string()});
+  fs::create_directories(o.out);
+  for (const auto& entry : fs::directory_iterator(o.base)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && (name.ends_with(".json") || name.ends_with(".safetensors")) &&
+        name != "metrics.jsonl")
+      fs::copy_file(entry.path(), o.out / name);
+  }
+}
+
+void write_json(const fs::path& path, const OrderedJson& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out.flush()) throw Error(ErrorKind::io, "cannot write", {.path = path.string()});
+}
+
+}  // namespace
+
+FineTuneResult fine_tune(const FineTuneOptions& o,
+                         const std::function<void(const FineTuneProgress&)>& on_progress) {
+  if (o.tasks.empty()) throw Error(ErrorKind::invalid_argument, "give at least one --task");
+  if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
+  if (!(o.empty_array_rate > 0 && o.empty_array_rate <= 1))
+    throw Error(ErrorKind::invalid_argument, "--empty-array-rate must be in (0, 1]");
+  prepare_out(o);
+  const std::unique_ptr<engine::DegModel> model = engine::DegModel::open(o.out);
+  const bool gpt = model->backbone().spec().family == "gpt";
+  const bool train_trunk = gpt && !o.freeze_trunk;
+  if (!gpt && !o.freeze_trunk)
+    log::info("{} trunk stays frozen: only the heads train (trunk training is for gpt)",
+              model->backbone().spec().family);
+
+  Dataset ds = build_dataset(*model, o, on_progress);
+  FineTuneResult result{.train_examples = int64_t(ds.train.size()),
+                        .dev_examples = int64_t(ds.dev.size()),
+                        .unlocated = ds.unlocated};
+  log::info("{} training and {} dev examples; {} expected values not found in their documents",
+            ds.train.size(), ds.dev.size(), ds.unlocated);
+  Trainer tr(o, *model, ds, train_trunk);
+  tr.cache_features(on_progress);
+
+  const fs::path state = o.out / "train_state";
+  int64_t start = 0, evals_since_best = 0;
+  result.best_dev_loss = INFINITY;
+  if (o.resume) {
+    const Json st = json_load(state / "trainer.json");
+    start = st.at("step").get<int64_t>();
+    tr.cursor = st.at("cursor").get<int64_t>();
+    result.first_dev_loss = st.at("first_dev_loss").get<double>();
+    result.best_dev_loss = st.at("best_dev_loss").get<double>();
+    result.best_step = st.at("best_step").get<int64_t>();
+    evals_since_best = st.at("evals_since_best").get<int64_t>();
+    tr.load_state(state);
+  }
+  std::ofstream metrics(o.out / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
+  if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {.path = o.out.string()});
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  const bool have_dev = !ds.dev.empty();
+  for (int64_t step = start; step < o.steps; ++step) {
+    LossStats stats;
+    const double loss = tr.step(step, &tokens, &stats);
+    const bool last = step + 1 == o.steps;
+    OrderedJson line = {{"step", step + 1}, {"loss", loss}};
+    OrderedJson kinds = OrderedJson::object();
+    for (int k = 0; k < 6; ++k)
+      if (stats.queries[k])
+        kinds[query_head_name(QueryHead(k))] = stats.sum[k] / double(stats.queries[k]);
+    line["loss_by_head"] = kinds;
+    line["lr_scale"] = lr_scale(step, o.steps, o.warmup_steps);
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    FineTuneProgress pr{.stage = "train",
+                        .done = step + 1,
+                        .total = o.steps,
+                        .loss = loss,
+                        .tokens_per_s = secs > 0 ? double(tokens) / secs : 0,
+                        .eta_s = secs / double(step + 1 - start) * double(o.steps - step - 1)};
+    line["tokens_per_s"] = pr.tokens_per_s;
+    bool stop = false;
+    if (last || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)) {
+      const std::vector<double> dev = have_dev ? tr.dev_loss() : std::vector<double>{loss};
+      pr.dev_loss = dev[0];
+      line["dev_loss"] = dev[0];
+      if (have_dev) {
+        OrderedJson by_task = OrderedJson::object();
+        for (size_t k = 0; k < o.tasks.size(); ++k) by_task[o.tasks[k].name] = dev[k + 1];
+        line["dev_loss_by_task"] = by_task;
+      }
+      if (result.first_dev_loss == 0) result.first_dev_loss = dev[0];
+      if (dev[0] < result.best_dev_loss) {
+        result.best_dev_loss = dev[0];
+        result.best_step = step + 1;
+        evals_since_best = 0;
+        tr.save_weights(o.out);
+      } else if (o.patience > 0 && ++evals_since_best >= o.patience) {
+        stop = true;
+        result.stopped_early = true;
+      }
+      tr.save_state(state);
+      write_json(state / "trainer.json", {{"step", step + 1},
+                                          {"cursor", tr.cursor},
+                                          {"first_dev_loss", result.first_dev_loss},
+                                          {"best_dev_loss", result.best_dev_loss},
+                                          {"best_step", result.best_step},
+                                          {"evals_since_best", evals_since_best}});
+    }
+    metrics << line.dump() << "\n" << std::flush;
+    if (on_progress) on_progress(pr);
+    ++result.steps_run;
+    if (stop) break;
+  }
+
+  // Calibration of the best weights on the dev halves.
+  if (o.calibrate && have_dev) {
+    if (on_progress) on_progress({.stage = "calibrate"});
+    tr.load_weights(o.out);  // the best
+    std::vector<CalibrationItem> fit[5], report[5];
+    tr.calibration_items(fit, report);
+    float* temps = tr.heads().temperature.mutable_data<float>();
+    OrderedJson cal = OrderedJson::array();
+    for (int k = 0; k < 5; ++k) {
+      if (fit[k].empty()) continue;
+      const HeadKind kind = HeadKind(k);
+      KindCalibration kc{.kind = kHeadKindNames[size_t(k)],
+                         .temperature = fit_temperature(kind, fit[k]),
+                         .fit_queries = int64_t(fit[k].size()),
+                         .report_queries = int64_t(report[k].size())};
+      std::vector<Decision> before, after;
+      for (const CalibrationItem& it : report[k]) {
+        before.push_back(decide(kind, it, 1.0));
+        after.push_back(decide(kind, it, kc.temperature));
+      }
+      kc.ece_before = expected_calibration_error(before);
+      kc.ece_after = expected_calibration_error(after);
+      temps[k] = float(kc.temperature);
+      cal.push_back({{"kind", kc.kind},
+                     {"temperature", kc.temperature},
+                     {"fit_queries", kc.fit_queries},
+                     {"report_queries", kc.report_queries},
+                     {"ece_before", kc.ece_before},
+                     {"ece_after", kc.ece_after}});
+      result.calibration.push_back(kc);
+    }
+    write_replacing(o.out / "heads.safetensors", [&](const fs::path& p) { tr.heads().save(p); });
+    write_json(o.out / "calibration.json", {{"kinds", cal}});
+  }
+  return result;
+}
+
+}  // namespace deg::train

