@@ -406,12 +406,13 @@ TEST(TrainGradcheck, HeadLosses) {
   const std::vector<Region> regions = {{1, 8}};
   const std::vector<std::vector<int64_t>> starts = {{2, 5}};
   // answers: 0 choice, 1 noul, 2 count, 3..5 spans; the anchor reads answer 0 too.
+  // Each head's loss with its own weight: the gradients carry it, the returned losses do not.
   auto loss = [&](Heads& g, float* da, float* dopts, float* dctx) {
-    double l = pointer_loss(h.choice, g.choice, a.data(), opts.data(), O, 2, da, dopts);
-    l += noul_loss(h, g, a.data() + C, false, da + C);
+    double l = 0.7 * pointer_loss(h.choice, g.choice, a.data(), opts.data(), O, 2, da, dopts, 0.7f);
+    l += 1.3 * noul_loss(h, g, a.data() + C, false, da + C, 1.3f);
     l += count_loss(h, g, a.data() + 2 * C, 1, 7, 3, da + 2 * C);
-    l += span_loss(h, g, a.data() + 3 * C, 3, sq, st, ctx.data(), T, da + 3 * C, dctx);
-    l += anchor_loss(h, g, a.data(), 1, regions, starts, ctx.data(), T, da, dctx);
+    l += 0.5 * span_loss(h, g, a.data() + 3 * C, 3, sq, st, ctx.data(), T, da + 3 * C, dctx, 0.5f);
+    l += 2.0 * anchor_loss(h, g, a.data(), 1, regions, starts, ctx.data(), T, da, dctx, 2.0f);
     return l;
   };
   Heads g = h.zeros_like();

@@ -25,6 +25,13 @@ double LossStats::total() const {
   return s;
 }
 
+double LossStats::balanced() const {
+  double s = 0;
+  for (int k = 0; k < 6; ++k)
+    if (queries[k]) s += sum[k] / double(queries[k]);
+  return s;
+}
+
 int64_t LossStats::total_queries() const {
   int64_t n = 0;
   for (int64_t v : queries) n += v;
@@ -32,8 +39,9 @@ int64_t LossStats::total_queries() const {
 }
 
 double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, const Feats& f,
-                    Feats& df, LossStats* stats) {
+                    Feats& df, LossStats* stats, const float* kind_weight) {
   const int64_t C = heads.hidden, T = ex.ctx_tokens;
+  auto weight = [&](QueryHead h) { return kind_weight ? kind_weight[int(h)] : 1.0f; };
   LossStats st;
   std::vector<size_t> extracts, anchors;
   for (size_t i = 0; i < ex.queries.size(); ++i) {
@@ -48,12 +56,12 @@ double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, cons
         const int64_t at = f.option_at[i] * C;
         l = pointer_loss(choice ? heads.choice : heads.score, choice ? grad.choice : grad.score, a,
                          f.options.data() + at, int64_t(q.option_positions.size()), q.option, da,
-                         df.options.data() + at);
+                         df.options.data() + at, weight(q.head));
         break;
       }
-      case QueryHead::noul: l = noul_loss(heads, grad, a, q.yes, da); break;
+      case QueryHead::noul: l = noul_loss(heads, grad, a, q.yes, da, weight(q.head)); break;
       case QueryHead::count:
-        l = count_loss(heads, grad, a, q.count_lo, q.count_hi, q.count, da);
+        l = count_loss(heads, grad, a, q.count_lo, q.count_hi, q.count, da, weight(q.head));
         break;
       case QueryHead::extract: extracts.push_back(i); continue;
       case QueryHead::anchor: anchors.push_back(i); continue;
@@ -82,7 +90,7 @@ double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, cons
       tg.push_back(ex.queries[i].span);
     }
     return span_loss(heads, grad, a, int64_t(extracts.size()), sq, tg, f.ctx.data(), T, da,
-                     df.ctx.data());
+                     df.ctx.data(), weight(QueryHead::extract));
   });
   stacked(anchors, [&](const float* a, float* da) {
     std::vector<Region> regions;
@@ -92,7 +100,7 @@ double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, cons
       starts.push_back(ex.queries[i].starts);
     }
     return anchor_loss(heads, grad, a, int64_t(anchors.size()), regions, starts, f.ctx.data(), T,
-                       da, df.ctx.data());
+                       da, df.ctx.data(), weight(QueryHead::anchor));
   });
   if (stats) stats->add(st);
   return st.total();

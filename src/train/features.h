@@ -33,12 +33,16 @@ struct LossStats {
   void add(const LossStats& o);
   double total() const;
   int64_t total_queries() const;
+  // The sum over kinds of each kind's mean loss: every kind weighs the same, however many
+  // queries it has (a schema of forty optional arrays has forty anchor queries per choice).
+  double balanced() const;
 };
 
 // The summed head loss of one example; adds the head gradients into `grad` and the hidden
-// states' into `dfeats` (zeros_like(feats)).
+// states' into `dfeats` (zeros_like(feats)), each query's scaled by its kind's weight
+// (QueryHead order; null: 1).
 double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, const Feats& feats,
-                    Feats& dfeats, LossStats* stats = nullptr);
+                    Feats& dfeats, LossStats* stats = nullptr, const float* kind_weight = nullptr);
 
 // The engine's hidden states of one example (any backbone; nothing is trained through them).
 Feats engine_features(const engine::DegModel& model, const TaskExample& ex);

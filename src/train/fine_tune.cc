@@ -238,13 +238,16 @@ class Trainer {
     }
   }
 
-  // One optimizer step over the next examples; returns the mean loss per query.
+  // One optimizer step over the next examples; returns the balanced loss (LossStats).
   double step(int64_t step, int64_t* tokens, LossStats* stats) {
     std::vector<size_t> batch = next_batch(tokens);
-    double loss = 0;
-    int64_t queries = 0;
-    for (size_t i : batch) queries += int64_t(ds_.train[i].queries.size());
-    queries = std::max<int64_t>(1, queries);
+    LossStats st;
+    // Each kind's queries share a weight of 1: the loss is the sum of the kinds' means.
+    int64_t count[6] = {0, 0, 0, 0, 0, 0};
+    for (size_t i : batch)
+      for (const TaskQuery& q : ds_.train[i].queries) ++count[int(q.head)];
+    float weight[6];
+    for (int k = 0; k < 6; ++k) weight[k] = count[k] ? 1.0f / float(count[k]) : 0.0f;
     if (train_trunk_) {
       std::vector<const TaskExample*> exs;
       for (size_t i : batch) exs.push_back(&ds_.train[i]);
@@ -257,18 +260,18 @@ class Trainer {
       for (size_t k = 0; k < exs.size(); ++k) {
         const Feats f = packed_features(p, exs, k, acts.final_xn.data(), C);
         Feats df = zeros_like(f);
-        loss += example_loss(heads_, hgrad_, *exs[k], f, df, stats);
+        example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight);
         scatter_features(p, exs, k, df, dfinal.data(), C);
       }
-      for (float& v : dfinal) v /= float(queries);
       gpt_backward(*params_, p.batch, so, acts, dfinal.data(), tgrad_);
     } else {
       for (size_t i : batch) {
         Feats df = zeros_like(train_feats_[i]);
-        loss += example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, stats);
+        example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, &st, weight);
       }
     }
-    scale(hgrad_, 1.0f / float(queries));
+    if (stats) stats->add(st);
+    const double loss = st.balanced();
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
     // Global norm clipping over heads and trunk.
@@ -287,10 +290,10 @@ class Trainer {
     const float lr = lr_scale(step, o_.steps, o_.warmup_steps);
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
     if (train_trunk_) topt_->step(*params_, tgrad_, lr, 0.95f, true, false);
-    return loss / double(queries);
+    return loss;
   }
 
-  // Mean loss per query over the dev examples (by task), forward only.
+  // The balanced loss over the dev examples (all, then by task), forward only.
   std::vector<double> dev_loss() {
     std::vector<LossStats> by_task(o_.tasks.size());
     Heads scratch = heads_.zeros_like();
@@ -310,9 +313,9 @@ class Trainer {
     LossStats all;
     for (const LossStats& s : by_task) {
       all.add(s);
-      out.push_back(s.total_queries() ? s.total() / double(s.total_queries()) : 0.0);
+      out.push_back(s.balanced());
     }
-    out.insert(out.begin(), all.total_queries() ? all.total() / double(all.total_queries()) : 0);
+    out.insert(out.begin(), all.balanced());
     return out;  // [all, task 0, task 1, ...]
   }
 

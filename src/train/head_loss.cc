@@ -33,8 +33,9 @@ void backward(const Linear& l, Linear& g, const float* x, int64_t n, const float
   if (dx) matmul_nn(dy, l.weight.data<float>(), dx, n, out, in, true);
 }
 
-// Cross-entropy of `target` over the finite logits; writes d loss / d logits (0 where masked).
-double cross_entropy(const float* logits, int64_t n, int64_t target, float* dlogits) {
+// Cross-entropy of `target` over the finite logits; writes weight * d loss / d logits (0 where
+// masked).
+double cross_entropy(const float* logits, int64_t n, int64_t target, float* dlogits, float weight) {
   DEG_CHECK(target >= 0 && target < n && std::isfinite(logits[target]),
             "a training target (index {} of {}) that the head masks", target, n);
   double mx = -std::numeric_limits<double>::infinity();
@@ -45,7 +46,7 @@ double cross_entropy(const float* logits, int64_t n, int64_t target, float* dlog
     if (std::isfinite(logits[i])) sum += std::exp(double(logits[i]) - mx);
   for (int64_t i = 0; i < n; ++i) {
     const double p = std::isfinite(logits[i]) ? std::exp(double(logits[i]) - mx) / sum : 0.0;
-    dlogits[i] = float(p - (i == target ? 1.0 : 0.0));
+    dlogits[i] = weight * float(p - (i == target ? 1.0 : 0.0));
   }
   return mx + std::log(sum) - double(logits[target]);
 }
@@ -58,10 +59,11 @@ double softplus(double x) {
 }  // namespace
 
 double pointer_loss(const PointerHeadWeights& head, PointerHeadWeights& grad, const float* answer,
-                    const float* options, int64_t O, int64_t target, float* da, float* doptions) {
+                    const float* options, int64_t O, int64_t target, float* da, float* doptions,
+                    float weight) {
   const std::vector<float> logits = pointer_logits(head, answer, options, O);
   Buf dl = zeros(O);
-  const double loss = cross_entropy(logits.data(), O, target, dl.data());
+  const double loss = cross_entropy(logits.data(), O, target, dl.data(), weight);
   // logit_i = q . k_i / sqrt(d) + prior(o_i)
   const Buf q = forward(head.query, answer, 1);
   const Buf k = forward(head.key, options, O);
@@ -76,28 +78,29 @@ double pointer_loss(const PointerHeadWeights& head, PointerHeadWeights& grad, co
   return loss;
 }
 
-double noul_loss(const Heads& heads, Heads& grad, const float* answer, bool target, float* da) {
+double noul_loss(const Heads& heads, Heads& grad, const float* answer, bool target, float* da,
+                 float weight) {
   const float two[2] = {noul_logits(heads, answer, 1)[0], 0.0f};
   float d2[2];
-  const double loss = cross_entropy(two, 2, target ? 0 : 1, d2);
+  const double loss = cross_entropy(two, 2, target ? 0 : 1, d2, weight);
   backward(heads.noul, grad.noul, answer, 1, &d2[0], da);
   return loss;
 }
 
 double count_loss(const Heads& heads, Heads& grad, const float* answer, int64_t lo, int64_t hi,
-                  int64_t target, float* da) {
+                  int64_t target, float* da, float weight) {
   std::vector<float> logits = count_logits(heads, answer, 1);
   for (int64_t i = 0; i <= kMaxCount; ++i)
     if (i < lo || i > hi) logits[size_t(i)] = -std::numeric_limits<float>::infinity();
   Buf dl = zeros(kMaxCount + 1);
-  const double loss = cross_entropy(logits.data(), kMaxCount + 1, target, dl.data());
+  const double loss = cross_entropy(logits.data(), kMaxCount + 1, target, dl.data(), weight);
   backward(heads.count, grad.count, answer, 1, dl.data(), da);
   return loss;
 }
 
 double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                  const std::vector<SpanQuery>& queries, const std::vector<SpanTarget>& targets,
-                 const float* context, int64_t T, float* da, float* dcontext) {
+                 const float* context, int64_t T, float* da, float* dcontext, float weight) {
   DEG_CHECK(int64_t(targets.size()) == n, "{} span targets for {} queries", targets.size(), n);
   const SpanLogits lg = span_logits(heads, answers, n, queries, context, T);
   const int64_t W = T + 1, nb = int64_t(kRelEdges.size()) + 1;
@@ -112,8 +115,8 @@ double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t 
               t.start, t.end, T);
     float* ds = &d_start[size_t(i * W)];
     float* de = &d_end[size_t(i * W)];
-    loss += cross_entropy(&lg.start[size_t(i * W)], W, null ? T : t.start, ds);
-    loss += cross_entropy(&lg.end[size_t(i * W)], W, null ? T : t.end, de);
+    loss += cross_entropy(&lg.start[size_t(i * W)], W, null ? T : t.start, ds, weight);
+    loss += cross_entropy(&lg.end[size_t(i * W)], W, null ? T : t.end, de, weight);
     const SpanQuery& q = queries[size_t(i)];
     if (q.anchor < 0) continue;
     const int64_t hi = q.region_end < 0 ? T : std::min(q.region_end, T);
@@ -152,7 +155,7 @@ double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t 
 double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                    const std::vector<Region>& regions,
                    const std::vector<std::vector<int64_t>>& starts, const float* context, int64_t T,
-                   float* da, float* dcontext) {
+                   float* da, float* dcontext, float weight) {
   DEG_CHECK(int64_t(starts.size()) == n, "{} anchor targets for {} queries", starts.size(), n);
   const std::vector<float> lg = anchor_logits(heads, answers, n, regions, context, T);
   const PointerHeadWeights& an = heads.anchor;
@@ -169,7 +172,8 @@ double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_
       const double l = lg[size_t(i * T + c)];
       if (!std::isfinite(l)) continue;
       loss += softplus(is_start[size_t(c)] ? -l : l);
-      dl[size_t(i * T + c)] = float(1.0 / (1.0 + std::exp(-l)) - (is_start[size_t(c)] ? 1 : 0));
+      dl[size_t(i * T + c)] =
+          weight * float(1.0 / (1.0 + std::exp(-l)) - (is_start[size_t(c)] ? 1 : 0));
     }
   }
   // logit = q(a) . k(c_t) / sqrt(d) + prior(c_t)

@@ -9,7 +9,8 @@
 //                  null outcome (index T); inside an anchored item the relative bias takes part
 //   anchor         sum over the region's tokens of BCE(logit, "an item starts here")
 //
-// Every function returns the summed loss of its queries and adds into the gradients it is given:
+// Every function returns the summed loss of its queries and adds `weight` times its gradients
+// into the ones it is given:
 // the head tensors (a Heads of Heads::zeros_like) and the hidden states (answers, options,
 // context), which the trunk's backward takes from there. Temperatures stay 1 while training
 // (calibration fits them afterwards).
@@ -26,14 +27,16 @@ namespace deg::train {
 
 // answer [C], options [O, C]; target in [0, O). Adds into da [C], doptions [O, C].
 double pointer_loss(const PointerHeadWeights& head, PointerHeadWeights& grad, const float* answer,
-                    const float* options, int64_t O, int64_t target, float* da, float* doptions);
+                    const float* options, int64_t O, int64_t target, float* da, float* doptions,
+                    float weight = 1.0f);
 
 // answer [C]; target true or false.
-double noul_loss(const Heads& heads, Heads& grad, const float* answer, bool target, float* da);
+double noul_loss(const Heads& heads, Heads& grad, const float* answer, bool target, float* da,
+                 float weight = 1.0f);
 
 // answer [C]; target in [lo, hi], the counts the field allows (the others are masked).
 double count_loss(const Heads& heads, Heads& grad, const float* answer, int64_t lo, int64_t hi,
-                  int64_t target, float* da);
+                  int64_t target, float* da, float weight = 1.0f);
 
 // Inclusive context-token span; start = -1: the null outcome.
 struct SpanTarget {
@@ -42,12 +45,12 @@ struct SpanTarget {
 // answers [n, C] over one context [T, C]; adds into da [n, C] and dcontext [T, C].
 double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                  const std::vector<SpanQuery>& queries, const std::vector<SpanTarget>& targets,
-                 const float* context, int64_t T, float* da, float* dcontext);
+                 const float* context, int64_t T, float* da, float* dcontext, float weight = 1.0f);
 
 // answers [n, C]; starts[i]: the item-start tokens of query i, inside its region.
 double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                    const std::vector<Region>& regions,
                    const std::vector<std::vector<int64_t>>& starts, const float* context, int64_t T,
-                   float* da, float* dcontext);
+                   float* da, float* dcontext, float weight = 1.0f);
 
 }  // namespace deg::train
