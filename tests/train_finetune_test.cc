@@ -211,5 +211,76 @@ TEST(TrainCalibrate, FitsTheTemperatureTheLabelsWereDrawnAt) {
               (std::fabs(1 - 1.1) + std::fabs(1 - 0.95)) / 3, 1e-12);
 }
 
+// Records of kSchema in shared/data's format.
+void write_records(const fs::path& path, int n, uint64_t seed) {
+  const char* artists[] = {"Muse", "Queen", "Abba", "Blur"};
+  const char* cities[] = {"Paris", "Rome", "Lyon", "Oslo"};
+  Rng rng(seed);
+  std::ofstream out(path);
+  for (int i = 0; i < n; ++i) {
+    const std::string a = artists[rng.next_u64() % 4], c = cities[rng.next_u64() % 4];
+    Json r;
+    if (i % 3 == 0) {
+      r = {{"document", "play " + a + " in " + c},
+           {"expected", {{"intent", "PlayMusic"}, {"city", c}, {"artists", {a}}}}};
+    } else if (i % 3 == 1) {
+      r = {{"document", "weather in " + c + " today?"},
+           {"expected", {{"intent", "GetWeather"}, {"city", c}}}};
+    } else {
+      r = {{"document", "book a table, urgent, stop at " + c},
+           {"expected",
+            {{"intent", "BookRestaurant"}, {"urgent", true}, {"stops", {{{"name", c}}}}}}};
+    }
+    out << r.dump() << "\n";
+  }
+}
+
+TEST(TrainFineTune, ResumeContinuesExactly) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 4);
+  deg::testing::write_text(t / "schema.json", kSchema);
+  write_records(t / "train.jsonl", 12, 1);
+  write_records(t / "dev.jsonl", 4, 2);
+  const std::string task = (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
+                           (t / "dev.jsonl").string();
+  auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "train",   "--base", ckpt.string(),    "--out", (t / out).string(), "--task", task,
+        "--steps", "6",      "--batch-tokens", "600",   "--eval-every",     "2",      "--quiet"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return deg::testing::run_deg(args);
+  };
+  auto r = run("straight", {});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json summary = Json::parse(r.out);
+  EXPECT_EQ(summary["steps"], 6);
+  EXPECT_EQ(summary["train_examples"], 12);
+  EXPECT_EQ(summary["unlocated_values"], 0);
+  EXPECT_FALSE(summary["calibration"].empty());
+  ASSERT_EQ(run("half", {"--stop-at", "4"}).exit_code, 0);
+  EXPECT_FALSE(fs::exists(t / "half" / "calibration.json"));  // calibration comes at the end
+  r = run("half", {"--resume"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"heads.safetensors", "backbone.safetensors"}) {
+    EXPECT_EQ(deg::testing::read_text(t / "half" / "train_state" / f),
+              deg::testing::read_text(t / "straight" / "train_state" / f))
+        << f;
+  }
+  EXPECT_NE(deg::testing::read_text(t / "straight" / "train_state" / "backbone.safetensors"),
+            deg::testing::read_text(ckpt / "backbone.safetensors"));  // the trunk trained
+  int lines = 0;
+  std::ifstream m(t / "half" / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) lines += !line.empty();
+  EXPECT_EQ(lines, 6);
+  // The checkpoint fills (the engine reads what the trainer wrote) and refuses a second run
+  // into the same directory.
+  deg::testing::write_text(t / "doc.txt", "play Abba in Rome");
+  r = deg::testing::run_deg({"fill", "--model", (t / "straight").string(), "--schema",
+                             (t / "schema.json").string(), "--allow-missing",
+                             (t / "doc.txt").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(run("straight", {}).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace deg::train

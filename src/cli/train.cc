@@ -65,6 +65,9 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of fresh heads, record order and sampling")
       ->capture_default_str();
+  cmd->add_option("--stop-at", o->stop_at,
+                  "Stop after N steps, saved for --resume (the schedule stays --steps')")
+      ->capture_default_str();
   cmd->add_flag("--freeze-trunk", o->freeze_trunk, "gpt: train the heads only");
   cmd->add_flag("--no-calibrate", *no_calibrate, "Keep the temperatures as they are");
   cmd->add_flag("--resume", o->resume, "Continue the run in --out from its last evaluation");

@@ -547,7 +547,8 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   for (int64_t step = start; step < o.steps; ++step) {
     LossStats stats;
     const double loss = tr.step(step, &tokens, &stats);
-    const bool last = step + 1 == o.steps;
+    const bool pause = o.stop_at > 0 && step + 1 == o.stop_at && !(step + 1 == o.steps);
+    const bool last = step + 1 == o.steps || pause;
     OrderedJson line = {{"step", step + 1}, {"loss", loss}};
     OrderedJson kinds = OrderedJson::object();
     for (int k = 0; k < 6; ++k)
@@ -596,6 +597,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     if (on_progress) on_progress(pr);
     ++result.steps_run;
     if (stop) break;
+    if (pause) return result;  // --resume continues; calibration comes at the real end
   }
 
   // Calibration of the best weights on the dev halves.

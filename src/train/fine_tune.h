@@ -53,6 +53,7 @@ struct FineTuneOptions {
   float clip = 1.0f;       // global gradient norm (0: none)
   int64_t eval_every = 0;  // 0: only at the end
   int64_t patience = 0;    // stop after this many evaluations without a better dev loss (0: never)
+  int64_t stop_at = 0;  // stop after this many steps (evaluated and saved for --resume); 0: steps
   bool freeze_trunk = false;  // gpt: train the heads only
   bool calibrate = true;
   bool resume = false;
