@@ -1,5 +1,6 @@
 // Metric arithmetic on hand-made predictions; every expected number is worked out by hand in the
 // comments next to it.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "schema/metrics.h"
@@ -137,6 +138,29 @@ TEST(SchemaMetrics, EmptyIsZeroNotNan) {
   EXPECT_EQ(m.ece(), 0.0);
   EXPECT_EQ(m.extract.f1(), 0.0);
   EXPECT_EQ(m.exact_match(), 0.0);
+}
+
+}  // namespace
+}  // namespace deg::schema
+
+namespace deg::schema {
+namespace {
+
+TEST(SchemaMetrics, ReliabilitySvgDrawsEveryNonEmptyBin) {
+  Metrics m;
+  m.bins[2] = {.count = 4, .confidence_sum = 1.0, .correct = 1};  // conf 0.25, accuracy 0.25
+  m.bins[9] = {.count = 6, .confidence_sum = 5.7, .correct = 3};  // conf 0.95, accuracy 0.5
+  const std::string svg = reliability_svg(m, "a <model> & data");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  size_t bars = 0;
+  for (size_t at = svg.find("class=\"bin\""); at != std::string::npos;
+       at = svg.find("class=\"bin\"", at + 1))
+    ++bars;
+  EXPECT_EQ(bars, 2u);
+  EXPECT_NE(svg.find("bin 9: 6 values, accuracy 0.5000, confidence 0.9500"), std::string::npos);
+  EXPECT_NE(svg.find(fmt::format("ECE {:.4f}", m.ece())), std::string::npos);
+  EXPECT_NE(svg.find("a &lt;model&gt; &amp; data"), std::string::npos);  // escaped
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 
 namespace deg::cli {
 
+namespace fs = std::filesystem;
+
 namespace {
 
 struct EvalArgs {
@@ -28,6 +30,7 @@ struct EvalArgs {
   int64_t batch = 16;
   int64_t errors = 0;  // --errors N: the N records with the most errors
   bool json = false;
+  std::string plot;  // --plot FILE: the reliability diagram (SVG)
 };
 
 // A scored record kept for --errors.
@@ -191,6 +194,14 @@ void run_eval(const EvalArgs& a) {
   if (tty) std::fprintf(stderr, "\n");
   if (failed)
     std::fprintf(stderr, "deg eval: %lld documents failed and count as empty\n", (long long)failed);
+  if (!a.plot.empty()) {
+    std::FILE* f = std::fopen(a.plot.c_str(), "wb");
+    const std::string svg =
+        schema::reliability_svg(acc.result(), fs::path(a.model).filename().string() + " on " +
+                                                  fs::path(a.data).filename().string());
+    if (!f || std::fwrite(svg.data(), 1, svg.size(), f) != svg.size() || std::fclose(f) != 0)
+      throw Error(ErrorKind::io, "cannot write the reliability diagram", {.path = a.plot});
+  }
   if (a.json) {
     OrderedJson out = schema::metrics_to_json(acc.result());
     if (a.errors > 0) {
@@ -244,6 +255,8 @@ void add_eval_command(CLI::App& app) {
                   "marked, the expected and deg's values (--json: under \"worst\")")
       ->check(CLI::Range(int64_t(0), int64_t(1000)));
   cmd->add_flag("--json", a->json, "Print the metrics as JSON");
+  cmd->add_option("--plot", a->plot,
+                  "Write the reliability diagram (accuracy against confidence, 10 bins) as SVG");
   add_device_option(cmd, a->device);
   cmd->callback([a] { run_eval(*a); });
 }

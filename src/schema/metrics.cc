@@ -2,6 +2,8 @@
 // and the JSON together, so a field inside array items contributes one value per item.
 #include "schema/metrics.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -95,6 +97,70 @@ int64_t Metrics::calibrated() const {
   int64_t n = 0;
   for (const CalibrationBin& b : bins) n += b.count;
   return n;
+}
+
+std::string reliability_svg(const Metrics& m, const std::string& title) {
+  // A 400 x 400 plot area at (60, 50), confidence on x, accuracy on y.
+  const double x0 = 60, y0 = 450, side = 400;
+  auto X = [&](double v) { return x0 + v * side; };
+  auto Y = [&](double v) { return y0 - v * side; };
+  std::string escaped;
+  for (char c : title) {
+    if (c == '<')
+      escaped += "&lt;";
+    else if (c == '>')
+      escaped += "&gt;";
+    else if (c == '&')
+      escaped += "&amp;";
+    else
+      escaped += c;
+  }
+  std::string svg = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"500\" height=\"520\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"500\" height=\"520\" fill=\"white\"/>\n"
+      "<text x=\"250\" y=\"25\" text-anchor=\"middle\" font-size=\"14\">{} — ECE {:.4f} "
+      "({} values)</text>\n",
+      escaped, m.ece(), m.calibrated());
+  for (int i = 0; i <= 10; ++i) {
+    const double v = i / 10.0;
+    svg += fmt::format(
+        "<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>"
+        "<line x1=\"{3:.1f}\" y1=\"{4:.1f}\" x2=\"{5:.1f}\" y2=\"{4:.1f}\" stroke=\"#eee\"/>\n",
+        X(v), Y(0), Y(1), X(0), Y(v), X(1));
+    svg += fmt::format(
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">{:.1f}</text>"
+        "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.1f}</text>\n",
+        X(v), y0 + 16, v, x0 - 6, Y(v) + 4, v);
+  }
+  for (size_t b = 0; b < m.bins.size(); ++b) {
+    const CalibrationBin& bin = m.bins[b];
+    if (bin.count == 0) continue;
+    const double acc = double(bin.correct) / double(bin.count);
+    const double conf = bin.confidence_sum / double(bin.count);
+    const double lo = double(b) / 10.0;
+    svg += fmt::format(
+        "<rect class=\"bin\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" "
+        "fill=\"#4878d0\" stroke=\"white\"><title>bin {}: {} values, accuracy {:.4f}, "
+        "confidence {:.4f}</title></rect>\n",
+        X(lo), Y(acc), side / 10.0, acc * side, b, bin.count, acc, conf);
+    svg += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#d65f5f\" "
+        "stroke-width=\"2\"/>\n<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" "
+        "font-size=\"10\">{}</text>\n",
+        X(lo), Y(conf), X(lo + 0.1), Y(conf), X(lo + 0.05), Y(acc) - 4, bin.count);
+  }
+  svg += fmt::format(
+      "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"black\" "
+      "stroke-dasharray=\"4 3\"/>\n"
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" "
+      "stroke=\"black\"/>\n"
+      "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\">confidence (bars: accuracy, "
+      "red: mean confidence, numbers: values)</text>\n"
+      "<text x=\"15\" y=\"{:.1f}\" transform=\"rotate(-90 15 {:.1f})\" "
+      "text-anchor=\"middle\">accuracy</text>\n</svg>\n",
+      X(0), Y(0), X(1), Y(1), x0, Y(1), side, side, X(0.5), y0 + 36, Y(0.5), Y(0.5));
+  return svg;
 }
 
 double Metrics::ece() const {

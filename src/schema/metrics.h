@@ -95,6 +95,11 @@ std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> top_confusi
 // [{gold, predicted, count}])}, "ece", "calibrated", "bins": [...]}
 OrderedJson metrics_to_json(const Metrics& metrics);
 
+// The reliability diagram of `m`'s confidence bins as a standalone SVG: per bin a bar of its
+// accuracy at the bin's place, its mean confidence marked, the diagonal of perfect calibration,
+// each bin's count, and the ECE in the title line after `title`. Empty bins draw no bar.
+std::string reliability_svg(const Metrics& m, const std::string& title);
+
 // A record as compared for exact match: nulls, empty arrays, empty objects and x-generate
 // values dropped; multi-select arrays sorted. nullopt when nothing is left.
 std::optional<Json> normalize_record(const Field& field, const Json& value);
