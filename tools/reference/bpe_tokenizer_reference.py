@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""What HF `tokenizers` makes of held-out text with a tokenizer.json that deg's trainer wrote.
+
+The golden side of tests/tokenizer_train_test.cc (TokenizerTrainGolden): the fixture directory
+tests/fixtures/tokenizers/trained_bpe holds
+
+  train.txt       the training text (README.md and three docs/*.md, concatenated)
+  tokenizer.json  `deg tokenizer train --vocab 1000 --out DIR train.txt` (DIR/tokenizer.json)
+  heldout.jsonl   one JSON string per line: texts not in train.txt (unicode, numbers, whitespace
+                  runs, newlines, special tokens, code)
+
+and this script, run where `tokenizers` is installed (the GPU machine: PyPI is not reachable
+here), loads that tokenizer.json with HF's loader and, for every held-out text, records
+
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    {"ids": enc.ids, "offsets": compact(enc.offsets),
+     "decoded": tokenizer.decode(enc.ids, skip_special_tokens=False)}
+
+Offsets are code points (HF's Python binding), stored compactly as in tokenizer_fixtures.py: an
+int L is [prev_end, prev_end + L], a pair [s, e] is given as is.
+
+Files written to --out: expected.jsonl (one line per held-out text) and meta.json (versions,
+vocabulary size, token count). Copy both into the fixture directory.
+
+usage: python3 tools/reference/bpe_tokenizer_reference.py --out DIR [--fixtures DIR]
+"""
+
+import argparse
+import json
+import pathlib
+import platform
+
+import tokenizers
+from tokenizers import Tokenizer
+
+
+def compact(offsets):
+    out, prev = [], 0
+    for s, e in offsets:
+        out.append(e - s if s == prev else [s, e])
+        prev = e
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fixtures", default="tests/fixtures/tokenizers/trained_bpe")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    fixtures, out = pathlib.Path(args.fixtures), pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok = Tokenizer.from_file(str(fixtures / "tokenizer.json"))
+    with open(fixtures / "heldout.jsonl", encoding="utf-8", newline="") as f:
+        texts = [json.loads(line) for line in f.read().split("\n") if line]
+
+    tokens = 0
+    with open(out / "expected.jsonl", "w", encoding="utf-8", newline="") as f:
+        for text in texts:
+            enc = tok.encode(text, add_special_tokens=False)
+            tokens += len(enc.ids)
+            line = {"ids": enc.ids, "offsets": compact(enc.offsets),
+                    "decoded": tok.decode(enc.ids, skip_special_tokens=False)}
+            f.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
+
+    meta = {"tokenizers": tokenizers.__version__, "python": platform.python_version(),
+            "vocab_size": tok.get_vocab_size(with_added_tokens=True), "texts": len(texts),
+            "tokens": tokens}
+    (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()
