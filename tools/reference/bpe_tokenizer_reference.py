@@ -22,16 +22,25 @@ int L is [prev_end, prev_end + L], a pair [s, e] is given as is.
 Files written to --out: expected.jsonl (one line per held-out text) and meta.json (versions,
 vocabulary size, token count). Copy both into the fixture directory.
 
+With --train-vocab N it also trains HF's own BpeTrainer on train.txt with deg's settings (ByteLevel
+pre-tokenizer without prefix space, the 256-character byte alphabet, min_frequency 2,
+<|endoftext|> special, the text cut at that token as deg cuts it) and writes hf_merges.json
+(its merges, [["a", "b"], ...]), so that deg's merges can be compared with HF's.
+
 usage: python3 tools/reference/bpe_tokenizer_reference.py --out DIR [--fixtures DIR]
+           [--train-vocab N]
 """
 
 import argparse
 import json
 import pathlib
 import platform
+import time
 
 import tokenizers
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+SPECIAL = "<|endoftext|>"
 
 
 def compact(offsets):
@@ -42,10 +51,25 @@ def compact(offsets):
     return out
 
 
+def hf_train(text_path, vocab_size):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    with open(text_path, encoding="utf-8", errors="replace", newline="") as f:
+        segments = f.read().split(SPECIAL)
+    start = time.perf_counter()
+    tok.train_from_iterator(segments, trainer)
+    seconds = time.perf_counter() - start
+    return json.loads(tok.to_str())["model"]["merges"], seconds
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fixtures", default="tests/fixtures/tokenizers/trained_bpe")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--train-vocab", type=int, default=0)
     args = ap.parse_args()
     fixtures, out = pathlib.Path(args.fixtures), pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -66,6 +90,10 @@ def main():
     meta = {"tokenizers": tokenizers.__version__, "python": platform.python_version(),
             "vocab_size": tok.get_vocab_size(with_added_tokens=True), "texts": len(texts),
             "tokens": tokens}
+    if args.train_vocab:
+        merges, meta["hf_train_s"] = hf_train(fixtures / "train.txt", args.train_vocab)
+        (out / "hf_merges.json").write_text(json.dumps(merges, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(meta))
 
