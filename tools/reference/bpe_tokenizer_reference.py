@@ -24,8 +24,9 @@ vocabulary size, token count). Copy both into the fixture directory.
 
 With --train-vocab N it also trains HF's own BpeTrainer on train.txt with deg's settings (ByteLevel
 pre-tokenizer without prefix space, the 256-character byte alphabet, min_frequency 2,
-<|endoftext|> special, the text cut at that token as deg cuts it) and writes hf_merges.json
-(its merges, [["a", "b"], ...]), so that deg's merges can be compared with HF's.
+<|endoftext|> special, the text cut at that token as deg cuts it) and writes hf_tokenizer.json,
+so that deg's vocabulary and merges can be compared with HF's. A fixture directory without a
+tokenizer.json then has its held-out texts encoded with HF's trained tokenizer.
 
 usage: python3 tools/reference/bpe_tokenizer_reference.py --out DIR [--fixtures DIR]
            [--train-vocab N]
@@ -38,7 +39,7 @@ import platform
 import time
 
 import tokenizers
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL = "<|endoftext|>"
 
@@ -54,6 +55,7 @@ def compact(offsets):
 def hf_train(text_path, vocab_size):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
@@ -61,8 +63,7 @@ def hf_train(text_path, vocab_size):
         segments = f.read().split(SPECIAL)
     start = time.perf_counter()
     tok.train_from_iterator(segments, trainer)
-    seconds = time.perf_counter() - start
-    return json.loads(tok.to_str())["model"]["merges"], seconds
+    return tok, time.perf_counter() - start
 
 
 def main():
@@ -74,7 +75,12 @@ def main():
     fixtures, out = pathlib.Path(args.fixtures), pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    tok = Tokenizer.from_file(str(fixtures / "tokenizer.json"))
+    hf_trained, hf_train_s = None, None
+    if args.train_vocab:
+        hf_trained, hf_train_s = hf_train(fixtures / "train.txt", args.train_vocab)
+        hf_trained.save(str(out / "hf_tokenizer.json"))
+    ours = fixtures / "tokenizer.json"
+    tok = Tokenizer.from_file(str(ours)) if ours.exists() else hf_trained
     with open(fixtures / "heldout.jsonl", encoding="utf-8", newline="") as f:
         texts = [json.loads(line) for line in f.read().split("\n") if line]
 
@@ -90,10 +96,8 @@ def main():
     meta = {"tokenizers": tokenizers.__version__, "python": platform.python_version(),
             "vocab_size": tok.get_vocab_size(with_added_tokens=True), "texts": len(texts),
             "tokens": tokens}
-    if args.train_vocab:
-        merges, meta["hf_train_s"] = hf_train(fixtures / "train.txt", args.train_vocab)
-        (out / "hf_merges.json").write_text(json.dumps(merges, ensure_ascii=False) + "\n",
-                                            encoding="utf-8")
+    if hf_train_s is not None:
+        meta["hf_train_s"] = hf_train_s
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(meta))
 
