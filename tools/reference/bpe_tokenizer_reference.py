@@ -1,35 +1,34 @@
 #!/usr/bin/env python3
-"""What HF `tokenizers` makes of held-out text with a tokenizer.json that deg's trainer wrote.
+"""HF `tokenizers` as the reference for `deg tokenizer train` and for encoding with its output.
 
-The golden side of tests/tokenizer_train_test.cc (TokenizerTrainGolden): the fixture directory
+The golden side of tests/tokenizer_train_test.cc (TokenizerTrainGolden). The fixture directory
 tests/fixtures/tokenizers/trained_bpe holds
 
-  train.txt       the training text (README.md and three docs/*.md, concatenated)
-  tokenizer.json  `deg tokenizer train --vocab 1000 --out DIR train.txt` (DIR/tokenizer.json)
-  heldout.jsonl   one JSON string per line: texts not in train.txt (unicode, numbers, whitespace
-                  runs, newlines, special tokens, code)
+  train.txt       the training text: README.md, docs/tokenizer.md, docs/training.md of commit
+                  90a89ae, concatenated
+  heldout.jsonl   held-out texts, one JSON string per line: every third text of
+                  tests/fixtures/tokenizers/corpus.jsonl (unicode, numbers, whitespace runs,
+                  newlines, special-token strings, code)
+  tokenizer.json  what `deg tokenizer train --vocab 1000 --out DIR train.txt` wrote
 
-and this script, run where `tokenizers` is installed (the GPU machine: PyPI is not reachable
-here), loads that tokenizer.json with HF's loader and, for every held-out text, records
+This script, run where `tokenizers` is installed (the GPU machine: PyPI is not reachable here):
 
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    {"ids": enc.ids, "offsets": compact(enc.offsets),
-     "decoded": tokenizer.decode(enc.ids, skip_special_tokens=False)}
+1. trains HF's own BpeTrainer on train.txt with deg's settings (ByteLevel pre-tokenizer without
+   prefix space, the 256-character byte alphabet, min_frequency 2, <|endoftext|> special, the
+   text cut at that token as deg cuts it; deg's post-processor and decoder sections) and writes
+   hf_tokenizer.json, which the test compares with deg's tokenizer.json as JSON;
+2. loads tokenizer.json (HF's trained one when the directory has none) and, for every held-out
+   text, records
 
-Offsets are code points (HF's Python binding), stored compactly as in tokenizer_fixtures.py: an
-int L is [prev_end, prev_end + L], a pair [s, e] is given as is.
+       enc = tokenizer.encode(text, add_special_tokens=False)
+       {"ids": enc.ids, "offsets": compact(enc.offsets),
+        "decoded": tokenizer.decode(enc.ids, skip_special_tokens=False)}
 
-Files written to --out: expected.jsonl (one line per held-out text) and meta.json (versions,
-vocabulary size, token count). Copy both into the fixture directory.
+   in expected.jsonl. Offsets are code points (HF's Python binding), stored compactly as in
+   tokenizer_fixtures.py: an int L is [prev_end, prev_end + L], a pair [s, e] is given as is;
+3. writes meta.json (versions, vocabulary size, token count, HF's training time).
 
-With --train-vocab N it also trains HF's own BpeTrainer on train.txt with deg's settings (ByteLevel
-pre-tokenizer without prefix space, the 256-character byte alphabet, min_frequency 2,
-<|endoftext|> special, the text cut at that token as deg cuts it) and writes hf_tokenizer.json,
-so that deg's vocabulary and merges can be compared with HF's. A fixture directory without a
-tokenizer.json then has its held-out texts encoded with HF's trained tokenizer.
-
-usage: python3 tools/reference/bpe_tokenizer_reference.py --out DIR [--fixtures DIR]
-           [--train-vocab N]
+usage: python3 tools/reference/bpe_tokenizer_reference.py --out DIR [--fixtures DIR] [--vocab N]
 """
 
 import argparse
@@ -39,9 +38,12 @@ import platform
 import time
 
 import tokenizers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 SPECIAL = "<|endoftext|>"
+# deg's post_processor and decoder sections (src/text/bpe_train.cc, bpe_tokenizer_json).
+DEG_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                  "use_regex": True}
 
 
 def compact(offsets):
@@ -55,7 +57,6 @@ def compact(offsets):
 def hf_train(text_path, vocab_size):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
@@ -63,27 +64,29 @@ def hf_train(text_path, vocab_size):
         segments = f.read().split(SPECIAL)
     start = time.perf_counter()
     tok.train_from_iterator(segments, trainer)
-    return tok, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    j = json.loads(tok.to_str())
+    j["post_processor"] = DEG_BYTE_LEVEL
+    j["decoder"] = DEG_BYTE_LEVEL
+    return Tokenizer.from_str(json.dumps(j)), seconds
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fixtures", default="tests/fixtures/tokenizers/trained_bpe")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--train-vocab", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=1000)
     args = ap.parse_args()
     fixtures, out = pathlib.Path(args.fixtures), pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    hf_trained, hf_train_s = None, None
-    if args.train_vocab:
-        hf_trained, hf_train_s = hf_train(fixtures / "train.txt", args.train_vocab)
-        hf_trained.save(str(out / "hf_tokenizer.json"))
+    trained, train_s = hf_train(fixtures / "train.txt", args.vocab)
+    trained.save(str(out / "hf_tokenizer.json"), pretty=False)
     ours = fixtures / "tokenizer.json"
-    tok = Tokenizer.from_file(str(ours)) if ours.exists() else hf_trained
+    tok = Tokenizer.from_file(str(ours)) if ours.exists() else trained
+
     with open(fixtures / "heldout.jsonl", encoding="utf-8", newline="") as f:
         texts = [json.loads(line) for line in f.read().split("\n") if line]
-
     tokens = 0
     with open(out / "expected.jsonl", "w", encoding="utf-8", newline="") as f:
         for text in texts:
@@ -94,10 +97,9 @@ def main():
             f.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
 
     meta = {"tokenizers": tokenizers.__version__, "python": platform.python_version(),
+            "encoded_with": "tokenizer.json" if ours.exists() else "hf_tokenizer.json",
             "vocab_size": tok.get_vocab_size(with_added_tokens=True), "texts": len(texts),
-            "tokens": tokens}
-    if hf_train_s is not None:
-        meta["hf_train_s"] = hf_train_s
+            "tokens": tokens, "hf_train_s": round(train_s, 3)}
     (out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(meta))
 
