@@ -2,9 +2,10 @@
 // texts, the incremental trainer against a naive one that recounts every pair before each
 // merge, chunked parallel word counting against one regex pass over the whole text, vocabulary
 // size, special tokens, determinism, encode -> decode round trips through the written
-// tokenizer.json, the CLI's output and errors, and a golden test: HF `tokenizers` encoding
-// held-out text with a tokenizer.json our trainer made (fixtures from
-// tools/reference/bpe_tokenizer_reference.py) gives the ids and offsets deg gives.
+// tokenizer.json, the CLI's output and errors; and golden tests against HF `tokenizers`
+// (fixtures from tools/reference/bpe_tokenizer_reference.py): HF's BpeTrainer with deg's
+// settings writes the same tokenizer.json as deg's trainer, and HF encodes held-out text with it
+// to the ids, offsets and decoded text deg gives.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -373,10 +374,11 @@ TEST(TokenizerTrainCli, ErrorsSayWhatToDo) {
   EXPECT_NE(r.out.find("most often"), std::string::npos) << r.out;
 }
 
-// ---- golden: HF encodes with a tokenizer our trainer wrote ---------------------------------
+// ---- golden: HF's trainer and HF's encoder ---------------------------------------------------
 
-// tests/fixtures/tokenizers/trained_bpe: train.txt, the tokenizer.json `deg tokenizer train
-// --vocab 1000` made from it, held-out texts and what HF `tokenizers` made of them.
+// tests/fixtures/tokenizers/trained_bpe (tools/reference/bpe_tokenizer_reference.py): train.txt,
+// the tokenizer.json `deg tokenizer train --vocab 1000` made from it, hf_tokenizer.json (HF's
+// BpeTrainer on train.txt with deg's settings, saved by HF), held-out texts and HF's encodings.
 fs::path trained_fixture(const std::string& name) {
   return fixture_path("tokenizers/trained_bpe/" + name);
 }
@@ -388,6 +390,19 @@ TEST(TokenizerTrainGolden, TrainerStillMakesTheFixture) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(read_text(dir / "tok" / "tokenizer.json"), read_text(trained_fixture("tokenizer.json")))
       << "the trainer's output changed: if meant, regenerate the fixtures (docs/tokenizer.md)";
+}
+
+// The same vocabulary, merges, added tokens and sections as HF's trainer wrote: HF reads deg's
+// file as it reads its own.
+TEST(TokenizerTrainGolden, SameTokenizerAsHfTrainer) {
+  const Json ours = json_load(trained_fixture("tokenizer.json"));
+  const Json hf = json_load(trained_fixture("hf_tokenizer.json"));
+  EXPECT_EQ(ours["model"]["vocab"], hf["model"]["vocab"]);
+  const Json& om = ours["model"]["merges"];
+  const Json& hm = hf["model"]["merges"];
+  ASSERT_EQ(om.size(), hm.size());
+  for (size_t i = 0; i < om.size(); ++i) ASSERT_EQ(om[i], hm[i]) << "merge " << i;
+  EXPECT_EQ(ours, hf);
 }
 
 TEST(TokenizerTrainGolden, MatchesHfIdsOffsetsAndDecode) {

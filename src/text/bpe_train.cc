@@ -345,9 +345,14 @@ BpeVocabulary BpeTrainer::train(
 }
 
 std::string bpe_tokenizer_json(const BpeVocabulary& v) {
-  auto byte_level = [](const char* type) {
-    return OrderedJson{
-        {"type", type}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", true}};
+  // The ByteLevel sections as HF's trainer writes them: trim_offsets does nothing in a
+  // pre-tokenizer; in the post-processor false keeps each token's offsets over its leading space
+  // (as GPT-2's tokenizer.json does).
+  auto byte_level = [](bool trim_offsets) {
+    return OrderedJson{{"type", "ByteLevel"},
+                       {"add_prefix_space", false},
+                       {"trim_offsets", trim_offsets},
+                       {"use_regex", true}};
   };
   OrderedJson added = OrderedJson::array();
   for (int64_t i = 0; i < v.special_count; ++i)
@@ -367,9 +372,9 @@ std::string bpe_tokenizer_json(const BpeVocabulary& v) {
                          {"padding", nullptr},
                          {"added_tokens", added},
                          {"normalizer", nullptr},
-                         {"pre_tokenizer", byte_level("ByteLevel")},
-                         {"post_processor", byte_level("ByteLevel")},
-                         {"decoder", byte_level("ByteLevel")},
+                         {"pre_tokenizer", byte_level(true)},
+                         {"post_processor", byte_level(false)},
+                         {"decoder", byte_level(false)},
                          {"model",
                           {{"type", "BPE"},
                            {"dropout", nullptr},
