@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "cli/progress.h"
 #include "core/buffer.h"
 #include "core/error.h"
+#include "io/json.h"
 #include "text/bpe_train.h"
 
 namespace deg::cli {
@@ -97,13 +99,20 @@ void train(TrainArgs& a) {
                  "--vocab\n",
                  (long long)vocab_size, (long long)a.options.vocab_size,
                  (long long)a.options.min_frequency);
+  const double merge_s = seconds() - count_s;
   write_tokenizer(a.out_dir, text::bpe_tokenizer_json(v));
-  fmt::print(
-      "{{\"tokenizer\": \"{}\", \"vocab_size\": {}, \"merges\": {}, \"special_tokens\": {}, "
-      "\"bytes\": {}, \"words\": {}, \"unique_words\": {}, \"count_s\": {:.3f}, "
-      "\"merge_s\": {:.3f}}}\n",
-      (a.out_dir / "tokenizer.json").string(), vocab_size, v.merges.size(), v.special_count, bytes,
-      trainer.word_count(), trainer.unique_words(), count_s, seconds() - count_s);
+  auto round3 = [](double x) { return std::round(x * 1000) / 1000; };
+  const OrderedJson summary = {{"tokenizer", (a.out_dir / "tokenizer.json").string()},
+                               {"vocab_size", vocab_size},
+                               {"merges", v.merges.size()},
+                               {"special_tokens", v.special_count},
+                               {"bytes", bytes},
+                               {"words", trainer.word_count()},
+                               {"unique_words", trainer.unique_words()},
+                               {"count_s", round3(count_s)},
+                               {"merge_s", round3(merge_s)},
+                               {"write_s", round3(seconds() - count_s - merge_s)}};
+  fmt::print("{}\n", summary.dump());
 }
 
 void add_train_command(CLI::App* group) {

@@ -363,8 +363,12 @@ std::string bpe_tokenizer_json(const BpeVocabulary& v) {
                      {"rstrip", false},
                      {"normalized", false},
                      {"special", true}});
+  // Appended to the object's vector directly: its operator[] searches the keys, O(n) each, and
+  // the tokens are distinct already.
   OrderedJson vocab = OrderedJson::object();
-  for (size_t i = 0; i < v.tokens.size(); ++i) vocab[v.tokens[i]] = i;
+  auto& entries = vocab.get_ref<OrderedJson::object_t&>();
+  entries.reserve(v.tokens.size());
+  for (size_t i = 0; i < v.tokens.size(); ++i) entries.emplace_back(v.tokens[i], i);
   OrderedJson merges = OrderedJson::array();
   for (const auto& [a, b] : v.merges) merges.push_back({v.tokens[size_t(a)], v.tokens[size_t(b)]});
   const OrderedJson j = {{"version", "1.0"},
