@@ -1,6 +1,8 @@
 // Token shards, the document-aligned loader, and `deg pretrain` end to end: a 300-step CPU run of
 // the `tiny` preset on a small synthetic text whose validation loss must fall well below the
-// unigram entropy of the data; the checkpoint, metrics.jsonl, and an exact resume.
+// unigram entropy of the data; the checkpoint, metrics.jsonl, and an exact resume; presets sized
+// from the data's vocabulary (rounded up to 128), explicit configs not; and `deg tokenizer train`
+// -> `deg shard` -> `deg pretrain --config tiny`.
 #include <gtest/gtest.h>
 
 #include <fstream>
