@@ -105,7 +105,7 @@ void train(TrainArgs& a) {
   const OrderedJson summary = {{"tokenizer", (a.out_dir / "tokenizer.json").string()},
                                {"vocab_size", vocab_size},
                                {"merges", v.merges.size()},
-                               {"special_tokens", v.special_count},
+                               {"special_tokens", v.special_ids.size()},
                                {"bytes", bytes},
                                {"words", trainer.word_count()},
                                {"unique_words", trainer.unique_words()},

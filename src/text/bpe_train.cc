@@ -317,8 +317,7 @@ BpeVocabulary BpeTrainer::train(
     v.tokens.push_back(std::move(s));
     return id;
   };
-  for (const std::string& s : options_.special_tokens) add_token(s);
-  v.special_count = int64_t(v.tokens.size());
+  for (const std::string& s : options_.special_tokens) v.special_ids.push_back(add_token(s));
   const auto& alphabet = byte_level_alphabet();
   std::vector<int32_t> id_of_byte(256);
   for (char32_t c = 0; c < alphabet.byte_of_char.size(); ++c) {  // GPT-2's order: by character
@@ -355,9 +354,9 @@ std::string bpe_tokenizer_json(const BpeVocabulary& v) {
                        {"use_regex", true}};
   };
   OrderedJson added = OrderedJson::array();
-  for (int64_t i = 0; i < v.special_count; ++i)
-    added.push_back({{"id", i},
-                     {"content", v.tokens[size_t(i)]},
+  for (const int32_t id : v.special_ids)
+    added.push_back({{"id", id},
+                     {"content", v.tokens[size_t(id)]},
                      {"single_word", false},
                      {"lstrip", false},
                      {"rstrip", false},

@@ -30,11 +30,12 @@ struct BpeTrainOptions {
   std::vector<std::string> special_tokens = {"<|endoftext|>"};
 };
 
-// What training learned. Ids: special tokens first, then the 256 byte tokens in the order of
-// their alphabet characters (GPT-2's order), then one token per new merged string.
+// A byte-level BPE vocabulary. From the trainer, ids are: the special tokens, then the 256 byte
+// tokens in the order of their alphabet characters (GPT-2's order), then one token per new
+// merged string.
 struct BpeVocabulary {
-  std::vector<std::string> tokens;  // by id; byte tokens in the byte-level alphabet (Ġ for ' ')
-  int64_t special_count = 0;
+  std::vector<std::string> tokens;   // by id; byte tokens in the byte-level alphabet (Ġ for ' ')
+  std::vector<int32_t> special_ids;  // written as added tokens; the trainer's are 0, 1, ...
   std::vector<std::pair<int32_t, int32_t>> merges;  // by rank: the ids merged
 };
 

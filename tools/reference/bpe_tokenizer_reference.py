@@ -40,18 +40,12 @@ import time
 import tokenizers
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from tokenizer_fixtures import compact  # beside this script
+
 SPECIAL = "<|endoftext|>"
 # deg's post_processor and decoder sections (src/text/bpe_train.cc, bpe_tokenizer_json).
 DEG_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
                   "use_regex": True}
-
-
-def compact(offsets):
-    out, prev = [], 0
-    for s, e in offsets:
-        out.append(e - s if s == prev else [s, e])
-        prev = e
-    return out
 
 
 def hf_train(text_path, vocab_size):
