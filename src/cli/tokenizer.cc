@@ -81,14 +81,17 @@ void train(TrainArgs& a) {
   }
   const double count_s = seconds();
   Throttle throttle;
+  double first_s = 0;  // when the first merge was done (setting up the pair counts comes before)
   const text::BpeVocabulary v = trainer.train([&](const text::BpeTrainProgress& p) {
+    if (p.merges == 1) first_s = seconds();
     if (a.quiet || !throttle.due(p.merges == p.max_merges)) return;
-    const double s = seconds() - count_s;
-    const double eta = p.merges > 0 ? s / double(p.merges) * double(p.max_merges - p.merges) : 0;
+    const double s = seconds() - first_s;
+    const double rate = s > 0 ? double(p.merges - 1) / s : 0;
+    const std::string eta =
+        rate > 0 ? progress_clock(double(p.max_merges - p.merges) / rate) : std::string("-");
     std::fprintf(stderr, "\r\033[Kmerges %s %lld/%lld %.0f/s ETA %s",
                  progress_bar(p.merges, p.max_merges).c_str(), (long long)p.merges,
-                 (long long)p.max_merges, s > 0 ? double(p.merges) / s : 0.0,
-                 progress_clock(eta).c_str());
+                 (long long)p.max_merges, rate, eta.c_str());
   });
   if (!a.quiet) std::fprintf(stderr, "\r\033[K");
   const auto vocab_size = int64_t(v.tokens.size());
