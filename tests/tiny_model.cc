@@ -6,6 +6,8 @@
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 #include "test_util.h"
+#include "text/bpe_train.h"
+#include "text/byte_level.h"
 
 namespace deg::testing {
 
@@ -33,67 +35,16 @@ Json tiny_config() {
           {"tie_word_embeddings", true}};
 }
 
-// GPT-2's byte -> printable code point table.
-std::string byte_char(int b) {
-  int cp = b;
-  bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-  if (!printable) {
-    int n = 0;
-    for (int x = 0; x < b; ++x) {
-      if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255))) ++n;
-    }
-    cp = 256 + n;
-  }
-  std::string s;
-  if (cp < 0x80) {
-    s += char(cp);
-  } else {
-    s += char(0xc0 | (cp >> 6));
-    s += char(0x80 | (cp & 0x3f));
-  }
-  return s;
-}
-
 }  // namespace
 
 std::string tiny_tokenizer_json(const std::vector<std::string>& specials) {
-  Json vocab = Json::object();
-  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
-  Json added = Json::array();
-  int id = 256;
+  text::BpeVocabulary v;  // ids 0-255: the bytes in byte order; the special tokens after them
+  for (int b = 0; b < 256; ++b) v.tokens.push_back(text::byte_level_alphabet().utf8_of_byte[b]);
   for (const std::string& t : specials) {
-    added.push_back({{"id", id++},
-                     {"content", t},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}});
+    v.special_ids.push_back(int32_t(v.tokens.size()));
+    v.tokens.push_back(t);
   }
-  Json byte_level = {{"type", "ByteLevel"},
-                     {"add_prefix_space", false},
-                     {"trim_offsets", false},
-                     {"use_regex", true}};
-  Json tok = {{"version", "1.0"},
-              {"truncation", nullptr},
-              {"padding", nullptr},
-              {"added_tokens", added},
-              {"normalizer", nullptr},
-              {"pre_tokenizer", byte_level},
-              {"post_processor", nullptr},
-              {"decoder", byte_level},
-              {"model",
-               {{"type", "BPE"},
-                {"dropout", nullptr},
-                {"unk_token", nullptr},
-                {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr},
-                {"fuse_unk", false},
-                {"byte_fallback", false},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", Json::array()}}}};
-  return tok.dump();
+  return text::bpe_tokenizer_json(v);
 }
 
 void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed) {

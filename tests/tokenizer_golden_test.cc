@@ -13,19 +13,6 @@ namespace {
 
 using text::Offsets;
 
-// The fixture's compact offsets: an int L is [prev_end, prev_end + L], a pair is itself.
-std::vector<Offsets> expand_offsets(const Json& compact) {
-  std::vector<Offsets> out;
-  int64_t prev = 0;
-  for (const Json& o : compact) {
-    Offsets off = o.is_array() ? Offsets{o[0].get<int64_t>(), o[1].get<int64_t>()}
-                               : Offsets{prev, prev + o.get<int64_t>()};
-    out.push_back(off);
-    prev = off.second;
-  }
-  return out;
-}
-
 std::string show(const std::string& s) {
   return Json(s.substr(0, 120)).dump(-1, ' ', true, Json::error_handler_t::replace);
 }

@@ -89,6 +89,19 @@ inline std::vector<std::string> read_jsonl_lines(const std::filesystem::path& pa
   return read_jsonl_lines_from(read_text(path));
 }
 
+// The fixtures' compact offsets: an int L is [prev_end, prev_end + L], a pair is itself.
+inline std::vector<text::Offsets> expand_offsets(const Json& compact) {
+  std::vector<text::Offsets> out;
+  int64_t prev = 0;
+  for (const Json& o : compact) {
+    text::Offsets off = o.is_array() ? text::Offsets{o[0].get<int64_t>(), o[1].get<int64_t>()}
+                                     : text::Offsets{prev, prev + o.get<int64_t>()};
+    out.push_back(off);
+    prev = off.second;
+  }
+  return out;
+}
+
 inline std::vector<std::string> corpus_texts() {
   std::vector<std::string> texts;
   for (const std::string& line : read_jsonl_lines(fixture_path("tokenizers/corpus.jsonl"))) {

@@ -1,6 +1,8 @@
 // Token shards, the document-aligned loader, and `deg pretrain` end to end: a 300-step CPU run of
 // the `tiny` preset on a small synthetic text whose validation loss must fall well below the
-// unigram entropy of the data; the checkpoint, metrics.jsonl, and an exact resume.
+// unigram entropy of the data; the checkpoint, metrics.jsonl, and an exact resume; presets sized
+// from the data's vocabulary (rounded up to 128), explicit configs not; and `deg tokenizer train`
+// -> `deg shard` -> `deg pretrain --config tiny`.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -194,6 +196,63 @@ TEST(TrainPretrain, ResumeContinuesExactly) {
   EXPECT_EQ(lines, 8);
   EXPECT_EQ(deg::testing::read_text(dir / "half" / "model.safetensors"),
             deg::testing::read_text(dir / "straight" / "model.safetensors"));
+}
+
+std::vector<std::string> short_run(const fs::path& data, const std::string& config,
+                                   const fs::path& out) {
+  return {"pretrain",    "--config",       config, "--data",
+          data.string(), "--steps",        "2",    "--out",
+          out.string(),  "--batch-tokens", "64",   "--max-seq-len",
+          "32",          "--val-tokens",   "64",   "--quiet"};
+}
+
+TEST(TrainPretrain, PresetTakesItsVocabularyFromTheData) {
+  TempDir dir;
+  write_corpus(dir / "data");
+  // A byte-level tokenizer's vocabulary: 256 byte tokens and 3 special tokens.
+  data_info_write(dir / "data", {.bos_id = 0, .vocab_size = 259});
+  auto r = deg::testing::run_deg(short_run(dir / "data", "tiny", dir / "ckpt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_load(dir / "ckpt" / "config.json")["vocab_size"], 384);  // 259 -> 3 x 128
+  data_info_write(dir / "data", {.bos_id = 0, .vocab_size = 256});
+  r = deg::testing::run_deg(short_run(dir / "data", "tiny", dir / "ckpt2"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_load(dir / "ckpt2" / "config.json")["vocab_size"], 256);
+  // An explicit config keeps its vocab_size: too small for the data is an error naming both.
+  gpt_config_save(gpt_preset("tiny"), dir / "tiny.json");  // vocab_size 64
+  r = deg::testing::run_deg(short_run(dir / "data", (dir / "tiny.json").string(), dir / "c3"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("vocabulary (256) exceeds the config's vocab_size (64)"), std::string::npos)
+      << r.err;
+  GptConfig wide = gpt_preset("tiny");
+  wide.vocab_size = 300;
+  gpt_config_save(wide, dir / "wide.json");
+  r = deg::testing::run_deg(short_run(dir / "data", (dir / "wide.json").string(), dir / "c4"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_load(dir / "c4" / "config.json")["vocab_size"], 300);
+}
+
+// The path of issue #14: `deg tokenizer train` -> `deg shard` -> `deg pretrain --config tiny`.
+TEST(TrainPretrain, TrainsOnShardsOfATrainedTokenizer) {
+  TempDir dir;
+  std::string text;
+  for (const auto& doc : make_documents(200, 5)) {
+    for (size_t i = 1; i < doc.size(); ++i)
+      text += doc[i] == 27 ? ' ' : doc[i] == 28 ? '.' : char('a' + doc[i] - 1);
+    text += "<|endoftext|>";
+  }
+  deg::testing::write_text(dir / "train.txt", text);
+  auto r = deg::testing::run_deg({"tokenizer", "train", "--vocab", "300", "--quiet", "--out",
+                                  (dir / "tok").string(), (dir / "train.txt").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = deg::testing::run_deg({"shard", "--tokenizer", (dir / "tok").string(), "--out",
+                             (dir / "data").string(), (dir / "train.txt").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_load(dir / "data" / "data.json")["vocab_size"], 300);
+  r = deg::testing::run_deg(short_run(dir / "data", "tiny", dir / "ckpt"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json_load(dir / "ckpt" / "config.json")["vocab_size"], 384);
+  EXPECT_TRUE(fs::exists(dir / "ckpt" / "tokenizer.json"));
 }
 
 }  // namespace

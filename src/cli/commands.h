@@ -24,5 +24,6 @@ void add_eval_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_shard_command(CLI::App& app);
+void add_tokenizer_command(CLI::App& app);  // a group: `deg tokenizer train`, ...
 
 }  // namespace deg::cli

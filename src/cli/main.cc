@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   deg::cli::add_pretrain_command(app);
   deg::cli::add_train_command(app);
   deg::cli::add_shard_command(app);
+  deg::cli::add_tokenizer_command(app);
 
   // Exit codes (README): 0 success, 1 an error, 2 bad usage.
   try {

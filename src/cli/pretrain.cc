@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -24,7 +25,9 @@ void add_pretrain_command(CLI::App& app) {
   auto config = std::make_shared<std::string>();
   auto device = std::make_shared<std::string>("cpu");
   auto quiet = std::make_shared<bool>(false);
-  cmd->add_option("--config", *config, "Preset (speedrun-124m, small, tiny) or a config JSON")
+  cmd->add_option("--config", *config,
+                  "Preset (speedrun-124m, small, tiny; its vocab_size becomes the data's, rounded "
+                  "up to a multiple of 128) or a config JSON")
       ->required();
   cmd->add_option("--data", o->data_dir, "Directory of train_*.bin / val_*.bin and data.json")
       ->required();
@@ -48,12 +51,14 @@ void add_pretrain_command(CLI::App& app) {
   cmd->callback([o, config, device, quiet] {
     if (*device != "cpu") throw Error(ErrorKind::unsupported, "only --device cpu trains for now");
     o->config = gpt_config_resolve(*config);
+    const auto presets = gpt_preset_names();
+    o->vocab_from_data = std::find(presets.begin(), presets.end(), *config) != presets.end();
     const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
       if (*quiet) return;
       std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";
       std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ",
                    progress_bar(p.step, p.steps).c_str(), (long long)p.step, (long long)p.steps,
-                   p.train_loss, val.c_str(), p.tokens_per_s, clock_text(p.eta_s).c_str());
+                   p.train_loss, val.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());
       if (p.val_loss) std::fprintf(stderr, "\n");
     });
     fmt::print(

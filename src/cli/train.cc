@@ -86,7 +86,7 @@ void add_train_command(CLI::App& app) {
       const std::string dev = p.dev_loss ? fmt::format(" dev {:.4f}", *p.dev_loss) : "";
       std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ",
                    progress_bar(p.done, p.total).c_str(), (long long)p.done, (long long)p.total,
-                   p.loss, dev.c_str(), p.tokens_per_s, clock_text(p.eta_s).c_str());
+                   p.loss, dev.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());
       if (p.dev_loss) std::fprintf(stderr, "\n");
     });
     OrderedJson cal = OrderedJson::array();

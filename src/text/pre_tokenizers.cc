@@ -35,16 +35,12 @@ class Split final : public PreTokenizer {
   bool invert_;
 };
 
-// GPT-2's split, applied when ByteLevel has use_regex.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
 class ByteLevel final : public PreTokenizer {
  public:
   ByteLevel(const Json& j, const std::string& pointer)
       : add_prefix_space_(j.value("add_prefix_space", true)),
         use_regex_(j.value("use_regex", true)) {
-    if (use_regex_) regex_ = std::make_unique<Regex>(kGpt2Pattern, pointer);
+    if (use_regex_) regex_ = std::make_unique<Regex>(kGpt2SplitPattern, pointer);
   }
   void pre_tokenize(Pieces& pieces) const override {
     split_pieces(pieces, [&](NormalizedText&& t) {

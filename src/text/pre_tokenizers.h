@@ -39,6 +39,11 @@ void split_pieces(Pieces& pieces, Fn&& fn) {
   pieces = std::move(out);
 }
 
+// GPT-2's split, applied by the ByteLevel pre-tokenizer when it has use_regex (and by the BPE
+// trainer, so that it counts the words encode will see).
+inline constexpr const char* kGpt2SplitPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;

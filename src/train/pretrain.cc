@@ -96,11 +96,21 @@ PretrainResult pretrain(const PretrainOptions& o,
   if (o.batch_tokens < 2 || o.max_seq_len < 2)
     throw Error(ErrorKind::invalid_argument, "batch tokens and max_seq_len must be >= 2");
   const DataInfo info = data_info_read(o.data_dir);
-  if (info.vocab_size > o.config.vocab_size)
+  GptConfig config = o.config;
+  if (o.vocab_from_data) {
+    if (info.vocab_size <= 0)
+      throw Error(ErrorKind::invalid_argument,
+                  "data.json gives no vocab_size, so the preset cannot size its vocabulary; "
+                  "remake the data with `deg shard` or add \"vocab_size\": V to data.json",
+                  {o.data_dir.string()});
+    config.vocab_size = (info.vocab_size + kVocabMultiple - 1) / kVocabMultiple * kVocabMultiple;
+  }
+  if (info.vocab_size > config.vocab_size)
     throw Error(ErrorKind::invalid_argument,
-                fmt::format("the data's vocabulary ({}) exceeds the model's vocab_size ({}); "
-                            "use a config with a larger vocab_size",
-                            info.vocab_size, o.config.vocab_size),
+                fmt::format("the data's vocabulary ({}) exceeds the config's vocab_size ({}); "
+                            "use a config with a vocab_size of at least {}, or a preset (which "
+                            "takes its vocabulary from the data)",
+                            info.vocab_size, config.vocab_size, info.vocab_size),
                 {o.data_dir.string()});
   const auto train_files = shard_files(o.data_dir, "train");
   auto val_files = shard_files(o.data_dir, "val");
@@ -108,7 +118,7 @@ PretrainResult pretrain(const PretrainOptions& o,
     throw Error(ErrorKind::not_found, "no train_*.bin shards", {o.data_dir.string()});
   if (val_files.empty()) val_files = train_files;
 
-  GptParams params = GptParams::create(o.config);
+  GptParams params = GptParams::create(config);
   params.init(o.seed);
   GptOptimizer opt(params, {});
   ShardLoader loader(train_files, info.bos_id);

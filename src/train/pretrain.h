@@ -13,8 +13,14 @@
 
 namespace deg::train {
 
+// Preset vocabularies are padded to a multiple of this (GPT-2's 50257 -> 50304).
+inline constexpr int64_t kVocabMultiple = 128;
+
 struct PretrainOptions {
   GptConfig config;
+  // `config` is a preset: its vocab_size becomes the data's (data.json), rounded up to a
+  // multiple of kVocabMultiple. Otherwise a vocabulary smaller than the data's is an error.
+  bool vocab_from_data = false;
   std::filesystem::path data_dir;  // train_*.bin, val_*.bin, data.json [, tokenizer.json]
   std::filesystem::path out_dir;
   int64_t steps = 0;
