@@ -79,7 +79,16 @@ AttnCore core_of(const AttnLayerShape& s, const AttnSaved& sv, int64_t N, int64_
 }  // namespace
 
 void attention_core_forward(const AttnCore& a, const float* q, const float* k, const float* v,
-                            float* out, float* lse) {
+                            float* out, float* lse, AttnProbs* probs) {
+  if (probs) {
+    probs->offsets.assign(size_t(a.N + 1), 0);
+    for (int64_t i = 0; i < a.N; ++i) {
+      int64_t n = 0;
+      for_each_key(a, i, [&](int64_t) { ++n; });
+      probs->offsets[size_t(i + 1)] = probs->offsets[size_t(i)] + n * a.S;
+    }
+    probs->p.assign(size_t(probs->offsets.back()), 0.0f);
+  }
   parallel_for(
       a.N,
       [&](int64_t begin, int64_t end) {
@@ -106,6 +115,10 @@ void attention_core_forward(const AttnCore& a, const float* q, const float* k, c
             const float inv = float(1.0 / sum);
             for (size_t n = 0; n < keys.size(); ++n)
               axpy(p[n] * inv, v + (keys[n] * a.S + h) * a.dv, o, a.dv);
+            if (probs) {
+              float* kept = probs->p.data() + probs->offsets[size_t(i)] + h * int64_t(keys.size());
+              for (size_t n = 0; n < keys.size(); ++n) kept[n] = p[n] * inv;
+            }
             lse[i * a.S + h] = mx + float(std::log(sum));
           }
         }
@@ -115,7 +128,7 @@ void attention_core_forward(const AttnCore& a, const float* q, const float* k, c
 
 void attention_core_backward(const AttnCore& a, const float* q, const float* k, const float* v,
                              const float* out, const float* lse, const float* dout, float* dq,
-                             float* dk, float* dv) {
+                             float* dk, float* dv, const AttnProbs* probs) {
   std::memset(dq, 0, sizeof(float) * size_t(a.N * a.S * a.dq));
   std::memset(dk, 0, sizeof(float) * size_t(a.N * a.S * a.dq));
   std::memset(dv, 0, sizeof(float) * size_t(a.N * a.S * a.dv));
@@ -126,9 +139,15 @@ void attention_core_backward(const AttnCore& a, const float* q, const float* k, 
         const size_t qi = size_t((i * a.S + h) * a.dq), oi = size_t((i * a.S + h) * a.dv);
         const float di = head_dot(dout + oi, out + oi, a.dv);
         const float l = lse[i * a.S + h];
+        const float* kept = nullptr;
+        if (probs) {
+          const int64_t nk = (probs->offsets[size_t(i + 1)] - probs->offsets[size_t(i)]) / a.S;
+          kept = probs->p.data() + probs->offsets[size_t(i)] + h * nk;
+        }
+        int64_t n = 0;
         for_each_key(a, i, [&](int64_t j) {
           const size_t kj = size_t((j * a.S + h) * a.dq), vj = size_t((j * a.S + h) * a.dv);
-          const float p = std::exp(a.scale * head_dot(q + qi, k + kj, a.dq) - l);
+          const float p = kept ? kept[n++] : std::exp(a.scale * head_dot(q + qi, k + kj, a.dq) - l);
           const float dp = head_dot(dout + oi, v + vj, a.dv);
           const float ds = p * (dp - di) * a.scale;
           axpy(ds, k + kj, dq + qi, a.dq);
@@ -199,8 +218,8 @@ void attention_layer_forward(const AttnLayerShape& s, const AttnLayerInputs& in,
   const AttnCore core = core_of(s, sv, N, S);
   sv.core = zeros(N * S * dv);
   sv.lse = zeros(N * S);
-  attention_core_forward(core, sv.q.data(), sv.k.data(), sv.v.data(), sv.core.data(),
-                         sv.lse.data());
+  attention_core_forward(core, sv.q.data(), sv.k.data(), sv.v.data(), sv.core.data(), sv.lse.data(),
+                         &sv.probs);
   // Back to [T, H, Dv]; XSA (unpaired only) and the output gate.
   sv.y2 = zeros(T * H * dv);
   sv.y3 = zeros(T * H * dv);
@@ -269,7 +288,7 @@ void attention_layer_backward(const AttnLayerShape& s, const AttnLayerInputs& in
   const AttnCore core = core_of(s, sv, N, S);
   Buf dQ = zeros(N * S * dq), dK = zeros(N * S * dq), dV = zeros(N * S * dv);
   attention_core_backward(core, sv.q.data(), sv.k.data(), sv.v.data(), sv.core.data(),
-                          sv.lse.data(), dcore.data(), dQ.data(), dK.data(), dV.data());
+                          sv.lse.data(), dcore.data(), dQ.data(), dK.data(), dV.data(), &sv.probs);
   for (size_t i = 0; i < dV.size(); ++i) dV[i] += dvv[i];
   // Undo the layout: rotary, key offset and v placement.
   Buf dnormed = zeros(T * 2 * H * dq), dp_v = zeros(T * H * dv);

@@ -27,13 +27,20 @@ struct AttnCore {
   const int32_t* apos = nullptr;                       // [N] or null
   const int32_t *ctx_lo = nullptr, *ctx_hi = nullptr;  // [N] or null
 };
-// q, k [N, S, Dq], v [N, S, Dv] -> out [N, S, Dv], lse [N, S].
+// The softmax of a forward kept for its backward, which then recomputes no exponential: query
+// i's probabilities head by head over its visible keys ([i][h][key]), from offsets[i].
+struct AttnProbs {
+  Buf p;
+  std::vector<int64_t> offsets;  // [N + 1]
+};
+// q, k [N, S, Dq], v [N, S, Dv] -> out [N, S, Dv], lse [N, S]; fills `probs` when given.
 void attention_core_forward(const AttnCore& a, const float* q, const float* k, const float* v,
-                            float* out, float* lse);
-// Writes dq, dk, dv (overwritten, same shapes as q, k, v).
+                            float* out, float* lse, AttnProbs* probs = nullptr);
+// Writes dq, dk, dv (overwritten, same shapes as q, k, v); reads the forward's probabilities
+// when given, else recomputes them from lse.
 void attention_core_backward(const AttnCore& a, const float* q, const float* k, const float* v,
                              const float* out, const float* lse, const float* dout, float* dq,
-                             float* dk, float* dv);
+                             float* dk, float* dv, const AttnProbs* probs = nullptr);
 
 struct AttnLayerShape {
   int64_t T = 0, C = 0, H = 0;
@@ -91,11 +98,12 @@ struct AttnLayerGrads {
 
 // What the backward reads.
 struct AttnSaved {
-  Buf p_qk, p_v;                              // [T, 2H Dq], [T, H Dv]: projections before sa0
-  Buf normed;                                 // [T, 2H, Dq]
-  Buf rstd;                                   // [T, 2H]
-  Buf q, k, v;                                // [N, S, Dq] x2, [N, S, Dv]
-  Buf core, lse;                              // [N, S, Dv], [N, S]
+  Buf p_qk, p_v;  // [T, 2H Dq], [T, H Dv]: projections before sa0
+  Buf normed;     // [T, 2H, Dq]
+  Buf rstd;       // [T, 2H]
+  Buf q, k, v;    // [N, S, Dq] x2, [N, S, Dv]
+  Buf core, lse;  // [N, S, Dv], [N, S]
+  AttnProbs probs;
   Buf y2, y3;                                 // [T, H, Dv]: after XSA, after the gate
   Buf out_lin;                                // [T, C]: y3 W_o^T
   std::vector<int32_t> seg_start;             // [N]

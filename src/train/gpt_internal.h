@@ -10,15 +10,25 @@
 namespace deg::train::detail {
 
 // Read-only access to the trained tensors by name, and the per-layer scalars.
+// The per-layer scalars are looked up once: they are read inside per-element loops.
 struct Weights {
+  Weights(const GptParams& params, const GptConfig& config)
+      : p(params),
+        c(config),
+        scalars(params.data("scalars")),
+        resid_lambdas(params.data("resid_lambdas")),
+        post_lambdas(params.data("post_lambdas")) {}
   const GptParams& p;
   const GptConfig& c;
+  const float* scalars;
+  const float* resid_lambdas;
+  const float* post_lambdas;
   const float* get(const std::string& n) const { return p.data(n); }
-  float sa(int i, int k) const { return p.data("scalars")[2 * i + k]; }
-  float smear_lambda() const { return p.data("scalars")[2 * c.num_layers]; }
-  float skip_lambda() const { return p.data("scalars")[2 * c.num_layers + 1]; }
-  float resid(int i, int k) const { return p.data("resid_lambdas")[2 * i + k]; }
-  float post(int i, int k) const { return p.data("post_lambdas")[2 * i + k]; }
+  float sa(int i, int k) const { return scalars[2 * i + k]; }
+  float smear_lambda() const { return scalars[2 * c.num_layers]; }
+  float skip_lambda() const { return scalars[2 * c.num_layers + 1]; }
+  float resid(int i, int k) const { return resid_lambdas[2 * i + k]; }
+  float post(int i, int k) const { return post_lambdas[2 * i + k]; }
   HeadWeights mudd(int id) const {
     const int64_t M = c.mudd_dim, n = c.mudd_coefs(), C = c.model_dim;
     return {.w1 = get("mudd_w1") + id * M * C,
