@@ -282,5 +282,37 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
   EXPECT_NE(run("straight", {}).exit_code, 0);
 }
 
+// Another family keeps its trunk: the engine's hidden states are computed once, the heads learn
+// on them (they fit the training records and the dev loss improves, on a random trunk), and the
+// backbone weights are the base's, byte for byte.
+TEST(TrainFineTune, HeadsLearnOnAFrozenQwen35Trunk) {
+  TempDir t;
+  deg::testing::write_tiny_qwen35(t / "base", 5);
+  deg::testing::write_text(t / "schema.json", kSchema);
+  write_records(t / "train.jsonl", 24, 3);
+  write_records(t / "dev.jsonl", 6, 4);
+  const auto r = deg::testing::run_deg(
+      {"train", "--base", (t / "base").string(), "--out", (t / "out").string(), "--task",
+       (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
+           (t / "dev.jsonl").string(),
+       "--steps", "40", "--batch-tokens", "2000", "--eval-every", "10", "--head-lr", "0.01",
+       "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json summary = Json::parse(r.out);
+  EXPECT_LT(summary["best_dev_loss"].get<double>(), summary["first_dev_loss"].get<double>())
+      << r.out;
+  std::vector<double> loss;
+  std::ifstream m(t / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) loss.push_back(Json::parse(line)["loss"]);
+  ASSERT_EQ(loss.size(), 40u);
+  EXPECT_LT(loss.back(), 0.5 * loss.front());  // the heads fit the training records
+  // The base's bf16 text weights as deg init writes them: untouched by training.
+  engine::checkpoint_create({.base = t / "base", .out = t / "init", .seed = 0});
+  EXPECT_EQ(deg::testing::read_text(t / "out" / "backbone.safetensors"),
+            deg::testing::read_text(t / "init" / "backbone.safetensors"));
+  EXPECT_NE(deg::testing::read_text(t / "out" / "heads.safetensors"),
+            deg::testing::read_text(t / "init" / "heads.safetensors"));
+}
+
 }  // namespace
 }  // namespace deg::train

@@ -55,8 +55,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--trunk-lr", o->trunk_lr,
                   "gpt trunk: multiplies the pretraining optimizer's learning rates")
       ->capture_default_str();
-  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup, then linear decay to 0")
+  cmd->add_option("--warmup-steps", o->warmup_steps, "Linear warmup of the learning rates")
       ->capture_default_str();
+  cmd->add_option("--cooldown", o->cooldown,
+                  "Share of the steps at the end over which the rates decay linearly to 0")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--clip", o->clip, "Global gradient-norm clip (0: none)")->capture_default_str();
   cmd->add_option("--eval-every", o->eval_every, "Dev loss every N steps (0: only at the end)")
       ->capture_default_str();

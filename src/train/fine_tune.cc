@@ -189,10 +189,11 @@ void scale(Heads& g, float f) {
   }
 }
 
-// Linear warmup, then linear decay to zero.
-float lr_scale(int64_t step, int64_t total, int64_t warmup) {
+// Linear warmup, constant, then a linear decay to zero over the last `cooldown` share.
+float lr_scale(int64_t step, int64_t total, int64_t warmup, double cooldown) {
   if (step < warmup) return float(step + 1) / float(warmup);
-  return std::max(0.0f, float(total - step) / float(std::max<int64_t>(1, total - warmup)));
+  const double left = double(total - step) / std::max(1.0, cooldown * double(total));
+  return float(std::clamp(left, 0.0, 1.0));
 }
 
 // Writes through a temporary file and a rename: the old file may be mapped by the open model.
@@ -287,7 +288,7 @@ class Trainer {
         for (auto& g : tgrad_)
           for (float& v : g.data) v *= f;
     }
-    const float lr = lr_scale(step, o_.steps, o_.warmup_steps);
+    const float lr = lr_scale(step, o_.steps, o_.warmup_steps, o_.cooldown);
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
     if (train_trunk_) topt_->step(*params_, tgrad_, lr, 0.95f, true, false);
     return loss;
@@ -555,7 +556,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
       if (stats.queries[k])
         kinds[query_head_name(QueryHead(k))] = stats.sum[k] / double(stats.queries[k]);
     line["loss_by_head"] = kinds;
-    line["lr_scale"] = lr_scale(step, o.steps, o.warmup_steps);
+    line["lr_scale"] = lr_scale(step, o.steps, o.warmup_steps, o.cooldown);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     FineTuneProgress pr{.stage = "train",

@@ -9,11 +9,12 @@
 // with freeze_trunk) keep their trunk frozen: every example's hidden states are computed once by
 // the inference engine's prefill and forks and cached, and only the heads train.
 //
-// The schedule is a linear warmup then a linear decay to zero; gradients are clipped by their
-// global norm. Every eval_every steps the dev loss (the same losses on the dev records) decides
-// early stopping: the checkpoint in `out` is always the best seen. At the end the calibration
-// temperatures (one per head kind) are fit by minimising the NLL on one half of the dev records
-// and the expected calibration error (10 bins) is reported before and after on the other half.
+// The schedule is a linear warmup, constant rates, then a linear decay to zero; gradients are
+// clipped by their global norm. Every eval_every steps the dev loss (the same losses on the dev
+// records) decides early stopping: the checkpoint in `out` is always the best seen. At the end the
+// calibration temperatures (one per head kind) are fit by minimising the NLL on one half of the dev
+// records and the expected calibration error (10 bins) is reported before and after on the other
+// half.
 //
 // `out` is a deg checkpoint (deg.json, config.json, tokenizer.json, backbone.safetensors,
 // heads.safetensors) plus metrics.jsonl, calibration.json and the state a resume continues
@@ -50,6 +51,7 @@ struct FineTuneOptions {
   float head_lr = 2e-3f, head_wd = 0.01f;
   float trunk_lr = 0.3f;  // multiplies the pretraining optimizer's rates
   int64_t warmup_steps = 20;
+  double cooldown = 0.3;   // the share of steps at the end over which the rates decay to zero
   float clip = 1.0f;       // global gradient norm (0: none)
   int64_t eval_every = 0;  // 0: only at the end
   int64_t patience = 0;    // stop after this many evaluations without a better dev loss (0: never)
