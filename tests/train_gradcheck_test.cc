@@ -412,7 +412,7 @@ TEST(TrainGradcheck, HeadLosses) {
     l += 1.3 * noul_loss(h, g, a.data() + C, false, da + C, 1.3f);
     l += count_loss(h, g, a.data() + 2 * C, 1, 7, 3, da + 2 * C);
     l += 0.5 * span_loss(h, g, a.data() + 3 * C, 3, sq, st, ctx.data(), T, da + 3 * C, dctx, 0.5f);
-    l += 2.0 * anchor_loss(h, g, a.data(), 1, regions, starts, ctx.data(), T, da, dctx, 2.0f);
+    l += 2.0 * anchor_loss(h, g, a.data(), 1, regions, starts, ctx.data(), T, da, dctx, 2.0f, 3.0f);
     return l;
   };
   Heads g = h.zeros_like();

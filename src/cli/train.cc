@@ -50,6 +50,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--empty-array-rate", o->empty_array_rate,
                   "Share of array queries with no expected item kept for training")
       ->capture_default_str();
+  cmd->add_option("--anchor-pos-weight", o->anchor_pos_weight,
+                  "Weight of an item start's term in the anchor loss")
+      ->capture_default_str();
   cmd->add_option("--head-lr", o->head_lr, "AdamW learning rate of the heads")
       ->capture_default_str();
   cmd->add_option("--trunk-lr", o->trunk_lr,

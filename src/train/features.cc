@@ -39,7 +39,8 @@ int64_t LossStats::total_queries() const {
 }
 
 double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, const Feats& f,
-                    Feats& df, LossStats* stats, const float* kind_weight) {
+                    Feats& df, LossStats* stats, const float* kind_weight,
+                    float anchor_pos_weight) {
   const int64_t C = heads.hidden, T = ex.ctx_tokens;
   auto weight = [&](QueryHead h) { return kind_weight ? kind_weight[int(h)] : 1.0f; };
   LossStats st;
@@ -100,7 +101,7 @@ double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, cons
       starts.push_back(ex.queries[i].starts);
     }
     return anchor_loss(heads, grad, a, int64_t(anchors.size()), regions, starts, f.ctx.data(), T,
-                       da, df.ctx.data(), weight(QueryHead::anchor));
+                       da, df.ctx.data(), weight(QueryHead::anchor), anchor_pos_weight);
   });
   if (stats) stats->add(st);
   return st.total();

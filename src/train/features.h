@@ -42,7 +42,8 @@ struct LossStats {
 // states' into `dfeats` (zeros_like(feats)), each query's scaled by its kind's weight
 // (QueryHead order; null: 1).
 double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, const Feats& feats,
-                    Feats& dfeats, LossStats* stats = nullptr, const float* kind_weight = nullptr);
+                    Feats& dfeats, LossStats* stats = nullptr, const float* kind_weight = nullptr,
+                    float anchor_pos_weight = 1.0f);
 
 // The engine's hidden states of one example (any backbone; nothing is trained through them).
 Feats engine_features(const engine::DegModel& model, const TaskExample& ex);

@@ -261,14 +261,15 @@ class Trainer {
       for (size_t k = 0; k < exs.size(); ++k) {
         const Feats f = packed_features(p, exs, k, acts.final_xn.data(), C);
         Feats df = zeros_like(f);
-        example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight);
+        example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight, o_.anchor_pos_weight);
         scatter_features(p, exs, k, df, dfinal.data(), C);
       }
       gpt_backward(*params_, p.batch, so, acts, dfinal.data(), tgrad_);
     } else {
       for (size_t i : batch) {
         Feats df = zeros_like(train_feats_[i]);
-        example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, &st, weight);
+        example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, &st, weight,
+                     o_.anchor_pos_weight);
       }
     }
     if (stats) stats->add(st);

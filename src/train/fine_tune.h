@@ -48,6 +48,8 @@ struct FineTuneOptions {
   // The share of array queries with no expected item that are kept (an anchor query per absent
   // array dominates schemas with many optional arrays); in (0, 1].
   double empty_array_rate = 1.0;
+  // The weight of an item start's term in the anchor loss (starts are a few tokens among many).
+  float anchor_pos_weight = 1.0f;
   float head_lr = 2e-3f, head_wd = 0.01f;
   float trunk_lr = 0.3f;  // multiplies the pretraining optimizer's rates
   int64_t warmup_steps = 20;

@@ -155,7 +155,7 @@ double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t 
 double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                    const std::vector<Region>& regions,
                    const std::vector<std::vector<int64_t>>& starts, const float* context, int64_t T,
-                   float* da, float* dcontext, float weight) {
+                   float* da, float* dcontext, float weight, float pos_weight) {
   DEG_CHECK(int64_t(starts.size()) == n, "{} anchor targets for {} queries", starts.size(), n);
   const std::vector<float> lg = anchor_logits(heads, answers, n, regions, context, T);
   const PointerHeadWeights& an = heads.anchor;
@@ -171,9 +171,10 @@ double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_
     for (int64_t c = 0; c < T; ++c) {
       const double l = lg[size_t(i * T + c)];
       if (!std::isfinite(l)) continue;
-      loss += softplus(is_start[size_t(c)] ? -l : l);
-      dl[size_t(i * T + c)] =
-          weight * float(1.0 / (1.0 + std::exp(-l)) - (is_start[size_t(c)] ? 1 : 0));
+      const bool pos = is_start[size_t(c)];
+      loss += pos ? pos_weight * softplus(-l) : softplus(l);
+      const float d = float(1.0 / (1.0 + std::exp(-l)) - (pos ? 1 : 0));
+      dl[size_t(i * T + c)] = weight * (pos ? pos_weight * d : d);
     }
   }
   // logit = q(a) . k(c_t) / sqrt(d) + prior(c_t)

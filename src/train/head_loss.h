@@ -7,7 +7,8 @@
 //   count          cross-entropy over the counts the field allows
 //   extract        cross-entropy of the start and of the end over the context tokens and the
 //                  null outcome (index T); inside an anchored item the relative bias takes part
-//   anchor         sum over the region's tokens of BCE(logit, "an item starts here")
+//   anchor         sum over the region's tokens of BCE(logit, "an item starts here"), the item
+//                  starts' terms weighted by pos_weight (they are a few tokens among many)
 //
 // Every function returns the summed loss of its queries and adds `weight` times its gradients
 // into the ones it is given:
@@ -51,6 +52,6 @@ double span_loss(const Heads& heads, Heads& grad, const float* answers, int64_t 
 double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_t n,
                    const std::vector<Region>& regions,
                    const std::vector<std::vector<int64_t>>& starts, const float* context, int64_t T,
-                   float* da, float* dcontext, float weight = 1.0f);
+                   float* da, float* dcontext, float weight = 1.0f, float pos_weight = 1.0f);
 
 }  // namespace deg::train
