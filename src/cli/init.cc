@@ -13,7 +13,8 @@ void add_init_command(CLI::App& app) {
       "backbone.safetensors (the text model in bf16), heads.safetensors (fp32), deg.json, plus\n"
       "copies of the base's config.json and tokenizer files. The base is checked first as fully "
       "as\n"
-      "`deg fill` reads it (config values, every tensor's shape and values, the tokenizer).");
+      "`deg fill` reads it (config values, every tensor's shape and values, the tokenizer).\n"
+      "Fresh heads answer at random: train them on labeled documents with `deg train --base DIR`.");
   auto opts = std::make_shared<CheckpointInitOptions>();
   auto base = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
