@@ -283,6 +283,50 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
   EXPECT_NE(run("straight", {}).exit_code, 0);
 }
 
+// Two tasks train one model: records of both schemas share the steps, the dev loss is
+// reported per task, and a bad --task leaves nothing behind.
+TEST(TrainFineTune, TwoTasksTrainOneModel) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 6);
+  deg::testing::write_text(t / "a.json", kSchema);
+  write_records(t / "a.jsonl", 6, 5);
+  fs::create_directories(t / "b");
+  deg::testing::write_text(
+      t / "b" / "schema.json",
+      R"({"type": "object", "properties": {"spam": {"type": "boolean"}}, "required": ["spam"]})");
+  {
+    std::ofstream b(t / "b" / "train.jsonl");
+    for (int i = 0; i < 6; ++i)
+      b << Json({{"document", i % 2 ? "win money now!!!" : "see you at lunch"},
+                 {"expected", {{"spam", i % 2 == 1}}}})
+               .dump()
+        << "\n";
+  }
+  const std::string a =
+      (t / "a.json").string() + ":" + (t / "a.jsonl").string() + ":" + (t / "a.jsonl").string();
+  const std::string b = (t / "b" / "schema.json").string() + ":" +
+                        (t / "b" / "train.jsonl").string() + ":" +
+                        (t / "b" / "train.jsonl").string();
+  auto r = deg::testing::run_deg({"train", "--base", ckpt.string(), "--out", (t / "out").string(),
+                                  "--task", a, "--task", b, "--steps", "3", "--batch-tokens", "400",
+                                  "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Json::parse(r.out)["train_examples"], 12);
+  std::string last;
+  std::ifstream m(t / "out" / "metrics.jsonl");
+  for (std::string line; std::getline(m, line);) last = line;
+  const Json by_task = Json::parse(last)["dev_loss_by_task"];
+  EXPECT_TRUE(by_task.contains("b")) << last;  // b/schema.json: its directory
+  EXPECT_TRUE(by_task.contains("a")) << last;  // a.json: its file name
+  EXPECT_GT(by_task["b"].get<double>(), 0.0);
+  r = deg::testing::run_deg({"train", "--base", ckpt.string(), "--out", (t / "bad").string(),
+                             "--task", (t / "a.json").string() + ":" + (t / "nope.jsonl").string(),
+                             "--quiet"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("nope.jsonl"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(t / "bad"));
+}
+
 // Another family keeps its trunk: the engine's hidden states are computed once, the heads learn
 // on them (they fit the training records and the dev loss improves, on a random trunk), and the
 // backbone weights are the base's, byte for byte.

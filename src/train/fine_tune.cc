@@ -36,8 +36,11 @@ TaskFiles parse_task(const std::string& spec) {
                 fmt::format("--task '{}' is not SCHEMA.json:TRAIN.jsonl[:DEV.jsonl]", spec));
   }
   TaskFiles t{.schema = parts[0], .train = parts[1], .dev = parts.size() == 3 ? parts[2] : ""};
+  // shared/data's layout names a task by its directory (snips/schema.json: "snips").
   const fs::path dir = t.schema.parent_path();
-  t.name = dir.empty() || dir == "." ? t.schema.stem().string() : dir.filename().string();
+  t.name = t.schema.filename() == "schema.json" && !dir.empty() && dir != "."
+               ? dir.filename().string()
+               : t.schema.stem().string();
   return t;
 }
 
@@ -511,6 +514,13 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
   if (!(o.empty_array_rate > 0 && o.empty_array_rate <= 1))
     throw Error(ErrorKind::invalid_argument, "--empty-array-rate must be in (0, 1]");
+  // Inputs are checked before anything is written, so a typo leaves no half-made --out.
+  for (const TaskFiles& t : o.tasks) {
+    for (const fs::path& f : {t.schema, t.train, t.dev})
+      if (!f.empty() && !fs::is_regular_file(f))
+        throw Error(ErrorKind::not_found, "no such file (--task)", {.path = f.string()});
+    schema::plan_compile(schema::schema_load(t.schema.string()));
+  }
   prepare_out(o);
   const std::unique_ptr<engine::DegModel> model = engine::DegModel::open(o.out);
   const bool gpt = model->backbone().spec().family == "gpt";
@@ -574,7 +584,12 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
       line["dev_loss"] = dev[0];
       if (have_dev) {
         OrderedJson by_task = OrderedJson::object();
-        for (size_t k = 0; k < o.tasks.size(); ++k) by_task[o.tasks[k].name] = dev[k + 1];
+        for (size_t k = 0; k < o.tasks.size(); ++k) {
+          std::string name = o.tasks[k].name;
+          for (int n = 2; by_task.contains(name); ++n)
+            name = o.tasks[k].name + "-" + std::to_string(n);
+          by_task[name] = dev[k + 1];
+        }
         line["dev_loss_by_task"] = by_task;
       }
       if (result.first_dev_loss == 0) result.first_dev_loss = dev[0];

@@ -32,7 +32,7 @@ namespace deg::train {
 
 struct TaskFiles {
   std::filesystem::path schema, train, dev;  // dev may be empty
-  std::string name;                          // for reports: the schema's directory name
+  std::string name;  // for reports: the directory of a schema.json, else the schema file's stem
 };
 // "SCHEMA.json:TRAIN.jsonl[:DEV.jsonl]"; throws deg::Error (invalid_argument) otherwise.
 TaskFiles parse_task(const std::string& spec);
