@@ -90,7 +90,8 @@ void add_train_command(CLI::App& app) {
         if (p.done == p.total) std::fprintf(stderr, "\n");
         return;
       }
-      const std::string dev = p.dev_loss ? fmt::format(" dev {:.4f}", *p.dev_loss) : "";
+      std::string dev = p.dev_loss ? fmt::format(" dev {:.4f}", *p.dev_loss) : "";
+      for (const auto& [kind, a] : p.dev_accuracy) dev += fmt::format(" {} {:.3f}", kind, a);
       std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ",
                    progress_bar(p.done, p.total).c_str(), (long long)p.done, (long long)p.total,
                    p.loss, dev.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());

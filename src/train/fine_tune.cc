@@ -298,85 +298,88 @@ class Trainer {
     return loss;
   }
 
-  // The balanced loss over the dev examples (all, then by task), forward only.
-  std::vector<double> dev_loss() {
+  // The balanced loss over the dev examples (all, then by task) and, per head kind, the share
+  // of the engine's decisions (at temperature 1) that are right; forward only.
+  struct DevReport {
+    std::vector<double> loss;                              // [all, task 0, task 1, ...]
+    std::vector<std::pair<std::string, double>> accuracy;  // kinds that have queries
+  };
+  DevReport dev_report() {
     std::vector<LossStats> by_task(o_.tasks.size());
     Heads scratch = heads_.zeros_like();
-    auto add = [&](const TaskExample& ex, const Feats& f) {
+    int64_t right[5] = {0, 0, 0, 0, 0}, total[5] = {0, 0, 0, 0, 0};
+    for_each_dev([&](const TaskExample& ex, const Feats& f) {
       Feats df = zeros_like(f);
       example_loss(heads_, scratch, ex, f, df, &by_task[size_t(ex.task)]);
-    };
-    if (train_trunk_) {
-      for_each_dev_pack([&](const Packed& p, const std::vector<const TaskExample*>& exs,
-                            const float* hidden, int64_t C) {
-        for (size_t k = 0; k < exs.size(); ++k) add(*exs[k], packed_features(p, exs, k, hidden, C));
-      });
-    } else {
-      for (size_t i = 0; i < ds_.dev.size(); ++i) add(ds_.dev[i], dev_feats_[i]);
-    }
-    std::vector<double> out;
+      std::vector<CalibrationItem> items[5];
+      items_of(ex, f, items);
+      for (int k = 0; k < 5; ++k)
+        for (const CalibrationItem& it : items[k]) {
+          right[k] += decide(HeadKind(k), it, 1.0).correct;
+          ++total[k];
+        }
+    });
+    DevReport r;
     LossStats all;
-    for (const LossStats& s : by_task) {
-      all.add(s);
-      out.push_back(s.balanced());
+    for (const LossStats& st : by_task) {
+      all.add(st);
+      r.loss.push_back(st.balanced());
     }
-    out.insert(out.begin(), all.balanced());
-    return out;  // [all, task 0, task 1, ...]
+    r.loss.insert(r.loss.begin(), all.balanced());
+    for (int k = 0; k < 5; ++k)
+      if (total[k])
+        r.accuracy.emplace_back(kHeadKindNames[size_t(k)], double(right[k]) / double(total[k]));
+    return r;
   }
 
   // Per head kind, the calibration items of the dev examples (halves: even / odd examples).
   void calibration_items(std::vector<CalibrationItem> (&fit)[5],
                          std::vector<CalibrationItem> (&report)[5]) {
-    auto collect = [&](size_t index, const TaskExample& ex, const Feats& f) {
-      auto& out = index % 2 == 0 ? fit : report;
-      const int64_t C = heads_.hidden, T = ex.ctx_tokens;
-      for (size_t i = 0; i < ex.queries.size(); ++i) {
-        const TaskQuery& q = ex.queries[i];
-        const float* a = f.answers.data() + int64_t(i) * C;
-        switch (q.head) {
-          case QueryHead::choice:
-          case QueryHead::score: {
-            const bool choice = q.head == QueryHead::choice;
-            out[int(choice ? HeadKind::choice : HeadKind::score)].push_back(
-                {.a = pointer_logits(choice ? heads_.choice : heads_.score, a,
-                                     f.options.data() + f.option_at[i] * C,
-                                     int64_t(q.option_positions.size())),
-                 .target = q.option});
-            break;
-          }
-          case QueryHead::noul:
-            out[int(HeadKind::noul)].push_back(
-                {.a = {noul_logits(heads_, a, 1)[0], 0.0f}, .target = q.yes ? 0 : 1});
-            break;
-          case QueryHead::count: {
-            std::vector<float> l = count_logits(heads_, a, 1);
-            for (int64_t n = 0; n <= kMaxCount; ++n)
-              if (n < q.count_lo || n > q.count_hi) l[size_t(n)] = -INFINITY;
-            out[int(HeadKind::count)].push_back({.a = std::move(l), .target = q.count});
-            break;
-          }
-          case QueryHead::extract: {
-            const SpanLogits s = span_logits(heads_, a, 1, {q.span_query}, f.ctx.data(), T);
-            const bool null = q.span.start < 0;
-            out[int(HeadKind::extract)].push_back({.a = s.start,
-                                                   .b = s.end,
-                                                   .target = null ? T : q.span.start,
-                                                   .target_end = null ? T : q.span.end});
-            break;
-          }
-          case QueryHead::anchor: break;  // no temperature: a threshold at 0.5
+    size_t index = 0;
+    for_each_dev([&](const TaskExample& ex, const Feats& f) {
+      items_of(ex, f, index++ % 2 == 0 ? fit : report);
+    });
+  }
+
+  // The head kinds' logits and expected answers of one example (calibration and accuracy).
+  void items_of(const TaskExample& ex, const Feats& f, std::vector<CalibrationItem> (&out)[5]) {
+    const int64_t C = heads_.hidden, T = ex.ctx_tokens;
+    for (size_t i = 0; i < ex.queries.size(); ++i) {
+      const TaskQuery& q = ex.queries[i];
+      const float* a = f.answers.data() + int64_t(i) * C;
+      switch (q.head) {
+        case QueryHead::choice:
+        case QueryHead::score: {
+          const bool choice = q.head == QueryHead::choice;
+          out[int(choice ? HeadKind::choice : HeadKind::score)].push_back(
+              {.a = pointer_logits(choice ? heads_.choice : heads_.score, a,
+                                   f.options.data() + f.option_at[i] * C,
+                                   int64_t(q.option_positions.size())),
+               .target = q.option});
+          break;
         }
+        case QueryHead::noul:
+          out[int(HeadKind::noul)].push_back(
+              {.a = {noul_logits(heads_, a, 1)[0], 0.0f}, .target = q.yes ? 0 : 1});
+          break;
+        case QueryHead::count: {
+          std::vector<float> l = count_logits(heads_, a, 1);
+          for (int64_t n = 0; n <= kMaxCount; ++n)
+            if (n < q.count_lo || n > q.count_hi) l[size_t(n)] = -INFINITY;
+          out[int(HeadKind::count)].push_back({.a = std::move(l), .target = q.count});
+          break;
+        }
+        case QueryHead::extract: {
+          const SpanLogits s = span_logits(heads_, a, 1, {q.span_query}, f.ctx.data(), T);
+          const bool null = q.span.start < 0;
+          out[int(HeadKind::extract)].push_back({.a = s.start,
+                                                 .b = s.end,
+                                                 .target = null ? T : q.span.start,
+                                                 .target_end = null ? T : q.span.end});
+          break;
+        }
+        case QueryHead::anchor: break;  // no temperature: a threshold at 0.5
       }
-    };
-    if (train_trunk_) {
-      size_t index = 0;
-      for_each_dev_pack([&](const Packed& p, const std::vector<const TaskExample*>& exs,
-                            const float* hidden, int64_t C) {
-        for (size_t k = 0; k < exs.size(); ++k)
-          collect(index++, *exs[k], packed_features(p, exs, k, hidden, C));
-      });
-    } else {
-      for (size_t i = 0; i < ds_.dev.size(); ++i) collect(i, ds_.dev[i], dev_feats_[i]);
     }
   }
 
@@ -437,6 +440,19 @@ class Trainer {
     }
     *tokens += used;
     return out;
+  }
+
+  // f(example, features) over the dev examples: cached, or a forward of the trunk as it is.
+  template <class F>
+  void for_each_dev(F&& f) {
+    if (!train_trunk_) {
+      for (size_t i = 0; i < ds_.dev.size(); ++i) f(ds_.dev[i], dev_feats_[i]);
+      return;
+    }
+    for_each_dev_pack([&](const Packed& p, const std::vector<const TaskExample*>& exs,
+                          const float* hidden, int64_t C) {
+      for (size_t k = 0; k < exs.size(); ++k) f(*exs[k], packed_features(p, exs, k, hidden, C));
+    });
   }
 
   template <class F>
@@ -579,9 +595,16 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     line["tokens_per_s"] = pr.tokens_per_s;
     bool stop = false;
     if (last || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)) {
-      const std::vector<double> dev = have_dev ? tr.dev_loss() : std::vector<double>{loss};
+      const auto report = have_dev ? tr.dev_report() : decltype(tr.dev_report()){{loss}, {}};
+      const std::vector<double>& dev = report.loss;
       pr.dev_loss = dev[0];
+      pr.dev_accuracy = report.accuracy;
       line["dev_loss"] = dev[0];
+      if (!report.accuracy.empty()) {
+        OrderedJson acc = OrderedJson::object();
+        for (const auto& [kind, a] : report.accuracy) acc[kind] = a;
+        line["dev_accuracy_by_head"] = acc;
+      }
       if (have_dev) {
         OrderedJson by_task = OrderedJson::object();
         for (size_t k = 0; k < o.tasks.size(); ++k) {

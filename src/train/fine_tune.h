@@ -69,6 +69,9 @@ struct FineTuneProgress {
   int64_t done = 0, total = 0;
   double loss = 0;                 // train: mean loss of the step
   std::optional<double> dev_loss;  // after an evaluation
+  // After an evaluation: per head kind, the share of right decisions on the dev queries (the
+  // expected items' queries asked, as the loss asks them).
+  std::vector<std::pair<std::string, double>> dev_accuracy;
   double tokens_per_s = 0, eta_s = 0;
 };
 
