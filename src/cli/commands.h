@@ -23,5 +23,6 @@ void add_init_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
 void add_shard_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace deg::cli
