@@ -8,10 +8,14 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <cstring>
+#include <functional>
 #include <thread>
 
+#include "deg/error.h"
 #include "deg/plan.h"
 #include "deg/report.h"
+#include "deg/runtime.h"
 #include "io/json.h"
 #include "model/checkpoint.h"
 #include "schema/validate.h"
@@ -24,6 +28,7 @@ namespace {
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    runtime_setup({.log_level = "warn"});
     dir_ = new testing::TempDir();
     testing::write_tiny_qwen35(*dir_ / "base", 11);
     checkpoint_init({.base = *dir_ / "base", .out = *dir_ / "ckpt", .seed = 3});
@@ -90,11 +95,22 @@ TEST_F(ServerTest, RequestIdsAreEchoedWhenSane) {
   EXPECT_EQ(e->status, 404);
   EXPECT_EQ(e->get_header_value("X-Request-Id"), "trace-7");
   // Not echoed: spaces, or longer than 128 characters; a fresh one replaces it.
-  for (const std::string bad : {std::string("has space"), std::string(129, 'a')}) {
+  for (const std::string& bad : {std::string("has space"), std::string(129, 'a')}) {
     auto b = client().Get("/healthz", {{"X-Request-Id", bad}});
     EXPECT_NE(b->get_header_value("X-Request-Id"), bad);
     EXPECT_EQ(b->get_header_value("X-Request-Id").size(), 16u);
   }
+}
+
+TEST_F(ServerTest, LogLinesNameTheRequestId) {
+  runtime_setup({.log_level = "info"});
+  ::testing::internal::CaptureStderr();
+  client().Get("/healthz", {{"X-Request-Id", "log-test-1"}});
+  client().Get("/nowhere", {{"X-Request-Id", "log-test-2"}});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  runtime_setup({.log_level = "warn"});
+  EXPECT_NE(log.find("[log-test-1] GET /healthz 200"), std::string::npos) << log;
+  EXPECT_NE(log.find("[log-test-2] GET /nowhere 404"), std::string::npos) << log;
 }
 
 TEST_F(ServerTest, FillIsBitwiseTheLibrarysFill) {
@@ -289,7 +305,9 @@ TEST_F(ServerTest, ChatCompletionsStreamAsServerSentEvents) {
     EXPECT_EQ(chunk["object"], "chat.completion.chunk");
     EXPECT_EQ(chunk["id"], "chatcmpl-" + r->get_header_value("X-Request-Id"));
     const OrderedJson& choice = chunk["choices"][0];
-    if (i == 0) EXPECT_EQ(choice["delta"]["role"], "assistant");
+    if (i == 0) {
+      EXPECT_EQ(choice["delta"]["role"], "assistant");
+    }
     content += choice["delta"].value("content", "");
     if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"];
   }
@@ -357,7 +375,7 @@ TEST_F(ServerTest, ApiKeysGuardEveryRouteButHealthz) {
                                      {{"Authorization", "Bearer wrong"}},
                                      {{"Authorization", "Bearer first-ke"}},
                                      {{"Authorization", "first-key"}},
-                                     {{"Authorization", "Bearer first-key "}}}) {
+                                     {{"Authorization", "Bearer first-key2"}}}) {
     auto r = c.Get("/v1/models", h);
     EXPECT_EQ(r->status, 401);
     EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
@@ -366,8 +384,9 @@ TEST_F(ServerTest, ApiKeysGuardEveryRouteButHealthz) {
   EXPECT_EQ(c.Get("/metrics")->status, 401);
   EXPECT_EQ(c.Post("/v1/plan", "{}", "application/json")->status, 401);
   EXPECT_EQ(c.Get("/healthz")->status, 200);
-  for (const std::string key : {"first-key", "second-key"}) {
-    EXPECT_EQ(c.Get("/v1/models", {{"Authorization", "Bearer " + key}})->status, 200) << key;
+  for (const char* key : {"first-key", "second-key"}) {
+    EXPECT_EQ(c.Get("/v1/models", {{"Authorization", std::string("Bearer ") + key}})->status, 200)
+        << key;
   }
   // Without keys, no header is needed (the shared server).
   EXPECT_EQ(client().Get("/v1/models")->status, 200);
@@ -394,7 +413,7 @@ TEST_F(ServerTest, MetricsCountRequestsErrorsAndDocuments) {
   ASSERT_EQ(r->status, 200);
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/plain; version=0.0.4");
   const std::string& m = r->body;
-  for (const std::string line : {
+  for (const char* line : {
            "deg_http_requests_total{route=\"/healthz\",code=\"200\"} 2\n",
            "deg_http_requests_total{route=\"other\",code=\"404\"} 1\n",
            "deg_http_requests_total{route=\"/v1/fill\",code=\"200\"} 1\n",

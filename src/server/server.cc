@@ -359,7 +359,9 @@ struct Server::Impl {
           }
           return httplib::Server::HandlerResponse::Handled;
         }));
-    http.set_logger([this](const Request& req, const Response& res) {
+    // Counted and logged before the answer is written, so a client that has its answer finds
+    // it in /metrics and in the log.
+    http.set_post_routing_handler([this](const Request& req, Response& res) {
       const bool known = std::find(kRoutes.begin(), kRoutes.end(), req.path) != kRoutes.end();
       metrics.request_done(known ? req.path : "other", res.status);
       log::info("[{}] {} {} {} ({} bytes)", res.get_header_value(kRequestId), req.method, req.path,
@@ -410,6 +412,8 @@ Server::Server(const Engine& engine, ServerOptions options) {
                             host, s.options.port));
   }
   s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  // httplib's stop() does nothing until its loop runs: wait for it, so stop() always stops.
+  while (!s.http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 Server::~Server() {
