@@ -7,6 +7,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <functional>
@@ -516,6 +519,53 @@ TEST_F(ServerTest, StopAnswersNothingMore) {
     EXPECT_NE(std::string(e.what()).find(std::to_string(first.port())), std::string::npos)
         << e.what();
   }
+}
+
+// The command: it names its port, serves, and on SIGTERM answers what is in flight and exits 0.
+TEST_F(ServerTest, ServeCommandStopsCleanlyOnSigterm) {
+  testing::write_text(*dir_ / "cli-keys.txt", "cli-key\n");
+  const std::string model = (*dir_ / "ckpt").string(), keys = (*dir_ / "cli-keys.txt").string();
+  int err[2];
+  ASSERT_EQ(pipe(err), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(err[1], STDERR_FILENO);
+    close(err[0]);
+    execl(DEG_BINARY, DEG_BINARY, "serve", "--model", model.c_str(), "--port", "0",
+          "--api-key-file", keys.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(err[1]);
+  // Read stderr until the line naming the port (EOF first: the command died).
+  std::string text;
+  int port = 0;
+  char buffer[512];
+  while (port == 0) {
+    const ssize_t n = read(err[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    text.append(buffer, size_t(n));
+    const size_t at = text.find("http://127.0.0.1:");
+    const size_t end = at == std::string::npos ? at : text.find_first_not_of("0123456789", at + 17);
+    if (end != std::string::npos && end < text.size()) port = std::stoi(text.substr(at + 17));
+  }
+  ASSERT_GT(port, 0) << text;
+  httplib::Client c("127.0.0.1", port);
+  EXPECT_EQ(c.Get("/healthz")->status, 200);
+  EXPECT_EQ(c.Get("/v1/models")->status, 401);
+  auto models = c.Get("/v1/models", {{"Authorization", "Bearer cli-key"}});
+  ASSERT_EQ(models->status, 200);
+  EXPECT_EQ(OrderedJson::parse(models->body)["data"][0]["id"], "ckpt");
+  kill(pid, SIGTERM);
+  while (const ssize_t n = read(err[0], buffer, sizeof buffer)) {
+    if (n < 0) break;
+    text.append(buffer, size_t(n));
+  }
+  close(err[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status << "\n" << text;
+  EXPECT_NE(text.find("answering the requests in flight"), std::string::npos) << text;
 }
 
 }  // namespace
