@@ -501,6 +501,44 @@ TEST_F(ServerTest, OverloadAnswers429AndNoRequestIsLost) {
   EXPECT_EQ(post("/v1/fill", body, tight)->status, 200);
 }
 
+// Concurrent fills of one schema may share engine calls, of another take the engine in turn; each
+// answer is still bitwise the one its documents get alone.
+TEST_F(ServerTest, ConcurrentFillsAnswerAsAlone) {
+  Server shared(*engine_, {.port = 0});
+  const std::vector<OrderedJson> schemas = {
+      invoice_schema(), schema_load(testing::source_path("examples/support.schema.json").string())};
+  constexpr int kClients = 8;
+  std::vector<std::string> bodies, answers(kClients);
+  std::vector<OrderedJson> alone;
+  for (int i = 0; i < kClients; ++i) {
+    const OrderedJson& schema = schemas[size_t(i % 3 == 2)];
+    const std::string doc = fmt::format("Invoice INV-{} from Shop {}, total {}.50 EUR.", i, i, i);
+    bodies.push_back(OrderedJson({{"schema", schema}, {"documents", {doc}}}).dump());
+    alone.push_back(report_to_json(engine_->fill(schema, {doc})[0]));
+  }
+  std::vector<int> status(kClients, 0);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = post("/v1/fill", bodies[size_t(i)], shared);
+      if (!r) return;
+      status[size_t(i)] = r->status;
+      answers[size_t(i)] = r->body;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_EQ(status[size_t(i)], 200) << answers[size_t(i)];
+    EXPECT_EQ(OrderedJson::parse(answers[size_t(i)])["results"][0], alone[size_t(i)]) << i;
+  }
+  const std::string m = client(shared).Get("/metrics")->body;
+  const size_t at = m.find("\ndeg_engine_fills_total ");
+  ASSERT_NE(at, std::string::npos) << m;
+  const int calls = std::stoi(m.substr(at + 24));
+  EXPECT_GE(calls, 2);  // two schemas never share a call
+  EXPECT_LE(calls, kClients);
+}
+
 TEST_F(ServerTest, StopAnswersNothingMore) {
   auto s = std::make_unique<Server>(*engine_, ServerOptions{.port = 0});
   const int port = s->port();

@@ -1,7 +1,8 @@
 // deg's HTTP server (deg/server.h) on cpp-httplib. Every response carries X-Request-Id (the
 // client's, when it sent a sane one, else a fresh one) and every log line names it; every error
-// is {"error": {"message", "type", "code"}} with a status saying whose fault it is. Fills take
-// the engine one at a time (a mutex); at most max_queue wait for it, more answer 429.
+// is {"error": {"message", "type", "code"}} with a status saying whose fault it is. Fills go
+// through the Batcher (same-schema requests share engine calls); at most max_queue wait for the
+// engine, more answer 429.
 #include "deg/server.h"
 
 #include <httplib.h>
@@ -21,6 +22,7 @@
 #include "deg/input.h"
 #include "deg/plan.h"
 #include "deg/report.h"
+#include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/openapi.h"
@@ -156,7 +158,7 @@ struct Server::Impl {
   std::thread listener;
   int port = 0;
   server::Metrics metrics;
-  std::mutex engine_mutex;
+  server::Batcher batcher{engine, options.max_documents};
   std::atomic<int64_t> admitted{0};  // fills running or waiting for the engine
   std::mutex random_mutex;
   std::mt19937_64 random{std::random_device{}()};
@@ -182,8 +184,7 @@ struct Server::Impl {
     metrics.queue_depth(admitted.load());
     std::vector<FillResult> results;
     try {
-      std::lock_guard lock(engine_mutex);
-      results = engine.fill(schema, docs, fill_options);
+      results = batcher.fill(schema, docs, fill_options);
     } catch (const Error& e) {
       throw from_error(e);
     }
@@ -380,7 +381,12 @@ struct Server::Impl {
     res.set_content(R"({"status":"ok"})", "application/json");
   }
   void metrics_route(const Request&, Response& res) {
-    res.set_content(metrics.text(), "text/plain; version=0.0.4");
+    res.set_content(metrics.text() + fmt::format("# HELP deg_engine_fills_total Engine calls; "
+                                                 "same-schema requests waiting together share "
+                                                 "one.\n# TYPE deg_engine_fills_total counter\n"
+                                                 "deg_engine_fills_total {}\n",
+                                                 batcher.engine_calls()),
+                    "text/plain; version=0.0.4");
   }
   void openapi_route(const Request&, Response& res) {
     res.set_content(std::string(server::openapi_document()), "application/json");
