@@ -19,6 +19,11 @@ struct RuntimeOptions {
 // value is bad.
 void runtime_setup(const RuntimeOptions& options);
 
+// A line on stderr, shown when the level runtime_setup chose lets it through (the server's
+// request lines are info).
+void log_info(const std::string& line);
+void log_error(const std::string& line);
+
 // "deg <version> (<git describe>)" and a line per visible CUDA device (or why there are none).
 std::string build_description();
 

@@ -18,6 +18,13 @@ void runtime_setup(const RuntimeOptions& options) {
   }
 }
 
+void log_info(const std::string& line) {
+  log::info("{}", line);
+}
+void log_error(const std::string& line) {
+  log::error("{}", line);
+}
+
 std::string build_description() {
   std::string v = std::string("deg ") + kVersion + " (" + kGitDescribe + ")\nCUDA: ";
   if (!cuda_built()) return v + "not built";

@@ -1,7 +1,9 @@
 // OpenAI chat completions in and out (openai.h).
 #include "server/openai.h"
 
-#include "core/error.h"
+#include <fmt/format.h>
+
+#include "deg/error.h"
 
 namespace deg::server {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "io/json.h"
+#include "deg/json.h"
 
 namespace deg::server {
 

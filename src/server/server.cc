@@ -17,11 +17,11 @@
 #include <random>
 #include <thread>
 
-#include "core/error.h"
-#include "core/log.h"
+#include "deg/error.h"
 #include "deg/input.h"
 #include "deg/plan.h"
 #include "deg/report.h"
+#include "deg/runtime.h"
 #include "server/batcher.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -316,8 +316,8 @@ struct Server::Impl {
       } catch (const std::bad_alloc&) {
         reply_error(res, {503, "out_of_memory", "the server ran out of memory for this request"});
       } catch (const std::exception& e) {
-        log::error("[{}] {} {}: {}", res.get_header_value(kRequestId), req.method, req.path,
-                   e.what());
+        log_error(fmt::format("[{}] {} {}: {}", res.get_header_value(kRequestId), req.method,
+                              req.path, e.what()));
         reply_error(res, {500, "internal_error", e.what()});
       }
       metrics.latency(
@@ -365,8 +365,8 @@ struct Server::Impl {
     http.set_post_routing_handler([this](const Request& req, Response& res) {
       const bool known = std::find(kRoutes.begin(), kRoutes.end(), req.path) != kRoutes.end();
       metrics.request_done(known ? req.path : "other", res.status);
-      log::info("[{}] {} {} {} ({} bytes)", res.get_header_value(kRequestId), req.method, req.path,
-                res.status, res.body.size());
+      log_info(fmt::format("[{}] {} {} {} ({} bytes)", res.get_header_value(kRequestId), req.method,
+                           req.path, res.status, res.body.size()));
     });
     http.Post("/v1/fill", route(&Impl::fill_route));
     http.Post("/v1/plan", route(&Impl::plan_route));
