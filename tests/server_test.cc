@@ -28,6 +28,8 @@
 namespace deg {
 namespace {
 
+namespace fs = std::filesystem;
+
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -317,6 +319,30 @@ TEST_F(ServerTest, ChatCompletionsStreamAsServerSentEvents) {
   EXPECT_EQ(finish, "stop");
   EXPECT_EQ(content,
             OrderedJson::parse(plain->body)["choices"][0]["message"]["content"].get<std::string>());
+}
+
+// The official `openai` JavaScript client (scripts/fetch-test-data puts it in .cache/npm),
+// unchanged, gets the structured answer plain and streamed.
+TEST_F(ServerTest, OpenAiClientGetsStructuredAnswers) {
+  const fs::path package = testing::source_path(".cache/npm/openai");
+  ASSERT_TRUE(fs::exists(package / "package.json")) << "run scripts/fetch-test-data";
+  Server guarded(*engine_, {.port = 0, .api_keys = {"sdk-key"}, .model_name = "tiny"});
+  const std::string document = documents()[1];
+  testing::write_text(*dir_ / "sdk-document.txt", document);
+  const std::string cmd =
+      fmt::format("node '{}' '{}' 'http://127.0.0.1:{}/v1' sdk-key '{}' '{}' > '{}' 2>&1",
+                  testing::source_path("tests/openai_client.cjs").string(), package.string(),
+                  guarded.port(), testing::source_path("examples/invoice.schema.json").string(),
+                  (*dir_ / "sdk-document.txt").string(), (*dir_ / "sdk-out.txt").string());
+  const int status = std::system(cmd.c_str());
+  const std::string out = testing::read_text(*dir_ / "sdk-out.txt");
+  ASSERT_EQ(status, 0) << out;
+  const OrderedJson answer = OrderedJson::parse(out);
+  const OrderedJson expected = engine_->fill(invoice_schema(), {document})[0].value;
+  EXPECT_EQ(OrderedJson::parse(answer["plain"].get<std::string>()), expected) << out;
+  EXPECT_EQ(answer["streamed"], answer["plain"]);
+  EXPECT_EQ(answer["finish_reason"], "stop");
+  EXPECT_EQ(answer["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
 }
 
 TEST_F(ServerTest, ChatCompletionsSayWhatTheyNeed) {
