@@ -4,10 +4,13 @@
 // The fill report format (docs/report.schema.json) is checked here too, on real reports.
 #include "deg/server.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -525,6 +528,59 @@ TEST_F(ServerTest, OverloadAnswers429AndNoRequestIsLost) {
   }
   EXPECT_GE(ok, 1);
   EXPECT_EQ(post("/v1/fill", body, tight)->status, 200);
+}
+
+// A raw TCP connection to the server, for clients that misbehave.
+int connect_raw(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
+// Clients that stall mid-request or vanish before their answer cost the others nothing: they
+// are answered meanwhile, the stalled ones are dropped after the I/O timeout, and the server
+// keeps serving.
+TEST_F(ServerTest, SlowAndVanishingClientsHurtNoOne) {
+  Server s(*engine_, {.port = 0, .threads = 4, .io_timeout_seconds = 1});
+  const std::string fill =
+      OrderedJson({{"schema", invoice_schema()}, {"documents", {documents()[1]}}}).dump();
+  const std::string head = fmt::format(
+      "POST /v1/fill HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: {}\r\n\r\n",
+      fill.size());
+  std::vector<int> stalled;
+  for (int i = 0; i < 2; ++i) {
+    stalled.push_back(connect_raw(s.port()));
+    const std::string part = head + fill.substr(0, 10);  // then nothing more
+    ASSERT_EQ(send(stalled.back(), part.data(), part.size(), MSG_NOSIGNAL), ssize_t(part.size()));
+  }
+  for (int i = 0; i < 3; ++i) {  // whole requests, gone before the answer
+    const int fd = connect_raw(s.port());
+    const std::string whole = head + fill;
+    send(fd, whole.data(), whole.size(), MSG_NOSIGNAL);
+    close(fd);
+  }
+  const OrderedJson alone = report_to_json(engine_->fill(invoice_schema(), {documents()[1]})[0]);
+  auto r = post("/v1/fill", fill, s);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(OrderedJson::parse(r->body)["results"][0], alone);
+  // The stalled connections are dropped (an answer saying so, or just closed), not kept.
+  for (const int fd : stalled) {
+    char buffer[4096];
+    std::string answer;
+    while (const ssize_t n = recv(fd, buffer, sizeof buffer, 0)) {
+      if (n < 0) break;
+      answer.append(buffer, size_t(n));
+    }
+    EXPECT_EQ(answer.find("200 OK"), std::string::npos) << answer;
+    close(fd);
+  }
+  EXPECT_EQ(client(s).Get("/healthz")->status, 200);
 }
 
 // Concurrent fills of one schema may share engine calls, of another take the engine in turn; each
