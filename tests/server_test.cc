@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -641,7 +642,8 @@ TEST_F(ServerTest, StopAnswersNothingMore) {
   }
 }
 
-// The command: it names its port, serves, and on SIGTERM answers what is in flight and exits 0.
+// The command: it names its port, guards with its key file, and on SIGTERM answers what is in
+// flight and exits 0.
 TEST_F(ServerTest, ServeCommandStopsCleanlyOnSigterm) {
   testing::write_text(*dir_ / "cli-keys.txt", "cli-key\n");
   const std::string model = (*dir_ / "ckpt").string(), keys = (*dir_ / "cli-keys.txt").string();
@@ -676,7 +678,34 @@ TEST_F(ServerTest, ServeCommandStopsCleanlyOnSigterm) {
   auto models = c.Get("/v1/models", {{"Authorization", "Bearer cli-key"}});
   ASSERT_EQ(models->status, 200);
   EXPECT_EQ(OrderedJson::parse(models->body)["data"][0]["id"], "ckpt");
+  // A fill in flight when the signal comes is answered before the command exits: a long document
+  // keeps it running, and the queue gauge says when it has reached the engine.
+  const std::string document = std::string(3000, 'x') + " Invoice INV-9, total 12.50 EUR.";
+  const std::string fill =
+      OrderedJson({{"schema", invoice_schema()}, {"documents", {document}}}).dump();
+  const int fd = connect_raw(port);
+  const std::string request = fmt::format(
+      "POST /v1/fill HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer cli-key\r\n"
+      "Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+      fill.size(), fill);
+  ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL), ssize_t(request.size()));
+  bool in_flight = false;
+  for (pollfd answered{.fd = fd, .events = POLLIN}; !in_flight && poll(&answered, 1, 0) == 0;) {
+    auto m = c.Get("/metrics", {{"Authorization", "Bearer cli-key"}});
+    in_flight = m && m->body.find("\ndeg_fill_queue_depth 1\n") != std::string::npos;
+  }
   kill(pid, SIGTERM);
+  std::string answer;
+  while (const ssize_t n = recv(fd, buffer, sizeof buffer, 0)) {
+    if (n < 0) break;
+    answer.append(buffer, size_t(n));
+  }
+  close(fd);
+  EXPECT_TRUE(in_flight) << "the fill ended before it was seen running; lengthen the document";
+  ASSERT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer.substr(0, 300);
+  const OrderedJson results =
+      OrderedJson::parse(answer.substr(answer.find("\r\n\r\n") + 4))["results"];
+  EXPECT_EQ(results[0], report_to_json(engine_->fill(invoice_schema(), {document})[0]));
   while (const ssize_t n = read(err[0], buffer, sizeof buffer)) {
     if (n < 0) break;
     text.append(buffer, size_t(n));
