@@ -31,7 +31,7 @@ void Metrics::queue_depth(int64_t waiting) {
   queue_ = waiting;
 }
 
-std::string Metrics::text() const {
+std::string Metrics::text(int64_t engine_calls) const {
   std::lock_guard lock(mutex_);
   std::string out;
   auto put = std::back_inserter(out);
@@ -56,10 +56,14 @@ std::string Metrics::text() const {
                  "UTF-8, over the limits).\n"
                  "# TYPE deg_documents_failed_total counter\n"
                  "deg_documents_failed_total {}\n"
-                 "# HELP deg_fill_queue_depth Fills waiting for the engine.\n"
+                 "# HELP deg_fill_queue_depth Fills running or waiting for the engine.\n"
                  "# TYPE deg_fill_queue_depth gauge\n"
-                 "deg_fill_queue_depth {}\n",
-                 filled_, failed_, queue_);
+                 "deg_fill_queue_depth {}\n"
+                 "# HELP deg_engine_fills_total Engine calls (same-schema requests waiting "
+                 "together share one).\n"
+                 "# TYPE deg_engine_fills_total counter\n"
+                 "deg_engine_fills_total {}\n",
+                 filled_, failed_, queue_, engine_calls);
   fmt::format_to(put,
                  "# HELP deg_http_request_duration_seconds Time in the request handler.\n"
                  "# TYPE deg_http_request_duration_seconds histogram\n");

@@ -20,7 +20,8 @@ class Metrics {
   void latency(double seconds);
   void documents_done(int64_t filled, int64_t failed);
   void queue_depth(int64_t waiting);
-  std::string text() const;
+  // The exposition, with the engine calls the batcher made so far.
+  std::string text(int64_t engine_calls) const;
 
   // Upper bounds of the latency histogram's buckets, seconds (+Inf follows).
   static constexpr std::array<double, 12> kBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,

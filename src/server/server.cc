@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <ctime>
 #include <mutex>
@@ -103,7 +104,7 @@ OrderedJson body_json(const Request& req) {
   }
 }
 
-// body[key] as a JSON Schema within kMaxSchemaBytes.
+// `schema` (the request's member `where`) checked: an object of at most kMaxSchemaBytes.
 const OrderedJson& schema_member(const OrderedJson& schema, const std::string& where) {
   if (!schema.is_object()) {
     throw HttpError{400, "invalid_request", where + " must be a JSON Schema (an object)"};
@@ -168,7 +169,7 @@ struct Server::Impl {
     return fmt::format("{:016x}", random());
   }
 
-  // Fills `documents` under the engine lock; 429 when max_queue fills already wait.
+  // Fills `docs` through the batcher; 429 when max_queue fills already wait for the engine.
   std::vector<FillResult> fill(const OrderedJson& schema, const std::vector<DocumentParts>& docs,
                                const FillOptions& fill_options) {
     if (admitted.fetch_add(1) > options.max_queue) {
@@ -381,12 +382,7 @@ struct Server::Impl {
     res.set_content(R"({"status":"ok"})", "application/json");
   }
   void metrics_route(const Request&, Response& res) {
-    res.set_content(metrics.text() + fmt::format("# HELP deg_engine_fills_total Engine calls; "
-                                                 "same-schema requests waiting together share "
-                                                 "one.\n# TYPE deg_engine_fills_total counter\n"
-                                                 "deg_engine_fills_total {}\n",
-                                                 batcher.engine_calls()),
-                    "text/plain; version=0.0.4");
+    res.set_content(metrics.text(batcher.engine_calls()), "text/plain; version=0.0.4");
   }
   void openapi_route(const Request&, Response& res) {
     res.set_content(std::string(server::openapi_document()), "application/json");
