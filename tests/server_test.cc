@@ -192,6 +192,8 @@ TEST_F(ServerTest, FillErrorsHaveTheirStatus) {
        "invalid_request"},
       {"{\"schema\": " + schema + ", \"documents\": [\"x\"], \"options\": {\"min_confidence\": 2}}",
        400, "invalid_request"},
+      {"{\"schema\": " + schema + ", \"documents\": [\"x\"], \"options\": {\"deadline_ms\": -1}}",
+       400, "invalid_request"},
   };
   for (const Case& c : cases) {
     auto r = post("/v1/fill", c.body);
@@ -582,6 +584,43 @@ TEST_F(ServerTest, SlowAndVanishingClientsHurtNoOne) {
     close(fd);
   }
   EXPECT_EQ(client(s).Get("/healthz")->status, 200);
+}
+
+// options.deadline_ms bounds the wait for the engine: past it the request answers 504 without
+// being filled; within it the request is filled as usual.
+TEST_F(ServerTest, DeadlinesBoundTheWaitForTheEngine) {
+  Server s(*engine_, {.port = 0});
+  const OrderedJson schema = invoice_schema();
+  const std::string long_document = std::string(6000, 'x') + " Invoice INV-9, total 12.50 EUR.";
+  int long_status = 0;
+  std::thread running([&] {
+    long_status = post("/v1/fill",
+                       OrderedJson({{"schema", schema}, {"documents", {long_document}}}).dump(), s)
+                      ->status;
+  });
+  // Wait until the long fill has the engine (the queue gauge counts it).
+  for (bool busy = false; !busy;) {
+    busy = client(s).Get("/metrics")->body.find("\ndeg_fill_queue_depth 1\n") != std::string::npos;
+  }
+  auto late = post(
+      "/v1/fill",
+      OrderedJson(
+          {{"schema", schema}, {"documents", {documents()[1]}}, {"options", {{"deadline_ms", 0}}}})
+          .dump(),
+      s);
+  auto patient = post("/v1/fill",
+                      OrderedJson({{"schema", schema},
+                                   {"documents", {documents()[1]}},
+                                   {"options", {{"deadline_ms", 600000}}}})
+                          .dump(),
+                      s);
+  running.join();
+  EXPECT_EQ(long_status, 200);
+  ASSERT_EQ(late->status, 504) << late->body;
+  EXPECT_EQ(error_of(late)["code"], "deadline_exceeded");
+  ASSERT_EQ(patient->status, 200) << patient->body;
+  EXPECT_EQ(OrderedJson::parse(patient->body)["results"][0],
+            report_to_json(engine_->fill(schema, {documents()[1]})[0]));
 }
 
 // Concurrent fills of one schema may share engine calls, of another take the engine in turn; each

@@ -11,7 +11,8 @@ namespace deg::server {
 
 std::vector<FillResult> Batcher::fill(const OrderedJson& schema,
                                       const std::vector<DocumentParts>& documents,
-                                      const FillOptions& options) {
+                                      const FillOptions& options,
+                                      std::optional<Clock::time_point> deadline) {
   Job job{.key = fmt::format("{}\n{}\n{}", options.keep_nulls, options.min_confidence,
                              schema.dump(-1, ' ', false, OrderedJson::error_handler_t::replace)),
           .schema = &schema,
@@ -20,10 +21,14 @@ std::vector<FillResult> Batcher::fill(const OrderedJson& schema,
   std::unique_lock lock(mutex_);
   waiting_.push_back(&job);
   while (!job.done) {
-    if (!busy_ && waiting_.front() == &job) {
+    if (!job.taken && !busy_ && waiting_.front() == &job) {
       lead(lock);
-    } else {
+    } else if (!deadline || job.taken) {
       changed_.wait(lock);
+    } else if (changed_.wait_until(lock, *deadline) == std::cv_status::timeout && !job.taken) {
+      waiting_.erase(std::find(waiting_.begin(), waiting_.end(), &job));
+      changed_.notify_all();  // the next in line may lead now
+      throw DeadlineExceeded{};
     }
   }
   if (job.error) std::rethrow_exception(job.error);
@@ -40,7 +45,10 @@ void Batcher::lead(std::unique_lock<std::mutex>& lock) {
       count += n;
     }
   }
-  for (Job* j : batch) waiting_.erase(std::find(waiting_.begin(), waiting_.end(), j));
+  for (Job* j : batch) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), j));
+    j->taken = true;
+  }
   busy_ = true;
   ++calls_;
   lock.unlock();

@@ -5,11 +5,13 @@
 // engine to take several plans in one call: #17 item 3).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,11 +26,18 @@ class Batcher {
   Batcher(const Engine& engine, int64_t max_documents)
       : engine_(engine), max_documents_(max_documents) {}
 
+  using Clock = std::chrono::steady_clock;
+  // Thrown when a request's deadline passes while it waits for the engine.
+  struct DeadlineExceeded {};
+
   // Fills `documents`, alone or together with other requests' documents; blocks until done.
-  // Throws what Engine::fill throws for this schema.
+  // Throws what Engine::fill throws for this schema, or DeadlineExceeded when `deadline` passes
+  // before the request reaches the engine (once there, it runs to the end: a fill cannot be
+  // interrupted).
   std::vector<FillResult> fill(const OrderedJson& schema,
                                const std::vector<DocumentParts>& documents,
-                               const FillOptions& options);
+                               const FillOptions& options,
+                               std::optional<Clock::time_point> deadline = std::nullopt);
 
   int64_t engine_calls() const;  // Engine::fill calls so far
 
@@ -40,6 +49,7 @@ class Batcher {
     const FillOptions* options;
     std::vector<FillResult> results;
     std::exception_ptr error;
+    bool taken = false;  // in a leader's batch: no longer waiting
     bool done = false;
   };
   void lead(std::unique_lock<std::mutex>& lock);

@@ -49,7 +49,8 @@ std::string_view openapi_document() {
             "type": "object",
             "properties": {
               "keep_nulls": {"type": "boolean", "default": false},
-              "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0}
+              "min_confidence": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
+              "deadline_ms": {"type": "integer", "minimum": 0, "maximum": 86400000, "description": "How long the request may wait for the engine; past it: 504"}
             }
           }
         }
@@ -107,7 +108,8 @@ std::string_view openapi_document() {
           "401": {"$ref": "#/components/responses/Error"},
           "413": {"$ref": "#/components/responses/Error"},
           "422": {"$ref": "#/components/responses/Error"},
-          "429": {"$ref": "#/components/responses/Error"}
+          "429": {"$ref": "#/components/responses/Error"},
+          "504": {"$ref": "#/components/responses/Error"}
         }
       }
     },

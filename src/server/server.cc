@@ -15,6 +15,7 @@
 #include <chrono>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -36,6 +37,7 @@ using httplib::Request;
 using httplib::Response;
 
 constexpr const char* kRequestId = "X-Request-Id";
+constexpr int64_t kMaxDeadlineMs = int64_t(24) * 3600 * 1000;  // a day
 const std::vector<std::string> kRoutes = {
     "/v1/fill", "/v1/plan", "/v1/models",   "/v1/chat/completions",
     "/healthz", "/metrics", "/openapi.json"};
@@ -127,22 +129,32 @@ HttpError from_error(const Error& e) {
   }
 }
 
-FillOptions fill_options(const OrderedJson& body) {
-  FillOptions out;
+// The options of a /v1/fill request: the engine's, and how long it may wait for the engine.
+struct RequestOptions {
+  FillOptions fill;
+  std::optional<int64_t> deadline_ms;
+};
+
+RequestOptions request_options(const OrderedJson& body) {
+  RequestOptions out;
   const auto options = body.find("options");
   if (options == body.end() || options->is_null()) return out;
   if (!options->is_object()) throw HttpError{400, "invalid_request", "options must be an object"};
   for (const auto& [key, value] : options->items()) {
     if (key == "keep_nulls" && value.is_boolean()) {
-      out.keep_nulls = value.get<bool>();
+      out.fill.keep_nulls = value.get<bool>();
     } else if (key == "min_confidence" && value.is_number() && value.get<double>() >= 0 &&
                value.get<double>() <= 1) {
-      out.min_confidence = value.get<double>();
+      out.fill.min_confidence = value.get<double>();
+    } else if (key == "deadline_ms" && value.is_number_integer() && value.get<int64_t>() >= 0 &&
+               value.get<int64_t>() <= kMaxDeadlineMs) {
+      out.deadline_ms = value.get<int64_t>();
     } else {
       throw HttpError{400, "invalid_request",
-                      fmt::format("options.{}: the fill options are keep_nulls (true or false) and "
-                                  "min_confidence (a number in [0, 1])",
-                                  key)};
+                      fmt::format("options.{}: the fill options are keep_nulls (true or false), "
+                                  "min_confidence (a number in [0, 1]) and deadline_ms (an "
+                                  "integer in [0, {}])",
+                                  key, kMaxDeadlineMs)};
     }
   }
   return out;
@@ -171,7 +183,7 @@ struct Server::Impl {
 
   // Fills `docs` through the batcher; 429 when max_queue fills already wait for the engine.
   std::vector<FillResult> fill(const OrderedJson& schema, const std::vector<DocumentParts>& docs,
-                               const FillOptions& fill_options) {
+                               const RequestOptions& request) {
     if (admitted.fetch_add(1) > options.max_queue) {
       metrics.queue_depth(--admitted);
       throw HttpError{
@@ -184,10 +196,19 @@ struct Server::Impl {
     } release{*this};
     metrics.queue_depth(admitted.load());
     std::vector<FillResult> results;
+    std::optional<server::Batcher::Clock::time_point> deadline;
+    if (request.deadline_ms) {
+      deadline = server::Batcher::Clock::now() + std::chrono::milliseconds(*request.deadline_ms);
+    }
     try {
-      results = batcher.fill(schema, docs, fill_options);
+      results = batcher.fill(schema, docs, request.fill, deadline);
     } catch (const Error& e) {
       throw from_error(e);
+    } catch (const server::Batcher::DeadlineExceeded&) {
+      throw HttpError{504, "deadline_exceeded",
+                      fmt::format("the request waited {} ms for the engine (options.deadline_ms) "
+                                  "and was not filled; retry, or allow longer",
+                                  *request.deadline_ms)};
     }
     const int64_t failed =
         std::count_if(results.begin(), results.end(), [](const FillResult& r) { return !r.ok(); });
@@ -210,7 +231,7 @@ struct Server::Impl {
                       fmt::format("{} documents; a request holds at most {} (send several)",
                                   documents->size(), options.max_documents)};
     }
-    const FillOptions fo = fill_options(body);
+    const RequestOptions options_of_request = request_options(body);
     // A document that cannot be read fails alone, in its place; file parts are refused (empty
     // PartsAccess root): a client names no files on the server.
     std::vector<DocumentParts> readable;
@@ -223,7 +244,7 @@ struct Server::Impl {
         unreadable[i] = e.what();
       }
     }
-    const std::vector<FillResult> filled = fill(schema, readable, fo);
+    const std::vector<FillResult> filled = fill(schema, readable, options_of_request);
     OrderedJson results = OrderedJson::array();
     for (size_t i = 0, k = 0; i < unreadable.size(); ++i) {
       results.push_back(
