@@ -19,7 +19,7 @@
 #include "tiny_model.h"
 #include "train/calibrate.h"
 #include "train/features.h"
-#include "train/fine_tune.h"
+#include "deg/train.h"
 #include "train/gpt_params.h"
 #include "train/tasks.h"
 
@@ -60,7 +60,7 @@ fs::path write_gpt_checkpoint(const fs::path& dir, uint64_t seed) {
   deg::testing::write_text(base / "config.json", gpt_config_to_json(c).dump());
   deg::testing::write_text(base / "tokenizer.json",
                            deg::testing::tiny_tokenizer_json({"<|endoftext|>"}));
-  engine::checkpoint_create({.base = base, .out = dir / "ckpt", .seed = seed});
+  checkpoint_create({.base = base, .out = dir / "ckpt", .seed = seed});
   return dir / "ckpt";
 }
 
@@ -352,7 +352,7 @@ TEST(TrainFineTune, HeadsLearnOnAFrozenQwen35Trunk) {
   ASSERT_EQ(loss.size(), 40u);
   EXPECT_LT(loss.back(), 0.5 * loss.front());  // the heads fit the training records
   // The base's bf16 text weights as deg init writes them: untouched by training.
-  engine::checkpoint_create({.base = t / "base", .out = t / "init", .seed = 0});
+  checkpoint_create({.base = t / "base", .out = t / "init", .seed = 0});
   EXPECT_EQ(deg::testing::read_text(t / "out" / "backbone.safetensors"),
             deg::testing::read_text(t / "init" / "backbone.safetensors"));
   EXPECT_NE(deg::testing::read_text(t / "out" / "heads.safetensors"),

@@ -1,5 +1,5 @@
 // The public C++ API of deg: open a model, fill JSON Schemas from documents. The CLI and the
-// server use only this header (and model_info.h).
+// server use only the headers of include/deg (docs/api.md lists them).
 //
 //   deg::Engine engine = deg::Engine::open({.model = "ckpt/"});
 //   auto results = engine.fill(schema_json, {"Invoice No. 12 ..."});

@@ -25,5 +25,6 @@ void add_pretrain_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_shard_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);  // a group: `deg tokenizer train`, ...
+void add_serve_command(CLI::App& app);
 
 }  // namespace deg::cli

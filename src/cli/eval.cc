@@ -1,4 +1,6 @@
 // deg eval: field-level metrics of a model on a labelled JSONL set ({"document", "expected"}).
+#include "deg/eval.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -9,14 +11,11 @@
 #include <cstring>
 
 #include "cli/commands.h"
-#include "core/buffer.h"
-#include "core/error.h"
 #include "deg/engine.h"
+#include "deg/error.h"
 #include "deg/input.h"
-#include "engine/decode.h"
-#include "io/json.h"
-#include "schema/metrics.h"
-#include "text/unicode.h"
+#include "deg/json.h"
+#include "deg/plan.h"
 
 namespace deg::cli {
 
@@ -41,74 +40,23 @@ struct Worst {
   std::vector<std::pair<int64_t, int64_t>> spans;  // deg's extracted spans, code points
 };
 
-// The document with deg's spans marked: reverse video on a terminal, else [[...]]; at most 2000
-// code points.
-std::string highlighted(const Worst& w, bool tty) {
-  const std::u32string text = text::utf8_to_u32(w.document);
-  const int64_t n = std::min<int64_t>(int64_t(text.size()), 2000);
-  std::vector<int> open(size_t(n + 1), 0), close(size_t(n + 1), 0);
-  for (const auto& [s, e] : w.spans) {
-    if (s < 0 || e <= s || s >= n) continue;
-    ++open[size_t(s)];
-    ++close[size_t(std::min(e, n))];
-  }
-  const std::string on = tty ? "\x1b[7m" : "[[", off = tty ? "\x1b[0m" : "]]";
-  std::string out;
-  for (int64_t i = 0; i <= n; ++i) {
-    for (int k = 0; k < close[size_t(i)]; ++k) out += off;
-    for (int k = 0; k < open[size_t(i)]; ++k) out += on;
-    if (i < n) out += engine::utf8_of(std::u32string_view(text).substr(size_t(i), 1));
-  }
-  if (int64_t(text.size()) > n) out += " ...";
-  return out;
-}
-
 void print_worst(const std::vector<Worst>& worst) {
   if (worst.empty()) return;
   const bool tty = isatty(STDOUT_FILENO) == 1;
   fmt::print("\nrecords with the most errors ({} shown{}):\n", worst.size(),
              tty ? "; deg's spans in reverse video" : "; deg's spans in [[ ]]");
   for (const Worst& w : worst) {
-    fmt::print("\nline {}: {} error{}\n  document  {}\n  expected  {}\n  deg       {}\n", w.line,
-               w.errors, w.errors == 1 ? "" : "s", highlighted(w, tty), w.expected.dump(),
-               w.predicted.dump());
-  }
-}
-
-void print_table(const schema::Metrics& m) {
-  fmt::print("records            {}\n", m.records);
-  fmt::print("exact match        {:.4f}\n", m.exact_match());
-  for (const auto& [kind, s] : m.decisions) {
-    fmt::print("{:<18} {:.4f}  ({}/{})\n", kind + " accuracy", s.accuracy(), s.correct, s.total);
-  }
-  fmt::print("extract precision  {:.4f}\n", m.extract.precision());
-  fmt::print("extract recall     {:.4f}\n", m.extract.recall());
-  fmt::print("extract F1         {:.4f}  (tp {} fp {} fn {})\n", m.extract.f1(),
-             m.extract.true_positives, m.extract.false_positives, m.extract.false_negatives);
-  fmt::print("calibration ECE    {:.4f}  ({} values, 10 bins)\n", m.ece(), m.calibrated());
-  if (!m.decisions_by_field.empty()) {
-    fmt::print("\n{:<40} {:>9} {:>9}\n", "decision field", "accuracy", "total");
-    for (const auto& [field, s] : m.decisions_by_field) {
-      fmt::print("{:<40} {:>9.4f} {:>9}\n", field, s.accuracy(), s.total);
-    }
-  }
-  if (!m.extract_by_field.empty()) {
-    fmt::print("\n{:<40} {:>9} {:>9} {:>9}\n", "extract field", "precision", "recall", "F1");
-    for (const auto& [field, s] : m.extract_by_field) {
-      fmt::print("{:<40} {:>9.4f} {:>9.4f} {:>9.4f}\n", field, s.precision(), s.recall(), s.f1());
-    }
-  }
-  for (const auto& [field, c] : m.confusions) {
-    fmt::print("\nmost confused, {} (gold -> predicted):\n", field);
-    for (const auto& [pair, n] : schema::top_confusions(c, 5)) {
-      fmt::print("  {:>6}  {} -> {}\n", n, pair.first, pair.second);
-    }
+    fmt::print(
+        "\nline {}: {} error{}\n  document  {}\n  expected  {}\n  deg       {}\n", w.line, w.errors,
+        w.errors == 1 ? "" : "s",
+        spans_marked(w.document, w.spans, tty ? "\x1b[7m" : "[[", tty ? "\x1b[0m" : "]]", 2000),
+        w.expected.dump(), w.predicted.dump());
   }
 }
 
 void run_eval(const EvalArgs& a) {
-  OrderedJson schema_json = schema::schema_load(a.schema);
-  schema::Plan plan = schema::plan_compile(schema_json);
+  const OrderedJson schema_json = schema_load(a.schema);
+  Scorer scorer(schema_json);
   const int fd = ::open(a.data.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     throw Error(ErrorKind::not_found,
@@ -125,7 +73,6 @@ void run_eval(const EvalArgs& a) {
                 {.path = a.data});
   }
   Engine engine = Engine::open({.model = a.model, .base = a.base, .device = a.device});
-  schema::MetricsAccumulator acc(plan);
   // Records are read and scored a batch at a time (memory holds one batch); a line that is not a
   // record is reported and skipped, the others still count.
   struct Record {
@@ -143,19 +90,14 @@ void run_eval(const EvalArgs& a) {
     for (const Record& r : batch) docs.push_back(r.document);
     std::vector<FillResult> results = engine.fill(schema_json, docs);
     for (size_t i = 0; i < results.size(); ++i) {
-      std::vector<schema::ScoredValue> values;
-      for (const FieldReport& f : results[i].fields) {
-        values.push_back({f.path, Json::parse(f.value.dump()), f.confidence});
-      }
       if (!results[i].ok()) ++failed;
-      const Json predicted = Json::parse(results[i].value.dump());
-      const int64_t errors = acc.add(batch[i].expected, predicted, values);
+      const int64_t errors = scorer.add(batch[i].expected, results[i]);
       if (a.errors > 0 && errors > 0) {
         Worst w{.errors = errors,
                 .line = batch[i].line,
                 .document = batch[i].document,
                 .expected = batch[i].expected,
-                .predicted = predicted};
+                .predicted = Json::parse(results[i].value.dump())};
         for (const FieldReport& f : results[i].fields)
           if (f.span && !f.withheld) w.spans.push_back(*f.span);
         worst.push_back(std::move(w));
@@ -195,15 +137,15 @@ void run_eval(const EvalArgs& a) {
   if (failed)
     std::fprintf(stderr, "deg eval: %lld documents failed and count as empty\n", (long long)failed);
   if (!a.plot.empty()) {
+    const std::string svg = scorer.reliability_svg(fs::path(a.model).filename().string() + " on " +
+                                                   fs::path(a.data).filename().string());
     std::FILE* f = std::fopen(a.plot.c_str(), "wb");
-    const std::string svg =
-        schema::reliability_svg(acc.result(), fs::path(a.model).filename().string() + " on " +
-                                                  fs::path(a.data).filename().string());
-    if (!f || std::fwrite(svg.data(), 1, svg.size(), f) != svg.size() || std::fclose(f) != 0)
-      throw Error(ErrorKind::io, "cannot write the reliability diagram", {.path = a.plot});
+    bool ok = f && std::fwrite(svg.data(), 1, svg.size(), f) == svg.size();
+    if (f) ok = std::fclose(f) == 0 && ok;
+    if (!ok) throw Error(ErrorKind::io, "cannot write the reliability diagram", {.path = a.plot});
   }
   if (a.json) {
-    OrderedJson out = schema::metrics_to_json(acc.result());
+    OrderedJson out = scorer.to_json();
     if (a.errors > 0) {
       out["worst"] = OrderedJson::array();
       for (const Worst& w : worst) {
@@ -218,7 +160,7 @@ void run_eval(const EvalArgs& a) {
     }
     fmt::print("{}\n", out.dump(2));
   } else {
-    print_table(acc.result());
+    fmt::print("{}", scorer.to_text());
     print_worst(worst);
   }
   std::fflush(stdout);

@@ -7,10 +7,11 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "core/error.h"
 #include "deg/engine.h"
+#include "deg/error.h"
 #include "deg/input.h"
-#include "schema/plan.h"
+#include "deg/plan.h"
+#include "deg/report.h"
 
 namespace deg::cli {
 
@@ -42,23 +43,6 @@ struct InputDoc {
   DocumentParts parts;
   std::string error;
 };
-
-OrderedJson report_json(const FillResult& r) {
-  OrderedJson fields = OrderedJson::array();
-  for (const FieldReport& f : r.fields) {
-    OrderedJson span = nullptr;
-    if (f.span) span = {f.span->first, f.span->second};
-    fields.push_back({{"path", f.path},
-                      {"kind", f.kind},
-                      {"value", f.value},
-                      {"confidence", f.confidence},
-                      {"span", span}});
-    if (f.withheld) fields.back()["withheld"] = true;
-  }
-  OrderedJson out = {{"value", r.value}, {"fields", fields}};
-  if (!r.missing.empty()) out["missing"] = r.missing;
-  return out;
-}
 
 // A progress line on stderr while a fill runs long, only when stderr is a terminal (never in
 // pipes, logs or tests); at most a few updates a second.
@@ -154,7 +138,7 @@ class Printer {
       const bool named = r.error.starts_with(name + ": ");
       std::fprintf(stderr, "deg: %s%s%s\n", named ? "" : name.c_str(), named ? "" : ": ",
                    r.error.c_str());
-      out = {{"error", r.error}};
+      out = args_.report ? report_to_json(r) : OrderedJson{{"error", r.error}};
     } else {
       if (!r.missing.empty()) {
         ++missing_;
@@ -167,7 +151,7 @@ class Printer {
                      args_.min_confidence > 0 ? " (or none above --min-confidence)" : "",
                      args_.allow_missing ? "" : " (pass --allow-missing to accept that)");
       }
-      out = args_.report ? report_json(r) : r.value;
+      out = args_.report ? report_to_json(r) : r.value;
     }
     std::string text = many_ ? out.dump() : out.dump(2);
     std::fwrite(text.data(), 1, text.size(), stdout);
@@ -183,7 +167,7 @@ class Printer {
 };
 
 void run_fill(const FillArgs& args) {
-  const OrderedJson schema = schema::schema_load(args.schema);
+  const OrderedJson schema = schema_load(args.schema);
   if (!args.jsonl && args.docs.empty()) {
     throw Error(ErrorKind::invalid_argument,
                 "no documents: pass files (deg fill --schema S.json DOC...) or --jsonl on stdin");
@@ -286,9 +270,10 @@ void add_fill_command(CLI::App& app) {
   cmd->add_option("DOC", a->docs, "Document files (UTF-8 text)");
   cmd->add_flag(
       "--report", a->report,
-      "Print {value, fields: [{path, kind, value, confidence, span, withheld}], missing} per "
-      "document; spans are [start, end) in code points of the document; missing lists "
-      "required fields the document holds no value for (only when there are any)");
+      "Print {version, value, fields: [{path, kind, value, confidence, span, withheld}], "
+      "missing} per document (docs/report.md; its JSON Schema is docs/report.schema.json); "
+      "spans are [start, end) in code points of the document; missing lists required fields "
+      "the document holds no value for (only when there are any)");
   cmd->add_flag("--keep-nulls", a->keep_nulls, "Keep optional fields whose answer is null");
   cmd->add_option("--min-confidence", a->min_confidence,
                   "Withhold answers whose confidence is below P: the field is left out (null "

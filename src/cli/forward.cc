@@ -1,70 +1,12 @@
 // deg forward --model DIR --ids-file F --out X.npy: raw LM logits [T, V] float32 (or the
 // final-norm hidden states [T, C] with --hidden) of one token sequence — the conformance door
 // the golden tests and users compare against HF transformers.
-#include <fmt/format.h>
-
-#include <cctype>
-#include <optional>
-#include <sstream>
+#include "deg/forward.h"
 
 #include "cli/commands.h"
-#include "core/buffer.h"
-#include "core/error.h"
-#include "io/npy.h"
-#include "kernels/cuda_runtime.h"
-#include "model/load.h"
+#include "deg/error.h"
 
 namespace deg::cli {
-
-namespace {
-
-// ids from .npy (int32/int64, any shape with one non-unit dim) or text of integers.
-std::vector<int32_t> read_ids(const std::string& path) {
-  std::vector<int32_t> ids;
-  if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0) {
-    Tensor t = npy_read(path);
-    if (t.dtype() != DType::i32 && t.dtype() != DType::i64) {
-      throw Error(ErrorKind::invalid_argument,
-                  fmt::format("ids must be int32 or int64, got {}", dtype_name(t.dtype())),
-                  {.path = path});
-    }
-    Tensor c = t.to(DType::i64);
-    for (int64_t i = 0; i < c.numel(); ++i) {
-      int64_t v = c.data<int64_t>()[i];
-      if (v < 0 || v > INT32_MAX) {
-        throw Error(ErrorKind::invalid_argument, fmt::format("token id {} is negative or huge", v),
-                    {.path = path});
-      }
-      ids.push_back(int32_t(v));
-    }
-    return ids;
-  }
-  std::string text = read_file(path);
-  for (char& ch : text)
-    if (ch == ',' || ch == '[' || ch == ']') ch = ' ';
-  std::istringstream in(text);
-  std::string word;
-  while (in >> word) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || v < 0 || v > INT32_MAX) {
-      throw Error(ErrorKind::invalid_argument,
-                  "\"" + word +
-                      "\" is not a token id; the ids file holds integers separated by "
-                      "spaces, commas or newlines (or is a .npy of int32/int64)",
-                  {.path = path});
-    }
-    ids.push_back(int32_t(v));
-  }
-  return ids;
-}
-
-}  // namespace
 
 void add_forward_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
@@ -96,21 +38,17 @@ void add_forward_command(CLI::App& app) {
     if (o->gemm != "exact" && o->gemm != "bf16") {
       throw Error(ErrorKind::invalid_argument, "--gemm must be exact or bf16, got " + o->gemm);
     }
-    if (o->read_chunk < 0) {
-      throw Error(ErrorKind::invalid_argument, "--read-chunk must be positive (or 0: the default)");
-    }
-    std::vector<int32_t> ids = read_ids(o->ids);
+    std::vector<int32_t> ids = token_ids_read(o->ids);
     if (ids.empty()) throw Error(ErrorKind::invalid_argument, "no token ids", {.path = o->ids});
-    const DeviceChoice device = pick_device(o->device);
-    auto backbone = backbone_open(
-        o->model, {.precision = o->gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact,
-                   .device = device.device,
-                   .cpu_fallback = device.automatic,
-                   .read_chunk = o->read_chunk});
-    std::optional<SoftTokens> soft;
-    if (!o->soft.empty()) soft = soft_at_placeholders(backbone->spec(), ids, npy_read(o->soft));
-    Tensor out = backbone_forward(*backbone, ids, !o->hidden, o->fork_at, soft ? &*soft : nullptr);
-    npy_write(o->out, out);
+    forward_write({.model = o->model,
+                   .ids = std::move(ids),
+                   .hidden = o->hidden,
+                   .fork_at = o->fork_at,
+                   .soft = o->soft,
+                   .read_chunk = o->read_chunk,
+                   .bf16_gemm = o->gemm == "bf16",
+                   .device = o->device},
+                  o->out);
   });
 }
 

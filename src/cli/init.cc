@@ -2,7 +2,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
-#include "engine/model.h"
+#include "deg/checkpoint.h"
 
 namespace deg::cli {
 
@@ -24,7 +24,7 @@ void add_init_command(CLI::App& app) {
   cmd->callback([opts, base, out] {
     opts->base = *base;
     opts->out = *out;
-    engine::checkpoint_create(*opts);
+    checkpoint_create(*opts);
     fmt::print(stderr, "deg: wrote checkpoint {} (base {})\n", *out, *base);
   });
 }

@@ -5,8 +5,8 @@
 #include <cstdio>
 
 #include "cli/commands.h"
+#include "deg/json.h"
 #include "deg/model_info.h"
-#include "io/json.h"
 
 namespace deg::cli {
 

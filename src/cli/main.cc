@@ -5,12 +5,8 @@
 #include <exception>
 
 #include "cli/commands.h"
-#include "core/config.h"
-#include "core/error.h"
-#include "core/log.h"
-#include "core/thread_pool.h"
-#include "deg/version.h"
-#include "kernels/cuda_runtime.h"
+#include "deg/error.h"
+#include "deg/runtime.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -18,17 +14,7 @@ int main(int argc, char** argv) {
       "Every value comes with a confidence and, when copied from the document, its character "
       "span.\n"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", [] {
-    std::string v = std::string("deg ") + deg::kVersion + " (" + deg::kGitDescribe + ")\nCUDA: ";
-    if (!deg::cuda_built()) return v + "not built";
-    std::vector<deg::CudaDeviceInfo> devices = deg::cuda_devices();
-    if (devices.empty()) return v + "built; no device visible";
-    for (const auto& d : devices) {
-      v += fmt::format("\n  [{}] {} (sm_{}, {} SMs, {:.0f} GiB)", d.index, d.name,
-                       d.compute_capability, d.sm_count, double(d.memory_bytes) / (1 << 30));
-    }
-    return v;
-  });
+  app.set_version_flag("--version", [] { return deg::build_description(); });
   std::string threads;
   app.add_option("--threads", threads,
                  fmt::format("Worker threads, 0 to {} (default: $DEG_THREADS, else one per "
@@ -38,10 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level,
                  "trace, debug, info, warn, error or off (default: $DEG_LOG_LEVEL, else warn); "
                  "debug and trace say what deg does and how long it takes");
-  app.parse_complete_callback([&] {
-    deg::log::setup(log_level.empty() ? deg::env_config().log_level : log_level);
-    if (!threads.empty()) deg::set_thread_count(deg::parse_thread_count(threads, "--threads"));
-  });
+  app.parse_complete_callback(
+      [&] { deg::runtime_setup({.log_level = log_level, .threads = threads}); });
 
   deg::cli::add_inspect_command(app);
   deg::cli::add_bench_command(app);
@@ -55,6 +39,7 @@ int main(int argc, char** argv) {
   deg::cli::add_train_command(app);
   deg::cli::add_shard_command(app);
   deg::cli::add_tokenizer_command(app);
+  deg::cli::add_serve_command(app);
 
   // Exit codes (README): 0 success, 1 an error, 2 bad usage.
   try {

@@ -1,12 +1,11 @@
 // deg plan --schema S.json [--json] [--array-mode anchor|index]: the compiled field plan, or the
 // rejection naming the JSON pointer of the unsupported part. Needs no model.
-#include "schema/plan.h"
+#include "deg/plan.h"
 
 #include <cstdio>
 
 #include "cli/commands.h"
-#include "core/error.h"
-#include "schema/plan_json.h"
+#include "deg/error.h"
 
 namespace deg::cli {
 
@@ -34,27 +33,19 @@ void add_plan_command(CLI::App& app) {
       ->check(CLI::IsMember({"anchor", "index"}))
       ->capture_default_str();
   cmd->callback([schema, json, mode] {
-    const schema::PlanOptions options = {
-        .array_mode = *mode == "index" ? schema::ArrayMode::index : schema::ArrayMode::anchor};
     try {
-      const schema::Plan plan = schema::plan_compile(schema::schema_load(*schema), options);
+      const PlanSummary plan = plan_describe(
+          schema_load(*schema), *mode == "index" ? ArrayMode::index : ArrayMode::anchor);
       if (*json) {
-        OrderedJson out = schema::plan_to_json(plan);
+        OrderedJson out = plan.json;
         out["schema"] = *schema;
         std::printf("%s\n", out.dump(2).c_str());
       } else {
-        int64_t fields = 0, queries = 0;
-        schema::plan_visit(plan.root, [&](const schema::Field& f) {
-          ++fields;
-          if (f.kind != schema::FieldKind::object && f.kind != schema::FieldKind::multi_select) {
-            ++queries;
-          }
-        });
         std::printf(
             "plan of %s: %lld fields, %lld queries per document (before array items); "
             "%lld of %lld budget units\n\n%s",
-            schema->c_str(), (long long)fields, (long long)queries, (long long)plan.units,
-            (long long)options.max_units, schema::plan_to_text(plan).c_str());
+            schema->c_str(), (long long)plan.fields, (long long)plan.queries, (long long)plan.units,
+            (long long)plan.max_units, plan.text.c_str());
       }
     } catch (const Error& e) {
       const Error located = e.with_path(*schema);

@@ -1,5 +1,7 @@
 // deg tokenize / deg detokenize: a tokenizer.json run from the command line, for checking
 // ids and character spans against HF and for scripting.
+#include "deg/tokenize.h"
+
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -7,16 +9,15 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "core/error.h"
+#include "deg/error.h"
 #include "deg/input.h"
-#include "io/json.h"
-#include "text/tokenizer.h"
+#include "deg/json.h"
 
 namespace deg::cli {
 
 namespace {
 
-std::string encoding_json(const text::Encoding& enc, bool bytes) {
+std::string encoding_json(const TokenEncoding& enc, bool bytes) {
   std::string out = "{\"ids\":[";
   for (size_t i = 0; i < enc.ids.size(); ++i) {
     if (i) out += ',';
@@ -78,7 +79,7 @@ void add_tokenize_command(CLI::App& app) {
                 "per input line");
   tok->add_flag("--byte-offsets", *bytes, "Also print \"byte_offsets\" (bytes of the input)");
   tok->callback([model, jsonl, bytes] {
-    const text::Tokenizer tokenizer = text::Tokenizer::load(*model);
+    const Tokenizer tokenizer = Tokenizer::load(*model);
     if (!*jsonl) {
       const std::string input = document_read("/dev/stdin");  // within the document limit
       fmt::print("{}\n", encoding_json(tokenizer.encode(input), *bytes));
@@ -110,7 +111,7 @@ void add_tokenize_command(CLI::App& app) {
   detok->add_flag("--keep-special", *keep_special,
                   "Keep special tokens such as <|im_end|> in the text (skip_special_tokens=False)");
   detok->callback([dmodel, keep_special] {
-    const text::Tokenizer tokenizer = text::Tokenizer::load(*dmodel);
+    const Tokenizer tokenizer = Tokenizer::load(*dmodel);
     LineReader lines(STDIN_FILENO, InputLimits{}.line_bytes);
     while (std::optional<LineReader::Line> line = lines.next()) {
       if (!line->error.empty()) throw Error(ErrorKind::invalid_argument, line->error);

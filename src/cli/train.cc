@@ -1,6 +1,8 @@
 // deg train --base MODEL --out CKPT --task SCHEMA.json:TRAIN.jsonl[:DEV.jsonl] ...: fine-tune a
-// model's heads (and a gpt trunk) on labeled documents (src/train/fine_tune.h); a progress bar
+// model's heads (and a gpt trunk) on labeled documents (include/deg/train.h); a progress bar
 // with the loss, the dev loss, tokens/s and the ETA goes to stderr, a JSON summary to stdout.
+#include "deg/train.h"
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -8,9 +10,8 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "io/json.h"
-#include "train/fine_tune.h"
+#include "deg/error.h"
+#include "deg/json.h"
 
 namespace deg::cli {
 

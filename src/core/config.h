@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "deg/runtime.h"
+
 namespace deg {
 
 struct EnvConfig {
@@ -17,8 +19,7 @@ struct EnvConfig {
 // Read and checked on first use (throws deg::Error on a bad value, again on each later call).
 const EnvConfig& env_config();
 
-// Worker threads `--threads` / DEG_THREADS may ask for (docs/hardening.md).
-inline constexpr int kMaxThreads = 1024;
+using deg::kMaxThreads;  // deg/runtime.h
 
 // `text` as a thread count for `what` (the option or variable): an integer in [0, kMaxThreads].
 int parse_thread_count(const std::string& text, const std::string& what);

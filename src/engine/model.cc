@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "deg/checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/load.h"
 
@@ -71,21 +72,6 @@ void tokenizer_check(const text::Tokenizer& tokenizer, const BackboneSpec& spec,
                   {.path = tokenizer.source()});
     }
   }
-}
-
-void checkpoint_create(const CheckpointInitOptions& options) {
-  if (!fs::exists(options.base / "config.json")) {
-    throw Error(ErrorKind::not_found,
-                "config.json not found; --base must be an HF snapshot directory",
-                {.path = options.base.string()});
-  }
-  const std::unique_ptr<Backbone> backbone = backbone_open(options.base, {.device = Device::cpu});
-  const text::Tokenizer tokenizer = text::Tokenizer::load(options.base);
-  tokenizer_check(tokenizer, backbone->spec(), chat_layout(backbone->spec().family));
-  log::debug("base {} checked: {} backbone, {} tensors' shapes and values, tokenizer {}",
-             options.base.string(), backbone->spec().family, backbone->spec().layers.size(),
-             tokenizer.source());
-  checkpoint_init(options);
 }
 
 std::vector<int32_t> DegModel::encode(std::string_view text) const {
@@ -166,3 +152,23 @@ std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& ba
 }
 
 }  // namespace deg::engine
+
+namespace deg {
+
+void checkpoint_create(const CheckpointInitOptions& options) {
+  if (!std::filesystem::exists(options.base / "config.json")) {
+    throw Error(ErrorKind::not_found,
+                "config.json not found; --base must be an HF snapshot directory",
+                {.path = options.base.string()});
+  }
+  const std::unique_ptr<Backbone> backbone = backbone_open(options.base, {.device = Device::cpu});
+  const text::Tokenizer tokenizer = text::Tokenizer::load(options.base);
+  engine::tokenizer_check(tokenizer, backbone->spec(),
+                          engine::chat_layout(backbone->spec().family));
+  log::debug("base {} checked: {} backbone, {} tensors' shapes and values, tokenizer {}",
+             options.base.string(), backbone->spec().family, backbone->spec().layers.size(),
+             tokenizer.source());
+  checkpoint_init(options);
+}
+
+}  // namespace deg

@@ -30,11 +30,6 @@ ChatLayout chat_layout(const std::string& family);
 void tokenizer_check(const text::Tokenizer& tokenizer, const BackboneSpec& spec,
                      const ChatLayout& layout);
 
-// `deg init`: checks the base as fully as `deg fill` will read it — config.json, every tensor
-// with its shape and finite values, the tokenizer — then writes the checkpoint
-// (checkpoint_init), so a base deg cannot run never becomes a checkpoint.
-void checkpoint_create(const CheckpointInitOptions& options);
-
 class DegModel {
  public:
   // `dir`: a deg checkpoint (deg.json + backbone.safetensors + heads.safetensors); `base`

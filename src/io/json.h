@@ -7,26 +7,17 @@
 #pragma once
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 
+#include "deg/json.h"  // Json, OrderedJson, kMaxJsonDepth, json_parse, json_parse_ordered
+
 namespace deg {
-
-using Json = nlohmann::json;
-using OrderedJson = nlohmann::ordered_json;
-
-// Arrays and objects may nest this deep in any JSON text deg reads (docs/hardening.md).
-inline constexpr int64_t kMaxJsonDepth = 256;
 
 // Throws deg::Error (format) naming `what` and the byte where `text` nests deeper than
 // `max_depth` arrays and objects. A linear scan that allocates nothing.
 void json_check_depth(std::string_view text, const std::string& what,
                       int64_t max_depth = kMaxJsonDepth);
 
-// Parses `text`; on failure throws deg::Error (format) with `what` (a path or a name) as context.
-Json json_parse(std::string_view text, const std::string& what);
-// The same, keeping the order of object keys (schemas).
-OrderedJson json_parse_ordered(std::string_view text, const std::string& what);
 // Reads and parses a file.
 Json json_load(const std::filesystem::path& path);
 

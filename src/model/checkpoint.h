@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "deg/checkpoint.h"  // CheckpointInitOptions
 #include "io/json.h"
 
 namespace deg {
@@ -29,12 +30,6 @@ CheckpointMeta checkpoint_meta_load(const std::filesystem::path& dir);
 // The meta from deg.json text; `path` names it in errors. Throws deg::Error (format,
 // unsupported) for a value this build cannot run; checks no files (checkpoint_meta_load does).
 CheckpointMeta checkpoint_meta_parse(std::string_view text, const std::string& path);
-
-struct CheckpointInitOptions {
-  std::filesystem::path base;  // HF snapshot
-  std::filesystem::path out;   // created; must be empty or absent
-  uint64_t seed = 0;
-};
 
 // `deg init`: fresh heads on a base model. Reads the base's config to size the heads, writes the
 // base's text weights as bf16, and the meta. Throws deg::Error on a base it cannot read.

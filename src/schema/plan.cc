@@ -621,10 +621,6 @@ OrderedJson schema_parse(std::string_view text, const std::string& what) {
   return json_parse_ordered(text, what);
 }
 
-OrderedJson schema_load(const std::string& path) {
-  return schema_parse(read_file(path, kMaxSchemaBytes, "schema"), path);
-}
-
 const Field* plan_find(const Plan& plan, std::string_view pointer) {
   const Field* at = &plan.root;
   size_t i = 0;
@@ -675,3 +671,11 @@ std::string field_pointer(const Field& field, const std::vector<int64_t>& indice
 }
 
 }  // namespace deg::schema
+
+namespace deg {
+
+OrderedJson schema_load(const std::string& path) {
+  return schema::schema_parse(read_file(path, kMaxSchemaBytes, "schema"), path);
+}
+
+}  // namespace deg

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "deg/plan.h"
 #include "io/json.h"
 #include "schema/value.h"
 
@@ -31,9 +32,9 @@ enum class FieldKind : uint8_t {
 
 const char* field_kind_name(FieldKind kind);
 
-// How arrays are addressed by the checkpoint (the seed's `array_mode`). In anchor mode an array
-// whose items hold no extract leaf is still a count array: anchors need something to point at.
-enum class ArrayMode : uint8_t { anchor, index };
+// How arrays are addressed (deg/plan.h). In anchor mode an array whose items hold no extract
+// leaf is still a count array: anchors need something to point at.
+using deg::ArrayMode;
 
 // One step of a field's path: an object key, or an array item (an index known only at run time).
 struct PathToken {
@@ -103,13 +104,12 @@ struct Plan {
 // fault, within `schema`.
 Plan plan_compile(const OrderedJson& schema, const PlanOptions& options = {});
 
-// Schema files are at most this big (docs/hardening.md); a bigger one is refused unread.
-inline constexpr int64_t kMaxSchemaBytes = int64_t(8) << 20;  // 8 MiB
+using deg::kMaxSchemaBytes;
+using deg::schema_load;  // a schema file (deg/plan.h)
 
 // Parses schema text keeping key order (fields follow the schema's order). Throws deg::Error
 // (format) naming `what` and the byte offset, or where it nests deeper than kMaxJsonDepth.
 OrderedJson schema_parse(std::string_view text, const std::string& what);
-OrderedJson schema_load(const std::string& path);
 
 // The field a concrete pointer ("/items/3/price") addresses, or nullptr.
 const Field* plan_find(const Plan& plan, std::string_view pointer);

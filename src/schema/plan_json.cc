@@ -116,3 +116,23 @@ std::string plan_to_text(const Plan& plan) {
 }
 
 }  // namespace deg::schema
+
+namespace deg {
+
+PlanSummary plan_describe(const OrderedJson& schema, ArrayMode array_mode) {
+  const schema::PlanOptions options = {.array_mode = array_mode};
+  const schema::Plan plan = schema::plan_compile(schema, options);
+  PlanSummary out{.json = schema::plan_to_json(plan),
+                  .text = schema::plan_to_text(plan),
+                  .units = plan.units,
+                  .max_units = options.max_units};
+  schema::plan_visit(plan.root, [&](const schema::Field& f) {
+    ++out.fields;
+    if (f.kind != schema::FieldKind::object && f.kind != schema::FieldKind::multi_select) {
+      ++out.queries;
+    }
+  });
+  return out;
+}
+
+}  // namespace deg

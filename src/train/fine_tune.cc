@@ -1,7 +1,7 @@
-// `deg train` (see fine_tune.h): records -> examples, the training loop for a gpt trunk with its
+// `deg train` (see include/deg/train.h): records -> examples, the training loop for a gpt trunk with its
 // heads or for heads on a frozen trunk, dev loss and early stopping, checkpoints and resume,
 // calibration.
-#include "train/fine_tune.h"
+#include "deg/train.h"
 
 #include <algorithm>
 #include <chrono>
@@ -500,7 +500,7 @@ void prepare_out(const FineTuneOptions& o) {
                 "output directory exists and is not empty; choose a new --out (or --resume)",
                 {.path = o.out.string()});
   if (!fs::exists(o.base / "deg.json")) {
-    engine::checkpoint_create({.base = o.base, .out = o.out, .seed = o.seed});
+    checkpoint_create({.base = o.base, .out = o.out, .seed = o.seed});
     return;
   }
   if (!fs::exists(o.base / "config.json"))
