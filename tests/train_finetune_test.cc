@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "deg/train.h"
 #include "engine/decode.h"
 #include "engine/model.h"
 #include "io/json.h"
@@ -19,7 +20,6 @@
 #include "tiny_model.h"
 #include "train/calibrate.h"
 #include "train/features.h"
-#include "deg/train.h"
 #include "train/gpt_params.h"
 #include "train/tasks.h"
 

@@ -1,5 +1,5 @@
-// `deg train` (public API): fine-tunes a deg model on labeled documents (shared/data's format, one task per
-// schema; several tasks train together). Each record becomes the engine's own queries with
+// `deg train` (public API): fine-tunes a deg model on labeled documents (shared/data's format, one
+// task per schema; several tasks train together). Each record becomes the engine's own queries with
 // their heads' targets (train/tasks.h); the losses are the heads' (train/head_loss.h).
 //
 // A `gpt` trunk trains with its heads: documents and their queries are packed into one stream

@@ -1,8 +1,6 @@
-// `deg train` (see include/deg/train.h): records -> examples, the training loop for a gpt trunk with its
-// heads or for heads on a frozen trunk, dev loss and early stopping, checkpoints and resume,
-// calibration.
-#include "deg/train.h"
-
+// `deg train` (see include/deg/train.h): records -> examples, the training loop for a gpt trunk
+// with its heads or for heads on a frozen trunk, dev loss and early stopping, checkpoints and
+// resume, calibration.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -10,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "deg/train.h"
 #include "engine/model.h"
 #include "io/json.h"
 #include "io/safetensors.h"
