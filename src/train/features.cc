@@ -32,12 +32,6 @@ double LossStats::balanced() const {
   return s;
 }
 
-int64_t LossStats::total_queries() const {
-  int64_t n = 0;
-  for (int64_t v : queries) n += v;
-  return n;
-}
-
 double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, const Feats& f,
                     Feats& df, LossStats* stats, const float* kind_weight,
                     float anchor_pos_weight) {
@@ -107,6 +101,19 @@ double example_loss(const Heads& heads, Heads& grad, const TaskExample& ex, cons
   return st.total();
 }
 
+namespace {
+
+// Appends query q's answer row and option rows from its rows of hidden states ([tokens, C]).
+void gather_query(const TaskQuery& q, const float* rows, int64_t C, Feats& f) {
+  const int64_t last = int64_t(q.ids.size()) - 1;
+  f.answers.insert(f.answers.end(), rows + last * C, rows + (last + 1) * C);
+  f.option_at.push_back(int64_t(f.options.size()) / C);
+  for (int64_t p : q.option_positions)
+    f.options.insert(f.options.end(), rows + p * C, rows + (p + 1) * C);
+}
+
+}  // namespace
+
 Feats engine_features(const engine::DegModel& model, const TaskExample& ex) {
   const Backbone& bb = model.backbone();
   const int64_t C = bb.spec().hidden, T = ex.ctx_tokens;
@@ -122,15 +129,8 @@ Feats engine_features(const engine::DegModel& model, const TaskExample& ex) {
       bb.fork({{.state = &state, .row = 0}}, std::vector<int64_t>(rows.size(), 0), batch.tokens);
   const Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/false).contiguous();  // [B, L, C]
   const float* h = hidden.data<float>();
-  for (size_t i = 0; i < ex.queries.size(); ++i) {
-    const TaskQuery& q = ex.queries[i];
-    const float* row = h + int64_t(i) * batch.tokens * C;
-    const int64_t last = int64_t(q.ids.size()) - 1;
-    f.answers.insert(f.answers.end(), row + last * C, row + (last + 1) * C);
-    f.option_at.push_back(int64_t(f.options.size()) / C);
-    for (int64_t p : q.option_positions)
-      f.options.insert(f.options.end(), row + p * C, row + (p + 1) * C);
-  }
+  for (size_t i = 0; i < ex.queries.size(); ++i)
+    gather_query(ex.queries[i], h + int64_t(i) * batch.tokens * C, C, f);
   return f;
 }
 
@@ -168,15 +168,8 @@ Feats packed_features(const Packed& p, const std::vector<const TaskExample*>& ex
   Feats f;
   const float* ctx = hidden + (p.trunk_at[k] + ex.ctx_start) * C;
   f.ctx.assign(ctx, ctx + ex.ctx_tokens * C);
-  for (size_t i = 0; i < ex.queries.size(); ++i) {
-    const TaskQuery& q = ex.queries[i];
-    const float* row = hidden + p.query_at[k][i] * C;
-    const int64_t last = int64_t(q.ids.size()) - 1;
-    f.answers.insert(f.answers.end(), row + last * C, row + (last + 1) * C);
-    f.option_at.push_back(int64_t(f.options.size()) / C);
-    for (int64_t o : q.option_positions)
-      f.options.insert(f.options.end(), row + o * C, row + (o + 1) * C);
-  }
+  for (size_t i = 0; i < ex.queries.size(); ++i)
+    gather_query(ex.queries[i], hidden + p.query_at[k][i] * C, C, f);
   return f;
 }
 

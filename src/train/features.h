@@ -32,7 +32,6 @@ struct LossStats {
   int64_t queries[6] = {0, 0, 0, 0, 0, 0};
   void add(const LossStats& o);
   double total() const;
-  int64_t total_queries() const;
   // The sum over kinds of each kind's mean loss: every kind weighs the same, however many
   // queries it has (a schema of forty optional arrays has forty anchor queries per choice).
   double balanced() const;
