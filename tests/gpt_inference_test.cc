@@ -13,10 +13,14 @@
 
 #include "backbone_test_util.h"
 #include "core/error.h"
+#include "deg/engine.h"
+#include "deg/input.h"
 #include "io/safetensors.h"
+#include "model/checkpoint.h"
 #include "model/gpt.h"
 #include "model/load.h"
 #include "test_util.h"
+#include "tiny_model.h"
 #include "train/data.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
@@ -102,20 +106,23 @@ TEST(GptInference, RandomWeightsLogitsEqualTrainer) {
   testing::TempDir dir;
   const train::GptParams p = random_params(gpt_preset("tiny"), 5);
   save_checkpoint(p, dir.path());
-  auto bb = backbone_open(dir.path());
-  EXPECT_EQ(bb->spec().family, "gpt");
   // 150 tokens: past both windows (16 and 48 positions; paired layers use two per token).
   const std::vector<int32_t> ids = random_ids(150, p.config().vocab_size, 1);
   const std::vector<float> want = trainer_logits(p, ids);
-  const Tensor got = backbone_forward(*bb, ids, /*logits=*/true);
-  ASSERT_EQ(got.shape(), (Shape{150, p.config().vocab_size}));
-  EXPECT_LT(rel_max_error(got.to_f32_vector(), want), 1e-4);
-  EXPECT_LT(
-      rel_max_error(backbone_forward(*bb, ids, false).to_f32_vector(), trainer_hidden(p, ids)),
-      1e-4);
-  // A fork over the first 37 ids answers the same.
-  const Tensor forked = backbone_forward(*bb, ids, true, /*fork_at=*/37);
-  EXPECT_LT(rel_max_error(forked.to_f32_vector(), want), 1e-4);
+  for (Device device : testing::test_devices()) {
+    SCOPED_TRACE(device == Device::cuda ? "cuda" : "cpu");
+    auto bb = backbone_open(dir.path(), {.device = device});
+    EXPECT_EQ(bb->spec().family, "gpt");
+    const Tensor got = backbone_forward(*bb, ids, /*logits=*/true);
+    ASSERT_EQ(got.shape(), (Shape{150, p.config().vocab_size}));
+    EXPECT_LT(rel_max_error(got.to_f32_vector(), want), 1e-4);
+    EXPECT_LT(
+        rel_max_error(backbone_forward(*bb, ids, false).to_f32_vector(), trainer_hidden(p, ids)),
+        1e-4);
+    // A fork over the first 37 ids answers the same.
+    const Tensor forked = backbone_forward(*bb, ids, true, /*fork_at=*/37);
+    EXPECT_LT(rel_max_error(forked.to_f32_vector(), want), 1e-4);
+  }
 }
 
 TEST(GptInference, PretrainedCheckpointLogitsEqualTrainer) {
@@ -169,12 +176,66 @@ TEST(GptInference, MissingTensorIsNamed) {
   }
 }
 
+// A device backend fills as the CPU does (instantiated where a GPU is visible): a deg checkpoint
+// on random gpt weights and heads, a schema with every head kind, a long document (past both
+// windows) and a short one in one call.
+class GptBackends : public ::testing::TestWithParam<Device> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(GptBackends);
+
+TEST_P(GptBackends, FillAnswersAsTheCpu) {  // GetParam() is Device::cuda
+  testing::TempDir dir;
+  GptConfig cfg = gpt_preset("tiny");
+  cfg.vocab_size = 320;  // the tiny tokenizer's 259 ids
+  save_checkpoint(random_params(cfg, 6), dir / "base");
+  testing::write_text(dir / "base" / "tokenizer.json", testing::tiny_tokenizer_json());
+  checkpoint_init({.base = dir / "base", .out = dir / "deg", .seed = 4});
+  const auto schema = nlohmann::ordered_json::parse(R"({
+    "type": "object",
+    "properties": {
+      "order": {"type": "string"},
+      "total": {"type": "number"},
+      "currency": {"enum": ["EUR", "USD", "GBP"]},
+      "urgent": {"type": "boolean"},
+      "items": {"type": "array", "maxItems": 3, "items": {"type": "string"}}
+    }
+  })");
+  std::string long_doc;
+  for (int i = 0; i < 12; ++i)
+    long_doc += "Order CD-" + std::to_string(70 + i) + " costs 12.50 EUR. ";
+  const std::vector<DocumentParts> docs = {{DocumentPart::of_text(long_doc)},
+                                           {DocumentPart::of_text("Refund 3 USD now, urgent!")}};
+  auto fill = [&](const std::string& device) {
+    Engine e = Engine::open({.model = dir / "deg", .device = device});
+    std::vector<nlohmann::ordered_json> out;
+    for (const FillResult& r : e.fill(schema, docs)) {
+      EXPECT_TRUE(r.ok()) << r.error;
+      nlohmann::ordered_json fields = nlohmann::ordered_json::array();
+      for (const FieldReport& f : r.fields) fields.push_back({f.path, f.confidence});
+      out.push_back({{"value", r.value}, {"fields", fields}});
+    }
+    return out;
+  };
+  const auto cpu = fill("cpu"), gpu = fill("cuda");
+  ASSERT_EQ(cpu.size(), gpu.size());
+  for (size_t d = 0; d < cpu.size(); ++d) {
+    EXPECT_EQ(gpu[d]["value"], cpu[d]["value"]) << "document " << d;
+    ASSERT_EQ(gpu[d]["fields"].size(), cpu[d]["fields"].size());
+    for (size_t f = 0; f < cpu[d]["fields"].size(); ++f)
+      EXPECT_NEAR(gpu[d]["fields"][f][1].get<double>(), cpu[d]["fields"][f][1].get<double>(), 1e-3)
+          << "document " << d << " " << cpu[d]["fields"][f][0];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Device, GptBackends, ::testing::ValuesIn(testing::gpu_devices()),
+                         [](const auto&) { return std::string("cuda"); });
+
 struct Doc {
   std::vector<int32_t> prefix;
   State state;
 };
 
-class GptProperty : public ::testing::Test {
+// On each of testing::test_devices(): the CPU, and CUDA where a GPU is visible.
+class GptProperty : public ::testing::TestWithParam<Device> {
  protected:
   static void SetUpTestSuite() {
     dir_ = new testing::TempDir();
@@ -183,7 +244,7 @@ class GptProperty : public ::testing::Test {
   static void TearDownTestSuite() { delete dir_; }
 
   void SetUp() override {
-    bb_ = backbone_open(dir_->path());
+    bb_ = backbone_open(dir_->path(), {.device = GetParam()});
     const int64_t V = bb_->spec().vocab;
     // Prefixes of 1, 2 and 61 tokens: forks right after the smear / n-gram boundary positions.
     for (int i = 0; i < 3; ++i) {
@@ -215,7 +276,7 @@ class GptProperty : public ::testing::Test {
 
 testing::TempDir* GptProperty::dir_ = nullptr;
 
-TEST_F(GptProperty, ForkRowsEqualFullForward) {
+TEST_P(GptProperty, ForkRowsEqualFullForward) {
   ForkState fs = bb_->fork(prefixes(), prow_, 40);
   Tensor h = bb_->fork_forward(TokenBatch::padded(rows_), fs, /*keep=*/false);
   for (size_t r = 0; r < rows_.size(); ++r) {
@@ -228,7 +289,7 @@ TEST_F(GptProperty, ForkRowsEqualFullForward) {
   }
 }
 
-TEST_F(GptProperty, ChunkedPrefillEqualsDense) {
+TEST_P(GptProperty, ChunkedPrefillEqualsDense) {
   const std::vector<int32_t> ids = random_ids(150, bb_->spec().vocab, 4);
   const Tensor dense = full_hidden(*bb_, ids);
   for (int64_t chunk : {int64_t(16), int64_t(40), int64_t(64)}) {
@@ -246,7 +307,7 @@ TEST_F(GptProperty, ChunkedPrefillEqualsDense) {
       bitwise_equal(row_of(second, 0, int64_t(b.size())), span_of(dense, 53, int64_t(b.size()))));
 }
 
-TEST_F(GptProperty, ForkRowsAreBitwiseBatchInvariant) {
+TEST_P(GptProperty, ForkRowsAreBitwiseBatchInvariant) {
   ForkState all = bb_->fork(prefixes(), prow_, 40);
   Tensor batched = bb_->fork_forward(TokenBatch::padded(rows_), all, false);
   std::vector<std::vector<int32_t>> rev(rows_.rbegin(), rows_.rend());
@@ -269,7 +330,7 @@ TEST_F(GptProperty, ForkRowsAreBitwiseBatchInvariant) {
   }
 }
 
-TEST_F(GptProperty, PaddingWritesNoState) {
+TEST_P(GptProperty, PaddingWritesNoState) {
   ForkState all = bb_->fork(prefixes(), prow_, 40);
   bb_->fork_forward(TokenBatch::padded(rows_, /*pad_id=*/7), all, /*keep=*/true);
   const auto& specs = bb_->spec().layers;
@@ -286,12 +347,13 @@ TEST_F(GptProperty, PaddingWritesNoState) {
         << "row " << r;
     for (size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].kind != LayerKind::attention) continue;
-      for (const Tensor* t : {&all.own[i].k, &all.own[i].v}) {
-        const Tensor& u = t == &all.own[i].k ? one.own[i].k : one.own[i].v;
+      for (bool keys : {true, false}) {
+        const Tensor t = host_copy(keys ? all.own[i].k : all.own[i].v);
+        const Tensor u = host_copy(keys ? one.own[i].k : one.own[i].v);
         // Every head's real positions.
-        const int64_t H = t->dim(1), D = t->dim(3), n = int64_t(rows_[r].size());
+        const int64_t H = t.dim(1), D = t.dim(3), n = int64_t(rows_[r].size());
         for (int64_t h = 0; h < H; ++h) {
-          const float* a = t->data<float>() + ((int64_t(r) * H + h) * t->dim(2)) * D;
+          const float* a = t.data<float>() + ((int64_t(r) * H + h) * t.dim(2)) * D;
           const float* b = u.data<float>() + (h * u.dim(2)) * D;
           EXPECT_TRUE(
               bitwise_equal(std::vector<float>(a, a + n * D), std::vector<float>(b, b + n * D)))
@@ -302,7 +364,7 @@ TEST_F(GptProperty, PaddingWritesNoState) {
   }
 }
 
-TEST_F(GptProperty, TrunkBatchWithPaddingEqualsRowsAlone) {
+TEST_P(GptProperty, TrunkBatchWithPaddingEqualsRowsAlone) {
   std::vector<std::vector<int32_t>> docs{docs_[2].prefix, docs_[1].prefix};
   State both = bb_->empty_state(2);
   Tensor h = bb_->prefill(TokenBatch::padded(docs, 5), both);
@@ -317,7 +379,7 @@ TEST_F(GptProperty, TrunkBatchWithPaddingEqualsRowsAlone) {
   }
 }
 
-TEST_F(GptProperty, DecodeWithKeepEqualsFullForward) {
+TEST_P(GptProperty, DecodeWithKeepEqualsFullForward) {
   const Doc& d = docs_[1];
   const std::vector<int32_t>& tail = rows_[0];  // 40 tokens: a header of 3, then decode steps
   Tensor full = full_hidden(*bb_, concat(d.prefix, tail));
@@ -333,6 +395,11 @@ TEST_F(GptProperty, DecodeWithKeepEqualsFullForward) {
   }
   EXPECT_EQ(fs.own_len[0], int64_t(tail.size()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Device, GptProperty, ::testing::ValuesIn(testing::test_devices()),
+                         [](const auto& info) {
+                           return std::string(info.param == Device::cuda ? "cuda" : "cpu");
+                         });
 
 }  // namespace
 }  // namespace deg

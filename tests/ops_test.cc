@@ -88,16 +88,8 @@ class Synchronized final : public OpsDecorator {
   }
 };
 
-// The ops the CUDA backend does not run yet (the gpt family's: kernels/cuda/ops.cc).
-bool cuda_runs(const std::string& op_case) {
-  for (const char* gpt : {"activation_", "bias_scale", "combine_", "shift_ids", "ngram_embed",
-                          "sigmoid_gates", "rope_pairs", "attention_f64", "subtract_projection"})
-    if (op_case.rfind(gpt, 0) == 0) return false;
-  return true;
-}
-
 // Each is scored against reference_ops(). The CUDA column joins where a GPU is visible (the
-// scripts/device-test run); it covers the ops cuda_runs() names.
+// scripts/device-test run).
 std::vector<Backend> backends_under_test() {
   std::vector<Backend> b = {{"cpu", &cpu_ops()}};
   if (cuda_available()) {
@@ -1955,12 +1947,11 @@ TEST(OpsReference, HandComputedValues) {
   }
 }
 
-// Every (backend, case) the backend runs.
+// Every (backend, case).
 std::vector<std::tuple<Backend, size_t>> table_params() {
   std::vector<std::tuple<Backend, size_t>> p;
   for (const Backend& b : backends_under_test())
-    for (size_t c = 0; c < op_cases().size(); ++c)
-      if (b.ops->device() == Device::cpu || cuda_runs(op_cases()[c].name)) p.push_back({b, c});
+    for (size_t c = 0; c < op_cases().size(); ++c) p.push_back({b, c});
   return p;
 }
 

@@ -511,8 +511,6 @@ class Ops {
 const Ops& cpu_ops();
 // The CUDA backend (src/kernels/cuda): cuBLASLt GEMMs and own kernels on the first visible GPU,
 // every op enqueued in order on one stream. Throws deg::Error without a CUDA build or a GPU.
-// It runs the ops the Qwen3.5 family uses (and the other families' cheap ones); the rest throw
-// an `unsupported` error naming the op.
 const Ops& cuda_ops();
 // The backend of `device`.
 const Ops& ops_for(Device device);

@@ -42,11 +42,17 @@ float sigmoid(float x) {  // of a scalar weight
   return 1.0f / (1.0f + std::exp(-x));
 }
 
+// The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device.
+Tensor transposed_on(const Ops& ops, const TensorMap& w, const std::string& name,
+                     const Shape& shape) {
+  return ops.upload(weight_need(w, name, shape).transpose(0, 1).contiguous());
+}
+
 // A two-layer MUDD head: out = (gelu(x W1^T) W2^T + b2) * scale, deltas = gelu(x W1^T) W2g^T *
 // scale (the grouped post-loop mix only).
 struct HeadWeights {
-  Tensor w1, w2, w2g;     // [M, C], [n, M], [n G, M]
-  std::vector<float> b2;  // [n]
+  Tensor w1, w2, w2g;  // [M, C], [n, M], [n G, M]
+  Tensor b2;           // [n]
   float scale = 1.0f;
 };
 
@@ -66,30 +72,31 @@ struct StreamLanes {
 
 class Gpt final : public Family {
  public:
-  Gpt(const GptConfig& cfg, const TensorMap& w) : cfg_(cfg), gl_(cfg.gate_lanes()) {
+  Gpt(const GptConfig& cfg, const TensorMap& w, const Ops& ops) : cfg_(cfg), gl_(cfg.gate_lanes()) {
     cfg.validate();
     const int64_t C = cfg.model_dim, V = cfg.vocab_size, H = cfg.num_heads, L = cfg.num_layers;
     DEG_CHECK(V < (int64_t(1) << 24), "gpt: vocab {} does not fit the f32 id lane", V);
     nm_ = cfg.mudd_coefs();
     ng_ = cfg.mudd_gate_coefs();
-    embed_ = weight_need(w, "embed", {V, C});
-    head_ = weight_need(w, "lm_head", {V, C});
-    const Tensor& ve =
-        weight_need(w, "value_embeds", {int64_t(cfg.value_embed_layers.size()), V, C});
+    embed_ = weight_on(ops, w, "embed", {V, C});
+    head_ = weight_on(ops, w, "lm_head", {V, C});
+    const Tensor ve =
+        weight_on(ops, w, "value_embeds", {int64_t(cfg.value_embed_layers.size()), V, C});
     for (size_t j = 0; j < cfg.value_embed_layers.size(); ++j) ve_.push_back(ve.select(0, j));
-    ngram_ = weight_need(w, "ngram_table", {cfg.ngram_vocab, cfg.ngram_dim});
-    sign_pool_ = weight_f32(w, "ngram_sign_pool", {cfg.ngram_sign_rows, cfg.ngram_dim});
-    smear_ = weight_f32(w, "smear_gate", {1, cfg.smear_channels});
-    ve_gate_ = weight_f32(
-        w, "ve_gate",
-        {int64_t(cfg.value_embed_gate_layers.size()), H, 2 * cfg.value_embed_gate_channels});
+    ngram_ = weight_on(ops, w, "ngram_table", {cfg.ngram_vocab, cfg.ngram_dim});
+    sign_pool_ =
+        vector_on(ops, weight_f32(w, "ngram_sign_pool", {cfg.ngram_sign_rows, cfg.ngram_dim}));
+    smear_ = vector_on(ops, weight_f32(w, "smear_gate", {1, cfg.smear_channels}));
+    ve_gate_ = vector_on(ops, weight_f32(w, "ve_gate",
+                                         {int64_t(cfg.value_embed_gate_layers.size()), H,
+                                          2 * cfg.value_embed_gate_channels}));
     scalars_ = weight_f32(w, "scalars", {2 * L + 2});
     resid_ = weight_f32(w, "resid_lambdas", {L, 2});
     post_ = weight_f32(w, "post_lambdas", {L, 2});
     for (const char* kind : {"narrow", "wide"}) {
       const int64_t dq = std::string(kind) == "wide" ? cfg.head_dim : cfg.narrow_head_dim;
       const std::string pre = std::string("rotary.") + kind;
-      freq_.push_back(weight_f32(w, pre + ".freq", {dq}));
+      freq_.push_back(vector_on(ops, weight_f32(w, pre + ".freq", {dq})));
       attn_scale_.push_back(weight_f32(w, pre + ".attn_scale", {1})[0]);
     }
     const int64_t F = cfg.mlp_hidden;
@@ -103,14 +110,14 @@ class Gpt final : public Family {
         a.dq = cfg.qk_dim(i);
         a.dv = cfg.v_dim(i);
         a.d = std::max(a.dq, a.dv);
-        a.qk = weight_need(w, layer_name(i, "attn.qk"), {2 * H * a.dq, C});
-        a.v = weight_need(w, layer_name(i, "attn.v"), {H * a.dv, C});
-        a.o = weight_need(w, layer_name(i, "attn.o"), {C, H * a.dv});
+        a.qk = weight_on(ops, w, layer_name(i, "attn.qk"), {2 * H * a.dq, C});
+        a.v = weight_on(ops, w, layer_name(i, "attn.v"), {H * a.dv, C});
+        a.o = weight_on(ops, w, layer_name(i, "attn.o"), {C, H * a.dv});
         a.paired = cfg.paired(i);
         a.key_offset = cfg.long_window(i);
         a.window = cfg.long_window(i) ? cfg.window_long : cfg.window_short;
         const int wide = cfg.has(cfg.wide_qk_layers, i) ? 1 : 0;
-        a.freq = freq_[size_t(wide)].data();
+        a.freq = freq_[size_t(wide)].data<float>();
         a.scale = attn_scale_[size_t(wide)];
         DEG_CHECK(!(a.paired && a.key_offset), "gpt: paired heads take no key offset");
         spec_.layers.push_back({.kind = LayerKind::attention, .kv_heads = H, .head_dim = a.d});
@@ -118,34 +125,36 @@ class Gpt final : public Family {
         spec_.layers.push_back({.kind = LayerKind::recurrent, .conv_kernel = 1});
       }
       if (l.mlp) {
-        l.fc = weight_need(w, layer_name(i, "mlp.fc"), {F, C});
-        l.proj = weight_need(w, layer_name(i, "mlp.proj"), {F, C}).transpose(0, 1).contiguous();
+        l.fc = weight_on(ops, w, layer_name(i, "mlp.fc"), {F, C});
+        l.proj = transposed_on(ops, w, layer_name(i, "mlp.proj"), {F, C});
       }
       layers_.push_back(std::move(l));
     }
     if (cfg.parallel_mlp_layer >= 0) {
-      par_fc_ = weight_need(w, "parallel_mlp.fc", {F, C});
-      par_proj_ = weight_need(w, "parallel_mlp.proj", {F, C}).transpose(0, 1).contiguous();
+      par_fc_ = weight_on(ops, w, "parallel_mlp.fc", {F, C});
+      par_proj_ = transposed_on(ops, w, "parallel_mlp.proj", {F, C});
     }
     const int64_t M = cfg.mudd_dim, G = cfg.mudd_groups, Mg = cfg.mudd_gate_dim;
-    const Tensor& w1 = weight_need(w, "mudd_w1", {2, M, C});
-    const Tensor& w2 = weight_need(w, "mudd_w2", {2, nm_, M});
+    const Tensor w1 = weight_on(ops, w, "mudd_w1", {2, M, C});
+    const Tensor w2 = weight_on(ops, w, "mudd_w2", {2, nm_, M});
     const std::vector<float> b2 = weight_f32(w, "mudd_b2", {2, nm_});
-    const Tensor& w2g = weight_need(w, "mudd_w2g", {nm_, G, M});
-    const Tensor& gw1 = weight_need(w, "mudd_gate_w1", {2, Mg, C});
-    const Tensor& gw2 = weight_need(w, "mudd_gate_w2", {2, ng_, Mg});
+    const Tensor w2g = weight_on(ops, w, "mudd_w2g", {nm_, G, M});
+    const Tensor gw1 = weight_on(ops, w, "mudd_gate_w1", {2, Mg, C});
+    const Tensor gw2 = weight_on(ops, w, "mudd_gate_w2", {2, ng_, Mg});
     const std::vector<float> gb2 = weight_f32(w, "mudd_gate_b2", {2, ng_});
     const float gate_scale = weight_f32(w, "mudd_gate_scale", {1})[0];
     for (int id = 0; id < 2; ++id) {
       mudd_[id] = {.w1 = w1.select(0, id),
                    .w2 = w2.select(0, id),
                    .w2g = id == 1 ? w2g.view({nm_ * G, M}) : Tensor{},
-                   .b2 = std::vector<float>(b2.begin() + id * nm_, b2.begin() + (id + 1) * nm_),
+                   .b2 = vector_on(
+                       ops, std::vector<float>(b2.begin() + id * nm_, b2.begin() + (id + 1) * nm_)),
                    .scale = cfg.mudd_scale};
       gate_[id] = {.w1 = gw1.select(0, id),
                    .w2 = gw2.select(0, id),
                    .w2g = {},
-                   .b2 = std::vector<float>(gb2.begin() + id * ng_, gb2.begin() + (id + 1) * ng_),
+                   .b2 = vector_on(ops, std::vector<float>(gb2.begin() + id * ng_,
+                                                           gb2.begin() + (id + 1) * ng_)),
                    .scale = gate_scale};
     }
     // Side lanes.
@@ -167,8 +176,8 @@ class Gpt final : public Family {
       if (s.kind == GptMixSource::Kind::cache) keep(s.layer);
     lanes_.width = at;
     spec_.stream = at;
-    ones_.assign(size_t(std::max(C, cfg.head_dim)), 1.0f);
-    zeros_.assign(size_t(std::max(C, cfg.head_dim)), 0.0f);
+    ones_ = vector_on(ops, std::vector<float>(size_t(std::max(C, cfg.head_dim)), 1.0f));
+    zeros_ = vector_on(ops, std::vector<float>(size_t(std::max(C, cfg.head_dim)), 0.0f));
   }
 
   const BackboneSpec& spec() const override { return spec_; }
@@ -200,7 +209,7 @@ class Gpt final : public Family {
     float* smear = x.arena.floats(N);
     x.ops.sigmoid_gates({.x = h,
                          .ldx = S,
-                         .w = smear_.data(),
+                         .w = smear_.data<float>(),
                          .ldw = sc,
                          .rows = N,
                          .n = sc,
@@ -221,7 +230,7 @@ class Gpt final : public Family {
                        .prev1 = p1,
                        .prev2 = p2,
                        .table = &ngram_,
-                       .sign_pool = sign_pool_.data(),
+                       .sign_pool = sign_pool_.data<float>(),
                        .sign_rows = cfg_.ngram_sign_rows,
                        .bigram_rows = cfg_.bigram_row_muls,
                        .trigram_rows = cfg_.trigram_row_muls,
@@ -303,7 +312,7 @@ class Gpt final : public Family {
                     .ldy = ldy,
                     .rows = n,
                     .dim = cfg_.model_dim,
-                    .w = ones_.data(),
+                    .w = ones_.data<float>(),
                     .eps = cfg_.norm_eps,
                     .scale = NormScale::w});
   }
@@ -339,7 +348,7 @@ class Gpt final : public Family {
                       .ldy = ldo,
                       .rows = N,
                       .n = n,
-                      .bias = w.b2.data(),
+                      .bias = w.b2.data<float>(),
                       .s = w.scale});
     if (deltas) x.ops.scale({.y = deltas, .ldy = nd, .rows = N, .n = nd, .s = w.scale});
   }
@@ -380,7 +389,7 @@ class Gpt final : public Family {
                          .ldx = C,
                          .x2 = aux,
                          .ldx2 = C,
-                         .w = ve_gate_.data() + veg * H * 2 * gc,
+                         .w = ve_gate_.data<float>() + veg * H * 2 * gc,
                          .ldw = 2 * gc,
                          .rows = N,
                          .heads = H,
@@ -402,8 +411,8 @@ class Gpt final : public Family {
         {.call = &c,
          .xn = xn,
          .aux = aux,
-         .ones = ones_.data(),
-         .zeros = zeros_.data(),
+         .ones = ones_.data<float>(),
+         .zeros = zeros_.data<float>(),
          .sa0 = scalars_[size_t(2 * i)],
          .eps = cfg_.norm_eps,
          .model_dim = cfg_.model_dim,
@@ -427,9 +436,10 @@ class Gpt final : public Family {
   BackboneSpec spec_;
   StreamLanes lanes_;
   Tensor embed_, head_, ngram_;
-  std::vector<Tensor> ve_;  // per plane [V, C]
-  std::vector<float> sign_pool_, smear_, ve_gate_, scalars_, resid_, post_, ones_, zeros_;
-  std::vector<std::vector<float>> freq_;  // narrow, wide
+  std::vector<Tensor> ve_;                             // per plane [V, C]
+  Tensor sign_pool_, smear_, ve_gate_, ones_, zeros_;  // on the backend's device
+  std::vector<float> scalars_, resid_, post_;          // read here, passed as op scalars
+  std::vector<Tensor> freq_;                           // narrow, wide
   std::vector<float> attn_scale_;
   std::vector<LayerWeights> layers_;
   Tensor par_fc_, par_proj_;
@@ -604,8 +614,8 @@ std::vector<std::pair<std::string, Shape>> gpt_tensor_table(const GptConfig& c) 
   return t;
 }
 
-std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights) {
-  return std::make_unique<Gpt>(cfg, weights);
+std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights, const Ops& ops) {
+  return std::make_unique<Gpt>(cfg, weights, ops);
 }
 
 }  // namespace deg

@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "io/json.h"
+#include "kernels/ops.h"
 #include "model/backbone.h"
 #include "model/gpt_config.h"
 
@@ -25,10 +26,11 @@ bool gpt_handles(const Json& config);
 // frequencies and softmax scales).
 std::vector<std::pair<std::string, Shape>> gpt_tensor_table(const GptConfig& cfg);
 
-// Weights by table name (f32 or bf16; matrices stay views, vectors are read into f32 copies, the
-// MLP output projections are transposed once into the Linear layout). Throws deg::Error naming a
-// missing or mis-shaped tensor.
+// Weights by table name (f32 or bf16) on `ops`' device: on the CPU matrices stay views of the
+// file, on a GPU they are copied once; vectors are read into f32 copies, the MLP output
+// projections are transposed once into the Linear layout. Throws deg::Error naming a missing
+// or mis-shaped tensor.
 using TensorMap = std::map<std::string, Tensor>;
-std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights);
+std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights, const Ops& ops);
 
 }  // namespace deg

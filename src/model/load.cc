@@ -44,7 +44,6 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
                 {.path = config_path.string()});
   };
   if (gpt_handles(root.json())) {
-    cpu_only("gpt");
     // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
     const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
     const bool bare = !store.contains(store.text_prefix() + "embed");
@@ -56,7 +55,7 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
       if (store.contains(file_name(name))) weights.emplace(name, store.get(file_name(name)));
     }
     try {
-      return std::make_unique<Backbone>(gpt_family(cfg, weights), options);
+      return std::make_unique<Backbone>(gpt_family(cfg, weights, *ops), options);
     } catch (const Error& e) {
       ErrorContext at = e.context();
       at.path = where;

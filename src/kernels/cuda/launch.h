@@ -204,6 +204,127 @@ struct GatherLaunch {
 };
 cudaError_t launch_gather(const GatherLaunch& a, cudaStream_t stream);
 
+// ---- mixing.cu: the f32 row ops with f64 dot products, hashes and combinations
+// (ActivationArgs ... ProjectionArgs of kernels/ops.h), in the CPU's expression order ----
+
+// act: 0 relu_squared, 1 gelu_erf, 2 scaled_sigmoid (a sigmoid((x + b) / c)), 3 sigmoid, 4 silu,
+// 5 gelu_tanh.
+struct ActivationLaunch {
+  const float* x;
+  int64_t ldx;
+  float* y;
+  int64_t ldy, rows, n;
+  int act;
+  float a, b, c;
+};
+cudaError_t launch_activation(const ActivationLaunch& a, cudaStream_t stream);
+
+struct BiasScaleLaunch {
+  const float* x;
+  int64_t ldx;
+  float* y;
+  int64_t ldy, rows, n;
+  const float* bias;  // [n] or null
+  float s;
+};
+cudaError_t launch_bias_scale(const BiasScaleLaunch& a, cudaStream_t stream);
+
+constexpr int kCombineTerms = 6;
+struct CombineTermLaunch {
+  const float* x;  // null: the output row as it was
+  int64_t ldx;
+  float s;
+  const float* lane;
+  int64_t ldl, gl;
+  const float* add;
+  int64_t lda, ga;
+  float offset;
+};
+struct CombineLaunch {
+  float* y;
+  int64_t ldy, rows, n, group;
+  int terms;
+  CombineTermLaunch term[kCombineTerms];
+};
+cudaError_t launch_combine(const CombineLaunch& a, cudaStream_t stream);
+
+struct SigmoidGatesLaunch {
+  const float* x;
+  int64_t ldx;
+  const float* x2;
+  int64_t ldx2;
+  const float* w;
+  int64_t ldw, rows, heads, n;
+  float s;
+  float* out;
+  int64_t ldo;
+};
+cudaError_t launch_sigmoid_gates(const SigmoidGatesLaunch& a, cudaStream_t stream);
+
+struct RopePairsLaunch {
+  Rows rows;
+  const float* freq;
+  float* x;
+  int64_t ldx, heads, hs, dims;
+  bool paired_heads;
+};
+cudaError_t launch_rope_pairs(const RopePairsLaunch& a, cudaStream_t stream);
+
+struct ProjectionLaunch {
+  Rows rows;
+  float* y;
+  int64_t ldy, hy;
+  const float* v;
+  int64_t ldv, hv;
+  const float* strength;
+  int64_t lds, heads, dim;
+  float eps;
+};
+cudaError_t launch_subtract_projection(const ProjectionLaunch& a, cudaStream_t stream);
+
+struct ShiftIdsLaunch {
+  Rows rows;
+  const int32_t* ids;      // token row (rows.first + i) L + t at ids[that]
+  const int32_t* history;  // [B, history_len] of the whole call
+  int64_t history_len, back;
+  int32_t* out;
+  float* lane;
+  int64_t ld_lane;
+};
+cudaError_t launch_shift_ids(const ShiftIdsLaunch& a, cudaStream_t stream);
+
+struct NgramLaunch {
+  Rows rows;
+  const int32_t* ids;
+  const int32_t* prev1;
+  const int32_t* prev2;
+  const void* table;  // [V, dim] f32, or bf16 when bf16
+  bool bf16;
+  int64_t table_rows, dim;
+  const float* sign_pool;  // [sign_rows, dim]
+  int64_t sign_rows;
+  int32_t bigram_rows[2], trigram_rows[3], bigram_signs[2], trigram_signs[3];
+  float* y;
+  int64_t ldy;
+};
+cudaError_t launch_ngram_embed(const NgramLaunch& a, cudaStream_t stream);
+
+// ---- attention_f64.cu: AttendF64Args of kernels/ops.h for the rows of one chunk ----
+struct AttentionF64Launch {
+  Rows rows;
+  KvRow kv[kRows];
+  const float* q;
+  int64_t ldq, hq;
+  float* out;
+  int64_t ldo, ho;
+  int64_t heads, qk_dim, v_dim, kv_dim;
+  float scale;
+  int64_t window;
+  bool paired_heads, key_offset;
+  int64_t offset_from;
+};
+cudaError_t launch_attention_f64(const AttentionF64Launch& a, cudaStream_t stream);
+
 // GEMM operand conversions: x [rows, n] at ldx -> bf16 [rows, n] contiguous (round to nearest
 // even, as the CPU's f32_to_bf16); bf16 [count] -> f32 [count].
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,

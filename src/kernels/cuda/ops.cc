@@ -3,8 +3,7 @@
 // split-K, so a row's output never depends on how many rows share the call; the other ops are
 // own kernels (launch.h), whose row tables travel by value in the launch.
 //
-// The ops the Qwen3.5 family uses are here, and the other families' cheap ones; the gpt family's
-// (and LFM2 / Gemma 4's remaining ones) throw an `unsupported` error naming the op.
+// Every op of the table runs here.
 #include "kernels/ops.h"
 
 #include <cublasLt.h>
@@ -456,18 +455,187 @@ class CudaOps final : public Ops {
     check(cuda::launch_copy_rows(x, ldx, y, ldy, rows, n, stream_), "copy_rows");
   }
 
-  // ---- not on CUDA yet (the gpt family's ops) ----
+  // ---- the f32 row ops with f64 dot products, hashes and combinations (mixing.cu) ----
 
-  void activation(const ActivationArgs&) const override { not_on_cuda("activation"); }
-  void bias_scale(const BiasScaleArgs&) const override { not_on_cuda("bias_scale"); }
-  void combine(const CombineArgs&) const override { not_on_cuda("combine"); }
-  void shift_ids(const ShiftIdsArgs&) const override { not_on_cuda("shift_ids"); }
-  void ngram_embed(const NgramEmbedArgs&) const override { not_on_cuda("ngram_embed"); }
-  void sigmoid_gates(const SigmoidGateArgs&) const override { not_on_cuda("sigmoid_gates"); }
-  void rope_pairs(const RopePairsArgs&) const override { not_on_cuda("rope_pairs"); }
-  void attention_f64(const AttendF64Args&) const override { not_on_cuda("attention_f64"); }
-  void subtract_projection(const ProjectionArgs&) const override {
-    not_on_cuda("subtract_projection");
+  void activation(const ActivationArgs& a) const override {
+    int act = 0;
+    switch (a.act) {
+      case Activation::relu_squared: act = 0; break;
+      case Activation::gelu_erf: act = 1; break;
+      case Activation::scaled_sigmoid: act = 2; break;
+      case Activation::sigmoid: act = 3; break;
+      case Activation::silu: act = 4; break;
+      case Activation::gelu_tanh: act = 5; break;
+    }
+    check(cuda::launch_activation({.x = a.x,
+                                   .ldx = a.ldx,
+                                   .y = a.y,
+                                   .ldy = a.ldy,
+                                   .rows = a.rows,
+                                   .n = a.n,
+                                   .act = act,
+                                   .a = a.a,
+                                   .b = a.b,
+                                   .c = a.c},
+                                  stream_),
+          "activation");
+  }
+
+  void bias_scale(const BiasScaleArgs& a) const override {
+    check(cuda::launch_bias_scale({.x = a.x,
+                                   .ldx = a.ldx,
+                                   .y = a.y,
+                                   .ldy = a.ldy,
+                                   .rows = a.rows,
+                                   .n = a.n,
+                                   .bias = a.bias,
+                                   .s = a.s},
+                                  stream_),
+          "bias_scale");
+  }
+
+  void combine(const CombineArgs& a) const override {
+    DEG_CHECK(!a.terms.empty() && a.terms.size() <= size_t(cuda::kCombineTerms),
+              "combine: {} terms (1 to {})", a.terms.size(), cuda::kCombineTerms);
+    cuda::CombineLaunch l{.y = a.y,
+                          .ldy = a.ldy,
+                          .rows = a.rows,
+                          .n = a.n,
+                          .group = a.group > 0 ? a.group : std::max<int64_t>(a.n, 1),
+                          .terms = int(a.terms.size())};
+    for (size_t k = 0; k < a.terms.size(); ++k) {
+      const CombineTerm& t = a.terms[k];
+      l.term[k] = {.x = t.x,
+                   .ldx = t.ldx,
+                   .s = t.s,
+                   .lane = t.lane,
+                   .ldl = t.ldl,
+                   .gl = t.gl,
+                   .add = t.add,
+                   .lda = t.lda,
+                   .ga = t.ga,
+                   .offset = t.offset};
+    }
+    check(cuda::launch_combine(l, stream_), "combine");
+  }
+
+  void shift_ids(const ShiftIdsArgs& a) const override {
+    DEG_CHECK(a.back == 0 || (a.back > 0 && a.back <= a.history_len),
+              "shift_ids: {} back with {} history", a.back, a.history_len);
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      check(cuda::launch_shift_ids({.rows = r,
+                                    .ids = a.ids,
+                                    .history = a.history,
+                                    .history_len = a.history_len,
+                                    .back = a.back,
+                                    .out = a.out,
+                                    .lane = a.lane,
+                                    .ld_lane = a.ld_lane},
+                                   stream_),
+            "shift_ids");
+    });
+  }
+
+  void ngram_embed(const NgramEmbedArgs& a) const override {
+    const Tensor& t = *a.table;
+    DEG_CHECK(t.rank() == 2 && t.is_contiguous() && t.device() == Device::cuda &&
+                  (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
+              "cuda ngram_embed: table {} is not an f32 / bf16 device matrix", t.describe());
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      cuda::NgramLaunch l{.rows = r,
+                          .ids = a.ids,
+                          .prev1 = a.prev1,
+                          .prev2 = a.prev2,
+                          .table = t.raw(),
+                          .bf16 = t.dtype() == DType::bf16,
+                          .table_rows = t.dim(0),
+                          .dim = t.dim(1),
+                          .sign_pool = a.sign_pool,
+                          .sign_rows = a.sign_rows,
+                          .y = a.y,
+                          .ldy = a.ldy};
+      std::copy(a.bigram_rows.begin(), a.bigram_rows.end(), l.bigram_rows);
+      std::copy(a.trigram_rows.begin(), a.trigram_rows.end(), l.trigram_rows);
+      std::copy(a.bigram_signs.begin(), a.bigram_signs.end(), l.bigram_signs);
+      std::copy(a.trigram_signs.begin(), a.trigram_signs.end(), l.trigram_signs);
+      check(cuda::launch_ngram_embed(l, stream_), "ngram_embed");
+    });
+  }
+
+  void sigmoid_gates(const SigmoidGateArgs& a) const override {
+    check(cuda::launch_sigmoid_gates({.x = a.x,
+                                      .ldx = a.ldx,
+                                      .x2 = a.x2,
+                                      .ldx2 = a.ldx2,
+                                      .w = a.w,
+                                      .ldw = a.ldw,
+                                      .rows = a.rows,
+                                      .heads = a.heads,
+                                      .n = a.n,
+                                      .s = a.s,
+                                      .out = a.out,
+                                      .ldo = a.ldo},
+                                     stream_),
+          "sigmoid_gates");
+  }
+
+  void rope_pairs(const RopePairsArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      check(cuda::launch_rope_pairs({.rows = r,
+                                     .freq = a.freq,
+                                     .x = a.x,
+                                     .ldx = a.ldx,
+                                     .heads = a.heads,
+                                     .hs = a.hs,
+                                     .dims = a.dims,
+                                     .paired_heads = a.paired_heads},
+                                    stream_),
+            "rope_pairs");
+    });
+  }
+
+  void attention_f64(const AttendF64Args& a) const override {
+    DEG_CHECK(!a.paired_heads || a.heads % 2 == 0, "attention_f64: paired heads need even {}",
+              a.heads);
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::AttentionF64Launch l{.rows = r,
+                                 .q = a.q,
+                                 .ldq = a.ldq,
+                                 .hq = a.hq,
+                                 .out = a.out,
+                                 .ldo = a.ldo,
+                                 .ho = a.ho,
+                                 .heads = a.heads,
+                                 .qk_dim = a.qk_dim,
+                                 .v_dim = a.v_dim,
+                                 .kv_dim = a.kv_dim,
+                                 .scale = a.scale,
+                                 .window = a.window,
+                                 .paired_heads = a.paired_heads,
+                                 .key_offset = a.key_offset,
+                                 .offset_from = a.offset_from};
+      for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+      check(cuda::launch_attention_f64(l, stream_), "attention_f64");
+    });
+  }
+
+  void subtract_projection(const ProjectionArgs& a) const override {
+    for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
+      check(cuda::launch_subtract_projection({.rows = r,
+                                              .y = a.y,
+                                              .ldy = a.ldy,
+                                              .hy = a.hy,
+                                              .v = a.v,
+                                              .ldv = a.ldv,
+                                              .hv = a.hv,
+                                              .strength = a.strength,
+                                              .lds = a.lds,
+                                              .heads = a.heads,
+                                              .dim = a.dim,
+                                              .eps = a.eps},
+                                             stream_),
+            "subtract_projection");
+    });
   }
 
  private:
