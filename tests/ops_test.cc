@@ -1182,7 +1182,7 @@ OpCase shift_ids_case(std::string name, int64_t back) {
               std::mt19937 jr = junk_rng(order);
               std::uniform_int_distribution<int32_t> junk_id(-5, 5000);
               const Layout lay = padded(kRowLengths, order, positions);
-              std::vector<int32_t> idb(size_t(std::max<int64_t>(lay.rows, 1))), hb, out(idb.size());
+              Ids idb(size_t(std::max<int64_t>(lay.rows, 1))), hb, out(idb.size());
               for (int32_t& x : idb) x = junk_id(jr);
               for (int32_t& x : out) x = junk_id(jr);
               for (size_t j = 0; j < order.size(); ++j) {
@@ -1238,7 +1238,7 @@ OpCase ngram_embed_case(std::string name, DType dtype, Tolerance tol) {
               std::mt19937 jr = junk_rng(order);
               const Layout lay = padded(kRowLengths, order, positions);
               const size_t N = size_t(std::max<int64_t>(lay.rows, 1));
-              std::vector<int32_t> x(N), p1(N), p2(N);
+              Ids x(N), p1(N), p2(N);
               for (size_t i = 0; i < N; ++i) x[i] = p1[i] = p2[i] = int32_t(jr() % 40000);
               for (size_t j = 0; j < order.size(); ++j) {
                 const auto& u = (*ids)[size_t(order[j])];
@@ -1250,11 +1250,12 @@ OpCase ngram_embed_case(std::string name, DType dtype, Tolerance tol) {
                 }
               }
               Floats y = junk(size_t(lay.rows * ldy), jr);
+              const Tensor on = ops.upload(*table);
               ops.ngram_embed({.rows = lay.table(),
                                .ids = x.data(),
                                .prev1 = p1.data(),
                                .prev2 = p2.data(),
-                               .table = table.get(),
+                               .table = &on,
                                .sign_pool = pool->data(),
                                .sign_rows = P,
                                .bigram_rows = {1000003, 998244353},

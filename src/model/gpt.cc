@@ -72,7 +72,8 @@ struct StreamLanes {
 
 class Gpt final : public Family {
  public:
-  Gpt(const GptConfig& cfg, const TensorMap& w, const Ops& ops) : cfg_(cfg), gl_(cfg.gate_lanes()) {
+  Gpt(const GptConfig& cfg, const TensorMap& w, const Ops& ops)
+      : Family(ops), cfg_(cfg), gl_(cfg.gate_lanes()) {
     cfg.validate();
     const int64_t C = cfg.model_dim, V = cfg.vocab_size, H = cfg.num_heads, L = cfg.num_layers;
     DEG_CHECK(V < (int64_t(1) << 24), "gpt: vocab {} does not fit the f32 id lane", V);
