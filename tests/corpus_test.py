@@ -89,14 +89,16 @@ class CommittedCorpus(unittest.TestCase):
         self.assertEqual([s["source"] for s in MANIFEST["sources"]],
                          [s.name for s in bc.SOURCES])
         for s in MANIFEST["sources"]:
-            self.assertEqual(s["version"], bc.NPM.get(s["package"]) or bc.DEB[s["package"]])
+            source = next(x for x in bc.SOURCES if x.name == s["source"])
+            self.assertEqual(s["version"], bc.package_version(source))
 
     def test_no_document_twice(self):
         seen: dict[str, str] = {}
         for source, docs in DOCS.items():
             for d in docs:
                 h = bc.sha256(d)
-                self.assertNotIn(h, seen, f"a document of {source} repeats one of {seen.get(h)}")
+                if h in seen:
+                    self.fail(f"a document of {source} repeats one of {seen[h]}: {d[:80]!r}")
                 seen[h] = source
 
     def test_no_paragraph_twice_outside_the_verbatim_emails(self):
@@ -115,17 +117,34 @@ class CommittedCorpus(unittest.TestCase):
                 for p, k in zip(bc.paragraphs(d), keys):
                     if k is None:
                         continue
-                    self.assertNotIn(k, seen, f"{source}: duplicate paragraph {p[:80]!r}")
+                    if k in seen:
+                        self.fail(f"{source}: duplicate paragraph {p[:80]!r}")
                     seen.add(k)
 
     def test_emails_are_train_split_messages_only(self):
         train, dev = split_hashes("train"), split_hashes("dev")
         emails = DOCS["spam_assassin_train"]
-        self.assertGreater(len(emails), 3000)
         for d in emails:
             h = bc.sha256(d)
-            self.assertNotIn(h, dev, "a dev e-mail is in the corpus")
-            self.assertIn(h, train, f"an e-mail that is not in train.jsonl: {d[:120]!r}")
+            if h in dev:
+                self.fail(f"a dev e-mail is in the corpus: {d[:120]!r}")
+            if h not in train:
+                self.fail(f"an e-mail that is not in train.jsonl: {d[:120]!r}")
+        self.assertEqual(len(emails), len(train), "every train e-mail is in the package")
+
+    def test_snips_requests_are_train_split_requests_not_in_dev(self):
+        def documents(name):
+            with open(SHARED / "snips" / f"{name}.jsonl", encoding="utf-8") as f:
+                return {json.loads(line)["document"] for line in f}
+        train, dev = documents("train"), documents("dev")
+        lines = [u for d in DOCS["snips_train"] for u in d.rstrip("\n").split("\n")]
+        self.assertGreater(len(lines), 12000)
+        self.assertEqual(len(lines), len(set(lines)))
+        for u in lines:
+            if u in dev:
+                self.fail(f"a SNIPS dev request is in the corpus: {u!r}")
+            if u not in train:
+                self.fail(f"a SNIPS request that is not in train.jsonl: {u!r}")
 
     def test_no_dev_email_paragraph_anywhere(self):
         # paragraphs that only held-out e-mails have (not shared with train: list footers are)
@@ -138,8 +157,8 @@ class CommittedCorpus(unittest.TestCase):
         for source, docs in DOCS.items():
             for d, keys in zip(docs, KEYS[source]):
                 for p, k in zip(bc.paragraphs(d), keys):
-                    self.assertNotIn(k, held_out,
-                                     f"{source} holds a dev e-mail paragraph: {p[:80]!r}")
+                    if k in held_out:
+                        self.fail(f"{source} holds a dev e-mail paragraph: {p[:80]!r}")
 
 
 class Filters(unittest.TestCase):
@@ -147,9 +166,13 @@ class Filters(unittest.TestCase):
 
     def test_only_train_messages_are_selected(self):
         train_doc, other = "From a@b.c\nSubject: kept\n\nhello\n", "From x@y.z\n\nheld out\n"
-        got = list(bc.select_train_emails([other, train_doc, train_doc + " "],
+        # each message comes as its candidate decodings; the one equal to a train document wins
+        got = list(bc.select_train_emails([[other], [train_doc + " ", train_doc], [other, other]],
                                           {bc.sha256(train_doc)}))
         self.assertEqual(got, [train_doc])
+
+    def test_snips_dev_requests_are_left_out(self):
+        self.assertEqual(bc.select_train_utterances(["a", "b", "a", "c"], {"b"}), ["a", "c"])
 
     def test_near_duplicate_paragraphs_and_documents_are_dropped(self):
         stats = bc.DedupStats()
