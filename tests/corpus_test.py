@@ -37,9 +37,12 @@ RAW: dict[str, bytes] = {}
 KEYS: dict[str, list[list[bytes | None]]] = {}  # source -> each document's paragraph keys
 
 
-def setUpModule():
+def load_corpus():
+    if MANIFEST:
+        return
     if not (CORPUS / "manifest.json").exists():
-        raise unittest.SkipTest(f"no corpus at {CORPUS}")
+        raise AssertionError(f"no corpus at {CORPUS}: data/corpus is committed; rebuild it with "
+                             "scripts/build-corpus data/corpus")
     MANIFEST.update(json.loads((CORPUS / "manifest.json").read_text()))
     for s in MANIFEST["sources"]:
         path = CORPUS / f"{s['source']}.txt.zst"
@@ -64,6 +67,10 @@ def verbatim_sources() -> set[str]:
 
 
 class CommittedCorpus(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        load_corpus()
+
     def test_manifest_matches_the_files(self):
         listed = {f"{s['source']}.txt.zst" for s in MANIFEST["sources"]}
         present = {p.name for p in CORPUS.glob("*.zst")}
