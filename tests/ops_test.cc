@@ -33,36 +33,13 @@
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops_decorator.h"
 #include "kernels/reference_ops.h"
+#include "managed_alloc.h"
 
 namespace deg {
 namespace {
 
-// The table's buffers: memory every backend under test addresses (managed memory, which host and
-// GPU share, when a GPU is visible; plain host memory otherwise).
-template <class T>
-struct TableAlloc {
-  using value_type = T;
-  TableAlloc() = default;
-  template <class U>
-  TableAlloc(const TableAlloc<U>&) {}
-  T* allocate(size_t n) {
-    const size_t bytes = std::max<size_t>(n, 1) * sizeof(T);
-    return static_cast<T*>(cuda_available() ? cuda_managed_alloc(bytes) : ::operator new(bytes));
-  }
-  void deallocate(T* p, size_t) {
-    if (cuda_available()) {
-      cuda_managed_free(p);
-    } else {
-      ::operator delete(p);
-    }
-  }
-  template <class U>
-  bool operator==(const TableAlloc<U>&) const {
-    return true;
-  }
-};
-using Floats = std::vector<float, TableAlloc<float>>;
-using Ids = std::vector<int32_t, TableAlloc<int32_t>>;
+using Floats = testing::ManagedVector<float>;
+using Ids = testing::ManagedVector<int32_t>;
 
 // ---- backends under test ----
 

@@ -1,4 +1,6 @@
 // What the backends share: call arenas on host or device memory, and the backend of a device.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -81,6 +83,10 @@ Tensor host_copy(const Tensor& t) {
   Tensor h = Tensor::empty(t.shape(), t.dtype());
   ops_for(t.device()).to_host(h.raw_mutable(), t.raw(), t.nbytes());
   return h;
+}
+
+void Ops::no_training_op(const char* op) const {
+  throw Error(ErrorKind::unsupported, fmt::format("the {} backend has no {} op", name(), op));
 }
 
 const Ops& ops_for(Device device) {

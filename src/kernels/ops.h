@@ -410,6 +410,7 @@ struct RopePairsArgs {
   int64_t hs = 0;
   int64_t dims = 0;
   bool paired_heads = false;
+  bool inverse = false;  // rotate by the negative angle: the backward of the rotation
 };
 
 // Causal softmax attention in the f64-accumulated form a scalar trainer computes: every score
@@ -451,6 +452,156 @@ struct ProjectionArgs {
   int64_t heads = 0;
   int64_t dim = 0;
   float eps = 1e-8f;
+};
+
+// ---- training: products and the backward of the ops above ----
+// A backward op reads the forward's inputs (never its outputs unless it says so) and the output
+// gradient, and ADDS into the input gradients it is given (null: not wanted). Gradients that sum
+// over rows (weights, biases, gates) sum them in row order, each element by one thread, so a
+// result depends on the rows given and not on how the backend splits the work.
+
+// c[M, N] (+)= op(a) op(b) in f32: op(a) is a [M, K] at row stride lda, or with ta the
+// transpose of a [K, M]; op(b) is b [K, N] at ldb, or with tb the transpose of b [N, K]. Each
+// element sums its K products in one order fixed by the shape.
+struct MatmulOpArgs {
+  const float* a = nullptr;
+  int64_t lda = 0;
+  bool ta = false;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  bool tb = false;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t m = 0, n = 0, k = 0;
+  bool accumulate = false;
+};
+
+// The backward of the unit-weight rms_norm (NormArgs with w null or ones, no gate): dx +=
+// r (dy - y mean(dy y)) per vector with y = x r, r = 1 / sqrt(mean(x²) + eps), from x.
+struct NormBackwardArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0, hx = 0;
+  const float* dy = nullptr;
+  int64_t ldy = 0, hy = 0;
+  float* dx = nullptr;
+  int64_t lddx = 0, hdx = 0;
+  int64_t rows = 0;
+  int64_t heads = 1;
+  int64_t dim = 0;
+  float eps = 1e-6f;
+};
+
+// dx[r, j] += dy[r, j] act'(x[r, j]) for relu_squared, gelu_erf and scaled_sigmoid (a, b, c);
+// without accumulate dx = dy act'(x), and dx may be dy.
+struct ActivationBackwardArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* dy = nullptr;
+  int64_t ldy = 0;
+  float* dx = nullptr;
+  int64_t lddx = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  Activation act = Activation::relu_squared;
+  float a = 1.0f, b = 0.0f, c = 1.0f;
+  bool accumulate = true;  // false: dx = dy act'(x)
+};
+
+// out[j] (+)= s sum_r x[r, j] over `rows` rows in order (a bias's gradient: bias_scale's dbias
+// with x = dy; its dx is the scale op).
+struct ColumnSumArgs {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  int64_t n = 0;
+  float s = 1.0f;
+  float* out = nullptr;
+  bool accumulate = true;
+};
+
+// The backward of a combination (CombineArgs, same terms): for each term k with x_k, dx_k[r, j]
+// += coef_k(r, g) dy[r, j]; dcoef_k[r, g] (+)= sum_{j in group g} dy[r, j] x_k[r, j] (summed in
+// f64 in column order) for the terms given a dcoef. A term with x null (the output row itself)
+// reads `y_before` (the output's value before the forward op) and adds its gradient into
+// `dy_before` (which may be dy: then dy is overwritten with coef dy, its other terms' reads
+// done first per row).
+struct CombineGrad {
+  float* dx = nullptr;  // [rows, n] at lddx, or null
+  int64_t lddx = 0;
+  float* dcoef = nullptr;  // [rows, groups] at ldc, or null
+  int64_t ldc = 0;
+};
+struct CombineBackwardArgs {
+  CombineArgs forward;  // the forward's terms (y unused)
+  const float* dy = nullptr;
+  int64_t ldy = 0;
+  const float* y_before = nullptr;  // for a term with x null
+  int64_t ldb = 0;
+  float* dy_before = nullptr;
+  int64_t lddb = 0;
+  std::span<const CombineGrad> grads;  // one per term
+};
+
+// The backward of gather (GatherArgs with ids or id_lane, scale or row_scale, keep, mix 1, no
+// soft rows): dtable[id] += scale_i dy[i] (a table row sums its positions in order), drow_scale[i]
+// += dy[i] . table[id] (f64), and with keep the kept y passes dy through (the caller's). f32
+// tables only.
+struct GatherBackwardArgs {
+  GatherArgs forward;
+  const float* dy = nullptr;
+  int64_t ldy = 0;
+  float* dtable = nullptr;      // [V, C] contiguous, or null
+  float* drow_scale = nullptr;  // [n] at ld_drow, or null
+  int64_t ld_drow = 0;
+};
+
+// The backward of sigmoid_gates: dz = dout s sigmoid(z) (1 - sigmoid(z)); dx += dz w_h[0:n],
+// dx2 += dz w_h[n:2n]; dw_h (+)= sum_r dz x[r] (and x2) in row order.
+struct SigmoidGatesBackwardArgs {
+  SigmoidGateArgs forward;  // out unused
+  const float* dout = nullptr;
+  int64_t lddo = 0;
+  float* dx = nullptr;
+  int64_t lddx = 0;
+  float* dx2 = nullptr;
+  int64_t lddx2 = 0;
+  float* dw = nullptr;  // laid out as w
+};
+
+// The backward of subtract_projection (y' = y - tanh(s) (y.v / max(v.v, eps)) v): from the y
+// before the op, v, s and dy': dy (+)= ..., dv +=, dstrength += (per real token and head).
+struct ProjectionBackwardArgs {
+  ProjectionArgs forward;  // forward.y: the y before the op
+  const float* dy_out = nullptr;
+  int64_t lddo = 0;
+  float* dy = nullptr;  // may be dy_out (in place)
+  int64_t lddy = 0;
+  float* dv = nullptr;
+  int64_t lddv = 0;
+  float* dstrength = nullptr;
+  int64_t ldds = 0;
+};
+
+// The backward of ngram_embed: dtable[row] += dy[i] * pool[sign] for both hashed rows of every
+// token (a table row sums its contributions in token order, bigram before trigram).
+struct NgramBackwardArgs {
+  NgramEmbedArgs forward;  // y unused; f32 table
+  const float* dy = nullptr;
+  int64_t ldy = 0;
+  float* dtable = nullptr;  // [V, dim]
+};
+
+// The backward of attention_f64 for the real tokens of the rows: dq (+)=, and for every key a
+// query saw, dK / dV (+)= into the gradient views laid out as the forward's K/V views (dviews
+// [B]: prefix_k / prefix_v / own_k / own_v are the gradient buffers). Probabilities are
+// recomputed as the forward computes them; a key's gradient sums its queries in order.
+struct AttendF64BackwardArgs {
+  AttendF64Args forward;  // out unused
+  const float* dout = nullptr;
+  int64_t lddo = 0, hdo = 0;
+  float* dq = nullptr;
+  int64_t lddq = 0, hdq = 0;
+  const RowView* dviews = nullptr;  // [B]
 };
 
 // The backend: one implementation per device. Every op runs over its whole argument and returns
@@ -504,6 +655,37 @@ class Ops {
   virtual void rope_pairs(const RopePairsArgs& a) const = 0;
   virtual void attention_f64(const AttendF64Args& a) const = 0;
   virtual void subtract_projection(const ProjectionArgs& a) const = 0;
+
+  // Training (the CPU and CUDA backends; another backend says it has none).
+  virtual void matmul(const MatmulOpArgs&) const { no_training_op("matmul"); }
+  virtual void rms_norm_backward(const NormBackwardArgs&) const {
+    no_training_op("rms_norm_backward");
+  }
+  virtual void activation_backward(const ActivationBackwardArgs&) const {
+    no_training_op("activation_backward");
+  }
+  virtual void column_sum(const ColumnSumArgs&) const { no_training_op("column_sum"); }
+  virtual void combine_backward(const CombineBackwardArgs&) const {
+    no_training_op("combine_backward");
+  }
+  virtual void gather_backward(const GatherBackwardArgs&) const {
+    no_training_op("gather_backward");
+  }
+  virtual void sigmoid_gates_backward(const SigmoidGatesBackwardArgs&) const {
+    no_training_op("sigmoid_gates_backward");
+  }
+  virtual void subtract_projection_backward(const ProjectionBackwardArgs&) const {
+    no_training_op("subtract_projection_backward");
+  }
+  virtual void ngram_embed_backward(const NgramBackwardArgs&) const {
+    no_training_op("ngram_embed_backward");
+  }
+  virtual void attention_f64_backward(const AttendF64BackwardArgs&) const {
+    no_training_op("attention_f64_backward");
+  }
+
+ protected:
+  [[noreturn]] void no_training_op(const char* op) const;
 };
 
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread

@@ -99,6 +99,36 @@ class OpsDecorator : public Ops {
   void subtract_projection(const ProjectionArgs& a) const override {
     run("subtract_projection", [&] { inner_.subtract_projection(a); });
   }
+  void matmul(const MatmulOpArgs& a) const override {
+    run("matmul", [&] { inner_.matmul(a); });
+  }
+  void rms_norm_backward(const NormBackwardArgs& a) const override {
+    run("rms_norm_backward", [&] { inner_.rms_norm_backward(a); });
+  }
+  void activation_backward(const ActivationBackwardArgs& a) const override {
+    run("activation_backward", [&] { inner_.activation_backward(a); });
+  }
+  void column_sum(const ColumnSumArgs& a) const override {
+    run("column_sum", [&] { inner_.column_sum(a); });
+  }
+  void combine_backward(const CombineBackwardArgs& a) const override {
+    run("combine_backward", [&] { inner_.combine_backward(a); });
+  }
+  void gather_backward(const GatherBackwardArgs& a) const override {
+    run("gather_backward", [&] { inner_.gather_backward(a); });
+  }
+  void sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const override {
+    run("sigmoid_gates_backward", [&] { inner_.sigmoid_gates_backward(a); });
+  }
+  void subtract_projection_backward(const ProjectionBackwardArgs& a) const override {
+    run("subtract_projection_backward", [&] { inner_.subtract_projection_backward(a); });
+  }
+  void ngram_embed_backward(const NgramBackwardArgs& a) const override {
+    run("ngram_embed_backward", [&] { inner_.ngram_embed_backward(a); });
+  }
+  void attention_f64_backward(const AttendF64BackwardArgs& a) const override {
+    run("attention_f64_backward", [&] { inner_.attention_f64_backward(a); });
+  }
 
  protected:
   // Runs one op (`call`), named `op`.

@@ -464,7 +464,7 @@ class ReferenceOps final : public Ops {
           float* x = a.x + (b * r.tokens + t) * a.ldx + h * a.hs;
           for (int64_t i = 0; 2 * i + 1 < a.dims; ++i) {
             const double th = double(p) * double(a.freq[2 * i]);
-            const double c = std::cos(th), s = std::sin(th);
+            const double c = std::cos(th), s = a.inverse ? -std::sin(th) : std::sin(th);
             const double x0 = x[2 * i], x1 = x[2 * i + 1];
             x[2 * i] = float(c * x0 + s * x1);
             x[2 * i + 1] = float(c * x1 - s * x0);

@@ -16,6 +16,7 @@
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/backward.h"
 #include "kernels/cpu/scalar_ops.h"
 #include "kernels/delta_rule.h"
 #include "kernels/scratch.h"
@@ -457,6 +458,93 @@ class CpuOps final : public Ops {
   void subtract_projection(const ProjectionArgs& a) const override {
     parallel_for(
         a.rows.n(), [&](int64_t b, int64_t e) { subtract_projection_range(a, b, e); }, kRowGrain);
+  }
+
+  // ---- training (kernels/cpu/backward.cc) ----
+
+  void matmul(const MatmulOpArgs& a) const override {
+    parallel_for(
+        a.m, [&](int64_t b, int64_t e) { matmul_range(a, b, e); }, 1);
+  }
+
+  void rms_norm_backward(const NormBackwardArgs& a) const override {
+    parallel_for(
+        a.rows * a.heads, [&](int64_t b, int64_t e) { rms_norm_backward_range(a, b, e); },
+        kRowGrain);
+  }
+
+  void activation_backward(const ActivationBackwardArgs& a) const override {
+    parallel_for(
+        a.rows, [&](int64_t b, int64_t e) { activation_backward_range(a, b, e); }, kRowGrain);
+  }
+
+  void column_sum(const ColumnSumArgs& a) const override {
+    parallel_for(
+        a.n, [&](int64_t b, int64_t e) { column_sum_range(a, b, e); }, kRowGrain);
+  }
+
+  void combine_backward(const CombineBackwardArgs& a) const override {
+    parallel_for(
+        a.forward.rows, [&](int64_t b, int64_t e) { combine_backward_range(a, b, e); }, kRowGrain);
+  }
+
+  void gather_backward(const GatherBackwardArgs& a) const override {
+    const GatherArgs& f = a.forward;
+    DEG_CHECK(f.table->dtype() == DType::f32 && f.mix == 1.0f && !f.soft_rows,
+              "gather_backward: an f32 table without mix or soft rows");
+    std::vector<int32_t> lane_ids;
+    const int32_t* ids = f.ids;
+    if (f.id_lane) {
+      lane_ids.resize(size_t(f.n));
+      for (int64_t i = 0; i < f.n; ++i) lane_ids[size_t(i)] = int32_t(f.id_lane[i * f.ld_id]);
+      ids = lane_ids.data();
+    }
+    if (a.dtable) {
+      std::vector<int64_t> starts;
+      const std::vector<int64_t> order = gather_order(ids, f.n, f.table->dim(0), starts);
+      parallel_for(
+          f.table->dim(0),
+          [&](int64_t b, int64_t e) { gather_backward_rows(a, order, starts, b, e); }, kRowGrain);
+    }
+    if (a.drow_scale) {
+      parallel_for(
+          f.n, [&](int64_t b, int64_t e) { gather_row_scale_range(a, ids, b, e); }, kRowGrain);
+    }
+  }
+
+  void sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const override {
+    const SigmoidGateArgs& f = a.forward;
+    std::vector<float> dz(size_t(f.rows * f.heads));
+    parallel_for(
+        f.rows, [&](int64_t b, int64_t e) { sigmoid_gates_dz_range(a, dz.data(), b, e); },
+        kRowGrain);
+    if (a.dw) {
+      parallel_for(
+          f.heads * (f.x2 ? 2 * f.n : f.n),
+          [&](int64_t b, int64_t e) { sigmoid_gates_dw_range(a, dz.data(), b, e); }, 1);
+    }
+  }
+
+  void subtract_projection_backward(const ProjectionBackwardArgs& a) const override {
+    parallel_for(
+        a.forward.rows.n(),
+        [&](int64_t b, int64_t e) { subtract_projection_backward_range(a, b, e); }, kRowGrain);
+  }
+
+  void ngram_embed_backward(const NgramBackwardArgs& a) const override {
+    DEG_CHECK(a.forward.table->dtype() == DType::f32, "ngram_embed_backward: an f32 table");
+    std::vector<int64_t> starts;
+    std::vector<int32_t> signs;
+    const std::vector<int64_t> order = ngram_order(a.forward, a.forward.rows.n(), starts, signs);
+    parallel_for(
+        a.forward.table->dim(0),
+        [&](int64_t b, int64_t e) { ngram_backward_rows(a, order, starts, signs, b, e); },
+        kRowGrain);
+  }
+
+  void attention_f64_backward(const AttendF64BackwardArgs& a) const override {
+    const int64_t slots = a.forward.paired_heads ? a.forward.heads / 2 : a.forward.heads;
+    for_each_index(slots, 1, [&](int64_t s) { attention_f64_backward_task(a, s); });
   }
 };
 

@@ -210,7 +210,8 @@ void rope_pairs_range(const RopePairsArgs& a, int64_t i0, int64_t i1) {
       float* x = a.x + i * a.ldx + h * a.hs;
       for (int64_t d = 0; d + 1 < a.dims; d += 2) {
         const double th = double(p) * double(a.freq[d]);
-        const float c = float(std::cos(th)), s = float(std::sin(th));
+        const float c = float(std::cos(th)),
+                    s = a.inverse ? -float(std::sin(th)) : float(std::sin(th));
         const float x0 = x[d], x1 = x[d + 1];
         x[d] = c * x0 + s * x1;
         x[d + 1] = c * x1 - s * x0;

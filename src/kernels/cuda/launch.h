@@ -266,7 +266,7 @@ struct RopePairsLaunch {
   const float* freq;
   float* x;
   int64_t ldx, heads, hs, dims;
-  bool paired_heads;
+  bool paired_heads, inverse;
 };
 cudaError_t launch_rope_pairs(const RopePairsLaunch& a, cudaStream_t stream);
 

@@ -115,7 +115,7 @@ __global__ void rope_pairs_kernel(RopePairsLaunch a) {
     const int64_t p = a.paired_heads ? 2 * pos + h % 2 : pos;
     float* x = a.x + (row0 + t) * a.ldx + h * a.hs;
     const double th = double(p) * double(a.freq[d]);
-    const float c = float(cos(th)), s = float(sin(th));
+    const float c = float(cos(th)), s = a.inverse ? -float(sin(th)) : float(sin(th));
     const float x0 = x[d], x1 = x[d + 1];
     x[d] = c * x0 + s * x1;
     x[d + 1] = c * x1 - s * x0;

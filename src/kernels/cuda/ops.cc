@@ -588,7 +588,8 @@ class CudaOps final : public Ops {
                                      .heads = a.heads,
                                      .hs = a.hs,
                                      .dims = a.dims,
-                                     .paired_heads = a.paired_heads},
+                                     .paired_heads = a.paired_heads,
+                                     .inverse = a.inverse},
                                     stream_),
             "rope_pairs");
     });

@@ -1,0 +1,654 @@
+// The op interface's training ops (kernels/ops.h "training"). On the CPU each backward op is
+// checked against finite differences of its forward op: for a random output weighting g and a
+// random direction d over every input, (L(x + e d) - L(x - e d)) / 2e with L = g . f(x) must match
+// the gradients' inner product with d. The product is checked against a plain f64 loop. Where a
+// GPU is visible, every case also runs on CUDA and must match the CPU's gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "kernels/ops_decorator.h"
+#include "managed_alloc.h"
+
+namespace deg {
+namespace {
+
+using Floats = testing::ManagedVector<float>;
+using Ids = testing::ManagedVector<int32_t>;
+
+// Waits after every op, so the host reads what a device wrote.
+class Synchronized final : public OpsDecorator {
+ public:
+  using OpsDecorator::OpsDecorator;
+
+ protected:
+  void run(const char*, const std::function<void()>& call) const override {
+    call();
+    inner().synchronize();
+  }
+};
+
+std::vector<const Ops*> backends() {
+  std::vector<const Ops*> b = {&cpu_ops()};
+  if (cuda_available()) {
+    static const Synchronized cuda(cuda_ops());
+    b.push_back(&cuda);
+  }
+  return b;
+}
+
+Floats randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, sd);
+  Floats v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+double dot(const Floats& a, const Floats& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+// An input of a case: its values and the gradient the backward op fills.
+struct Var {
+  Floats* x;
+  Floats* grad;
+};
+
+// The directional check on `vars` for L = sum_outputs g . out, out = forward() (which reads the
+// vars' current values); the gradients must already hold the backward op's result.
+void expect_directional(const std::function<std::vector<Floats>()>& forward,
+                        const std::vector<Floats>& g, const std::vector<Var>& vars,
+                        std::mt19937& rng, double eps = 1e-2, double tol = 2e-3) {
+  std::vector<Floats> dir;
+  double analytic = 0;
+  for (const Var& v : vars) {
+    dir.push_back(randn(v.x->size(), rng));
+    analytic += dot(*v.grad, dir.back());
+  }
+  auto loss_at = [&](double step) {
+    std::vector<Floats> saved;
+    for (size_t k = 0; k < vars.size(); ++k) {
+      saved.push_back(*vars[k].x);
+      for (size_t i = 0; i < vars[k].x->size(); ++i)
+        (*vars[k].x)[i] = float((*vars[k].x)[i] + step * dir[k][i]);
+    }
+    const std::vector<Floats> out = forward();
+    double l = 0;
+    for (size_t o = 0; o < out.size(); ++o) l += dot(out[o], g[o]);
+    for (size_t k = 0; k < vars.size(); ++k) *vars[k].x = saved[k];
+    return l;
+  };
+  const double fd = (loss_at(eps) - loss_at(-eps)) / (2 * eps);
+  EXPECT_NEAR(analytic, fd, tol * std::max({1.0, std::fabs(fd), std::fabs(analytic)}))
+      << "analytic " << analytic << " finite difference " << fd;
+}
+
+// The CUDA gradients against the CPU's.
+void expect_close(const Floats& got, const Floats& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double err = 0, scale = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i) {
+    err = std::max(err, std::fabs(double(got[i]) - want[i]));
+    scale = std::max(scale, std::fabs(double(want[i])));
+  }
+  EXPECT_LE(err / scale, tol) << what << ": max error " << err << " of " << scale;
+}
+
+// Runs `body(ops)` on every backend; body returns the gradients it computed (CPU first).
+void across_backends(const std::function<std::vector<Floats>(const Ops&)>& body, double tol) {
+  std::vector<Floats> cpu;
+  for (const Ops* ops : backends()) {
+    SCOPED_TRACE(ops->name());
+    std::vector<Floats> got = body(*ops);
+    if (ops->device() == Device::cpu) {
+      cpu = std::move(got);
+      continue;
+    }
+    for (size_t k = 0; k < cpu.size(); ++k)
+      expect_close(got[k], cpu[k], tol, "gradient " + std::to_string(k));
+  }
+}
+
+TEST(OpsBackward, MatmulEveryTransposeMatchesF64Loops) {
+  std::mt19937 rng(1);
+  const int64_t M = 37, N = 29, K = 70;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool acc : {false, true}) {
+        const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 2, ldc = N + 5;
+        const Floats a = randn(size_t((ta ? K : M) * lda), rng);
+        const Floats b = randn(size_t((tb ? N : K) * ldb), rng);
+        const Floats c0 = randn(size_t(M * ldc), rng);
+        across_backends(
+            [&](const Ops& ops) {
+              Floats c = c0;
+              ops.matmul({.a = a.data(),
+                          .lda = lda,
+                          .ta = ta,
+                          .b = b.data(),
+                          .ldb = ldb,
+                          .tb = tb,
+                          .c = c.data(),
+                          .ldc = ldc,
+                          .m = M,
+                          .n = N,
+                          .k = K,
+                          .accumulate = acc});
+              for (int64_t i = 0; i < M; ++i)
+                for (int64_t j = 0; j < N; ++j) {
+                  double s = acc ? c0[size_t(i * ldc + j)] : 0.0;
+                  for (int64_t k = 0; k < K; ++k)
+                    s += double(ta ? a[size_t(k * lda + i)] : a[size_t(i * lda + k)]) *
+                         (tb ? b[size_t(j * ldb + k)] : b[size_t(k * ldb + j)]);
+                  EXPECT_NEAR(c[size_t(i * ldc + j)], s, 1e-4 * (1 + std::fabs(s)))
+                      << "ta " << ta << " tb " << tb << " acc " << acc;
+                }
+              return std::vector<Floats>{c};
+            },
+            1e-5);
+      }
+}
+
+TEST(OpsBackward, RmsNormPerHead) {
+  std::mt19937 rng(2);
+  const int64_t R = 9, H = 3, D = 20, ld = H * D + 4;
+  Floats x = randn(size_t(R * ld), rng, 2.0f);
+  const Floats g = randn(size_t(R * H * D), rng);
+  auto forward = [&](const Ops& ops) {
+    Floats y(size_t(R * H * D));
+    ops.rms_norm({.x = x.data(),
+                  .ldx = ld,
+                  .hx = D,
+                  .y = y.data(),
+                  .ldy = H * D,
+                  .hy = D,
+                  .rows = R,
+                  .heads = H,
+                  .dim = D,
+                  .eps = 1e-5f});
+    return std::vector<Floats>{y};
+  };
+  across_backends(
+      [&](const Ops& ops) {
+        Floats dx(x.size(), 0.5f), base = dx;
+        ops.rms_norm_backward({.x = x.data(),
+                               .ldx = ld,
+                               .hx = D,
+                               .dy = g.data(),
+                               .ldy = H * D,
+                               .hy = D,
+                               .dx = dx.data(),
+                               .lddx = ld,
+                               .hdx = D,
+                               .rows = R,
+                               .heads = H,
+                               .dim = D,
+                               .eps = 1e-5f});
+        for (size_t i = 0; i < dx.size(); ++i) dx[i] -= base[i];  // it adds
+        Floats gx = dx;
+        expect_directional([&] { return forward(ops); }, {g}, {{&x, &gx}}, rng);
+        return std::vector<Floats>{dx};
+      },
+      1e-5);
+}
+
+TEST(OpsBackward, Activations) {
+  std::mt19937 rng(3);
+  const int64_t R = 7, n = 33, ld = 35;
+  for (Activation act :
+       {Activation::relu_squared, Activation::gelu_erf, Activation::scaled_sigmoid}) {
+    SCOPED_TRACE(int(act));
+    Floats x = randn(size_t(R * ld), rng, 2.0f);
+    const Floats g = randn(size_t(R * n), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          auto forward = [&] {
+            Floats y(size_t(R * n));
+            ops.activation({.x = x.data(),
+                            .ldx = ld,
+                            .y = y.data(),
+                            .ldy = n,
+                            .rows = R,
+                            .n = n,
+                            .act = act,
+                            .a = 3.0f,
+                            .b = 0.5f,
+                            .c = 2.0f});
+            return std::vector<Floats>{y};
+          };
+          Floats dx(x.size(), 0.0f);
+          ops.activation_backward({.x = x.data(),
+                                   .ldx = ld,
+                                   .dy = g.data(),
+                                   .ldy = n,
+                                   .dx = dx.data(),
+                                   .lddx = ld,
+                                   .rows = R,
+                                   .n = n,
+                                   .act = act,
+                                   .a = 3.0f,
+                                   .b = 0.5f,
+                                   .c = 2.0f});
+          expect_directional(forward, {g}, {{&x, &dx}}, rng, 1e-3);
+          // In place without accumulating: dy becomes dy act'(x).
+          Floats inplace(size_t(R * ld), 0.0f);
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < n; ++j) inplace[size_t(r * ld + j)] = g[size_t(r * n + j)];
+          ops.activation_backward({.x = x.data(),
+                                   .ldx = ld,
+                                   .dy = inplace.data(),
+                                   .ldy = ld,
+                                   .dx = inplace.data(),
+                                   .lddx = ld,
+                                   .rows = R,
+                                   .n = n,
+                                   .act = act,
+                                   .a = 3.0f,
+                                   .b = 0.5f,
+                                   .c = 2.0f,
+                                   .accumulate = false});
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < n; ++j)
+              EXPECT_EQ(inplace[size_t(r * ld + j)], dx[size_t(r * ld + j)]);
+          return std::vector<Floats>{dx};
+        },
+        1e-5);
+  }
+}
+
+TEST(OpsBackward, ColumnSumAddsRowsInOrder) {
+  std::mt19937 rng(4);
+  const int64_t R = 300, n = 17, ld = 19;
+  const Floats x = randn(size_t(R * ld), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        Floats out(size_t(n), 1.0f);
+        ops.column_sum({.x = x.data(), .ldx = ld, .rows = R, .n = n, .s = 0.5f, .out = out.data()});
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t r = 0; r < R; ++r) s += x[size_t(r * ld + j)];
+          EXPECT_NEAR(out[size_t(j)], 1.0 + 0.5 * s, 1e-4);
+        }
+        return std::vector<Floats>{out};
+      },
+      1e-6);
+}
+
+// y = c0 y + c1 x1 + c2 x2 with per-row lane coefficients by column group, an offset and an
+// added lane: every input, every coefficient lane and the old y get their gradients.
+TEST(OpsBackward, CombineTermsLanesAndTheOldOutput) {
+  std::mt19937 rng(5);
+  const int64_t R = 11, n = 12, group = 4, G = n / group, ld = 14, ldl = 5;
+  Floats y0 = randn(size_t(R * ld), rng), x1 = randn(size_t(R * ld), rng);
+  Floats x2 = randn(size_t(R * n), rng);
+  Floats lane0 = randn(size_t(R * ldl), rng), lane2 = randn(size_t(R * ldl), rng);
+  Floats add2 = randn(size_t(R * G), rng);
+  const Floats g = randn(size_t(R * n), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        auto terms = [&] {
+          return std::vector<CombineTerm>{
+              {.lane = lane0.data(), .ldl = ldl, .gl = 1, .offset = 1.0f},
+              {.x = x1.data(), .ldx = ld, .s = 0.7f},
+              {.x = x2.data(),
+               .ldx = n,
+               .s = 0.5f,
+               .lane = lane2.data() + 1,
+               .ldl = ldl,
+               .gl = 1,
+               .add = add2.data(),
+               .lda = G,
+               .ga = 1}};
+        };
+        auto forward = [&] {
+          Floats y(size_t(R * n));
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t j = 0; j < n; ++j) y[size_t(r * n + j)] = y0[size_t(r * ld + j)];
+          const std::vector<CombineTerm> t = terms();
+          ops.combine({.y = y.data(), .ldy = n, .rows = R, .n = n, .group = group, .terms = t});
+          return std::vector<Floats>{y};
+        };
+        Floats dy0(y0.size(), 0.0f), dx1(x1.size(), 0.0f), dx2(x2.size(), 0.0f);
+        Floats dc0(size_t(R * G), 0.0f), dc2(size_t(R * G), 0.0f);
+        const std::vector<CombineTerm> t = terms();
+        const CombineGrad grads[] = {{.dcoef = dc0.data(), .ldc = G},
+                                     {.dx = dx1.data(), .lddx = ld},
+                                     {.dx = dx2.data(), .lddx = n, .dcoef = dc2.data(), .ldc = G}};
+        ops.combine_backward({.forward = {.rows = R, .n = n, .group = group, .terms = t},
+                              .dy = g.data(),
+                              .ldy = n,
+                              .y_before = y0.data(),
+                              .ldb = ld,
+                              .dy_before = dy0.data(),
+                              .lddb = ld,
+                              .grads = grads});
+        expect_directional(forward, {g}, {{&y0, &dy0}, {&x1, &dx1}, {&x2, &dx2}}, rng);
+        // A lane's gradient is the coefficient's: d lane0 = dc0, d lane2 = 0.5 dc2, d add2 = dc2.
+        Floats dl0(lane0.size(), 0.0f), dl2(lane2.size(), 0.0f), da2(add2.size(), 0.0f);
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t k = 0; k < G; ++k) {
+            dl0[size_t(r * ldl + k)] = dc0[size_t(r * G + k)];
+            dl2[size_t(r * ldl + 1 + k)] = 0.5f * dc2[size_t(r * G + k)];
+            da2[size_t(r * G + k)] = dc2[size_t(r * G + k)];
+          }
+        expect_directional(forward, {g}, {{&lane0, &dl0}, {&lane2, &dl2}, {&add2, &da2}}, rng);
+        return std::vector<Floats>{dy0, dx1, dx2, dc0, dc2};
+      },
+      1e-5);
+}
+
+// y = table[id] * row_scale (+ kept y), ids repeating (so table rows sum several positions) and
+// one negative (left alone), from an id array and from a float id lane.
+TEST(OpsBackward, GatherScattersIntoTableRows) {
+  std::mt19937 rng(6);
+  const int64_t V = 9, C = 10, n = 40, ldy = 12;
+  Floats table_v = randn(size_t(V * C), rng), scale = randn(size_t(n), rng);
+  Ids ids(static_cast<size_t>(n));
+  Floats lane(size_t(2 * n));
+  for (int64_t i = 0; i < n; ++i) {
+    ids[size_t(i)] = i == 7 ? -1 : int32_t(rng() % V);
+    lane[size_t(2 * i)] = float(ids[size_t(i)]);
+  }
+  const Floats g = randn(size_t(n * ldy), rng);
+  for (bool from_lane : {false, true}) {
+    across_backends(
+        [&](const Ops& ops) {
+          auto gather_args = [&](const Tensor* t, float* y) {
+            return GatherArgs{.table = t,
+                              .ids = from_lane ? nullptr : ids.data(),
+                              .n = n,
+                              .y = y,
+                              .ldy = ldy,
+                              .keep = true,
+                              .id_lane = from_lane ? lane.data() : nullptr,
+                              .ld_id = 2,
+                              .row_scale = scale.data(),
+                              .ld_scale = 1};
+          };
+          auto forward = [&] {
+            const Tensor t = ops.upload(
+                Tensor::from_vector(std::vector<float>(table_v.begin(), table_v.end()), {V, C}));
+            Floats y(size_t(n * ldy), 0.0f);
+            ops.gather(gather_args(&t, y.data()));
+            return std::vector<Floats>{y};
+          };
+          const Tensor t = ops.upload(
+              Tensor::from_vector(std::vector<float>(table_v.begin(), table_v.end()), {V, C}));
+          Floats dtable(table_v.size(), 0.0f), dscale(size_t(n), 0.0f);
+          ops.gather_backward({.forward = gather_args(&t, nullptr),
+                               .dy = g.data(),
+                               .ldy = ldy,
+                               .dtable = dtable.data(),
+                               .drow_scale = dscale.data(),
+                               .ld_drow = 1});
+          expect_directional(forward, {g}, {{&table_v, &dtable}, {&scale, &dscale}}, rng);
+          return std::vector<Floats>{dtable, dscale};
+        },
+        1e-5);
+  }
+}
+
+TEST(OpsBackward, SigmoidGatesTwoInputs) {
+  std::mt19937 rng(7);
+  const int64_t R = 13, H = 3, n = 8, ldx = 10, ldw = 2 * n + 1, ldo = H + 1;
+  Floats x = randn(size_t(R * ldx), rng), x2 = randn(size_t(R * ldx), rng);
+  Floats w = randn(size_t(H * ldw), rng, 0.3f);
+  const Floats g = randn(size_t(R * ldo), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        auto args = [&](float* out) {
+          return SigmoidGateArgs{.x = x.data(),
+                                 .ldx = ldx,
+                                 .x2 = x2.data(),
+                                 .ldx2 = ldx,
+                                 .w = w.data(),
+                                 .ldw = ldw,
+                                 .rows = R,
+                                 .heads = H,
+                                 .n = n,
+                                 .s = 2.0f,
+                                 .out = out,
+                                 .ldo = ldo};
+        };
+        auto forward = [&] {
+          Floats out(size_t(R * ldo), 0.0f);
+          ops.sigmoid_gates(args(out.data()));
+          return std::vector<Floats>{out};
+        };
+        Floats dx(x.size(), 0.0f), dx2(x2.size(), 0.0f), dw(w.size(), 0.0f);
+        ops.sigmoid_gates_backward({.forward = args(nullptr),
+                                    .dout = g.data(),
+                                    .lddo = ldo,
+                                    .dx = dx.data(),
+                                    .lddx = ldx,
+                                    .dx2 = dx2.data(),
+                                    .lddx2 = ldx,
+                                    .dw = dw.data()});
+        // The gate reads only its heads' columns of g (the padding lane is not an output).
+        Floats gm = g;
+        for (int64_t r = 0; r < R; ++r) gm[size_t(r * ldo + H)] = 0.0f;
+        expect_directional(forward, {gm}, {{&x, &dx}, {&x2, &dx2}, {&w, &dw}}, rng);
+        return std::vector<Floats>{dx, dx2, dw};
+      },
+      1e-5);
+}
+
+// Rows of 3 real tokens of 4 (the padded one is left alone), 2 heads of 6.
+TEST(OpsBackward, SubtractProjection) {
+  std::mt19937 rng(8);
+  const int64_t L = 4, H = 2, D = 6, ld = H * D;
+  const int64_t lengths[] = {3, 2}, positions[] = {0, 5};
+  const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
+  Floats y = randn(size_t(2 * L * ld), rng), v = randn(size_t(2 * L * ld), rng);
+  Floats s = randn(size_t(2 * L * H), rng);
+  const Floats g = randn(size_t(2 * L * ld), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        auto args = [&](float* yy) {
+          return ProjectionArgs{.rows = rows,
+                                .y = yy,
+                                .ldy = ld,
+                                .hy = D,
+                                .v = v.data(),
+                                .ldv = ld,
+                                .hv = D,
+                                .strength = s.data(),
+                                .lds = H,
+                                .heads = H,
+                                .dim = D};
+        };
+        auto forward = [&] {
+          Floats out = y;
+          ops.subtract_projection(args(out.data()));
+          return std::vector<Floats>{out};
+        };
+        Floats dy = g, dv(v.size(), 0.0f), ds(s.size(), 0.0f);
+        ops.subtract_projection_backward({.forward = args(y.data()),
+                                          .dy_out = dy.data(),
+                                          .lddo = ld,
+                                          .dy = dy.data(),
+                                          .lddy = ld,
+                                          .dv = dv.data(),
+                                          .lddv = ld,
+                                          .dstrength = ds.data(),
+                                          .ldds = H});
+        expect_directional(forward, {g}, {{&y, &dy}, {&v, &dv}, {&s, &ds}}, rng, 1e-3);
+        return std::vector<Floats>{dy, dv, ds};
+      },
+      1e-5);
+}
+
+TEST(OpsBackward, NgramEmbedScattersBothHashedRows) {
+  std::mt19937 rng(9);
+  const int64_t V = 23, Dn = 6, P = 4, L = 5, ldy = 8;
+  const int64_t lengths[] = {5, 3}, positions[] = {0, 4};
+  const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
+  Ids ids(size_t(2 * L)), p1(ids.size()), p2(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {  // few distinct ids: hashed rows repeat
+    ids[i] = int32_t(rng() % 3);
+    p1[i] = int32_t(rng() % 3);
+    p2[i] = int32_t(rng() % 3);
+  }
+  Floats table_v = randn(size_t(V * Dn), rng);
+  const Floats pool = randn(size_t(P * Dn), rng);
+  const Floats g = randn(size_t(2 * L * ldy), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        auto args = [&](const Tensor* t, float* y) {
+          return NgramEmbedArgs{.rows = rows,
+                                .ids = ids.data(),
+                                .prev1 = p1.data(),
+                                .prev2 = p2.data(),
+                                .table = t,
+                                .sign_pool = pool.data(),
+                                .sign_rows = P,
+                                .bigram_rows = {1000003, 998244353},
+                                .trigram_rows = {-7919, 2147483629, 65537},
+                                .bigram_signs = {40503, 97},
+                                .trigram_signs = {12289, 786433, 3},
+                                .y = y,
+                                .ldy = ldy};
+        };
+        auto table = [&] {
+          return ops.upload(
+              Tensor::from_vector(std::vector<float>(table_v.begin(), table_v.end()), {V, Dn}));
+        };
+        auto forward = [&] {
+          const Tensor t = table();
+          Floats y(size_t(2 * L * ldy), 0.0f);
+          ops.ngram_embed(args(&t, y.data()));
+          return std::vector<Floats>{y};
+        };
+        Floats gm = g;  // the columns past Dn are not outputs
+        for (int64_t i = 0; i < 2 * L; ++i)
+          for (int64_t d = Dn; d < ldy; ++d) gm[size_t(i * ldy + d)] = 0.0f;
+        const Tensor t = table();
+        Floats dtable(table_v.size(), 0.0f);
+        ops.ngram_embed_backward(
+            {.forward = args(&t, nullptr), .dy = gm.data(), .ldy = ldy, .dtable = dtable.data()});
+        expect_directional(forward, {gm}, {{&table_v, &dtable}}, rng);
+        return std::vector<Floats>{dtable};
+      },
+      1e-5);
+}
+
+TEST(OpsBackward, RopePairsInverseUndoesTheRotation) {
+  std::mt19937 rng(10);
+  const int64_t L = 6, H = 4, hs = 8, dims = 6;
+  const int64_t lengths[] = {6, 4}, positions[] = {3, 100};
+  const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
+  Floats freq(static_cast<size_t>(dims));
+  for (int64_t i = 0; i < dims; ++i) freq[size_t(i)] = float(std::pow(100.0, -double(i) / dims));
+  const Floats x0 = randn(size_t(2 * L * H * hs), rng);
+  for (bool paired : {false, true}) {
+    across_backends(
+        [&](const Ops& ops) {
+          Floats x = x0;
+          RopePairsArgs a{.rows = rows,
+                          .freq = freq.data(),
+                          .x = x.data(),
+                          .ldx = H * hs,
+                          .heads = H,
+                          .hs = hs,
+                          .dims = dims,
+                          .paired_heads = paired};
+          ops.rope_pairs(a);
+          a.inverse = true;
+          ops.rope_pairs(a);
+          for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], x0[i], 1e-5) << i;
+          return std::vector<Floats>{x};
+        },
+        1e-5);
+  }
+}
+
+// attention_f64 over a prefix and own keys, with a window, paired heads or the key offset: dq,
+// and dK / dV into both the prefix's and the own buffers' gradient views.
+TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffset) {
+  const int64_t H = 4, dq = 6, dv = 5, D = 6, P = 5, cap = 8, L = 4, rot = 2;
+  const int64_t lengths[] = {3, 4}, positions[] = {P, P};
+  const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
+  for (bool paired : {false, true})
+    for (bool offset : {false, true}) {
+      if (paired && offset) continue;
+      SCOPED_TRACE(std::string(paired ? "paired" : "plain") + (offset ? " key offset" : ""));
+      std::mt19937 rng(11);
+      // Two rows with their own prefixes and own keys (own keys at 0: as a fresh fork).
+      Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
+      Floats ok = randn(size_t(2 * H * cap * D), rng), ov = randn(size_t(2 * H * cap * D), rng);
+      Floats q = randn(size_t(2 * L * H * dq), rng);
+      const Floats g = randn(size_t(2 * L * H * dv), rng);
+      const int64_t window = paired ? 7 : 4;
+      across_backends(
+          [&](const Ops& ops) {
+            auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
+              std::vector<RowView> vs;
+              for (int64_t b = 0; b < 2; ++b)
+                vs.push_back({.prefix_k = k1.data() + b * H * P * D,
+                              .prefix_v = v1.data() + b * H * P * D,
+                              .prefix_len = P,
+                              .prefix_stride = P * D,
+                              .own_k = k2.data() + b * H * cap * D,
+                              .own_v = v2.data() + b * H * cap * D,
+                              .own_stride = cap * D});
+              return vs;
+            };
+            auto args = [&](const std::vector<RowView>& vs, float* out) {
+              return AttendF64Args{.rows = rows,
+                                   .views = vs.data(),
+                                   .q = q.data(),
+                                   .ldq = H * dq,
+                                   .hq = dq,
+                                   .out = out,
+                                   .ldo = H * dv,
+                                   .ho = dv,
+                                   .heads = H,
+                                   .qk_dim = dq,
+                                   .v_dim = dv,
+                                   .kv_dim = D,
+                                   .scale = 0.5f,
+                                   .window = window,
+                                   .paired_heads = paired,
+                                   .key_offset = offset,
+                                   .offset_from = rot};
+            };
+            auto forward = [&] {
+              const std::vector<RowView> vs = views(pk, pv, ok, ov);
+              Floats out(size_t(2 * L * H * dv), 0.0f);
+              ops.attention_f64(args(vs, out.data()));
+              return std::vector<Floats>{out};
+            };
+            Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
+                dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
+            const std::vector<RowView> vs = views(pk, pv, ok, ov);
+            const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
+            ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                        .dout = g.data(),
+                                        .lddo = H * dv,
+                                        .hdo = dv,
+                                        .dq = dqq.data(),
+                                        .lddq = H * dq,
+                                        .hdq = dq,
+                                        .dviews = dvs.data()});
+            Floats gm = g;  // padded outputs are zeros, not functions of the inputs
+            for (int64_t t = lengths[0]; t < L; ++t)
+              for (int64_t e = 0; e < H * dv; ++e) gm[size_t(t * H * dv + e)] = 0.0f;
+            expect_directional(forward, {gm},
+                               {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}},
+                               rng, 1e-3);
+            return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
+          },
+          1e-5);
+    }
+}
+
+}  // namespace
+}  // namespace deg
