@@ -523,8 +523,7 @@ struct ColumnSumArgs {
 // += coef_k(r, g) dy[r, j]; dcoef_k[r, g] (+)= sum_{j in group g} dy[r, j] x_k[r, j] (summed in
 // f64 in column order) for the terms given a dcoef. A term with x null (the output row itself)
 // reads `y_before` (the output's value before the forward op) and adds its gradient into
-// `dy_before` (which may be dy: then dy is overwritten with coef dy, its other terms' reads
-// done first per row).
+// `dy_before`; when dy_before is dy (in place) it replaces dy, after every term has read it.
 struct CombineGrad {
   float* dx = nullptr;  // [rows, n] at lddx, or null
   int64_t lddx = 0;

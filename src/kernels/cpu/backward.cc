@@ -128,7 +128,9 @@ void combine_backward_range(const CombineBackwardArgs& a, int64_t r0, int64_t r1
     std::copy(a.dy + r * a.ldy, a.dy + r * a.ldy + f.n, dy.begin());  // dy_before may be dy
     bool self = false;
     for (size_t k = 0; k < K; ++k) self = self || !f.terms[k].x;
-    if (self) std::fill(a.dy_before + r * a.lddb, a.dy_before + r * a.lddb + f.n, 0.0f);
+    // In place (dy_before is dy): the old output's gradient replaces dy; else it is added.
+    if (self && a.dy_before + r * a.lddb == a.dy + r * a.ldy)
+      std::fill(a.dy_before + r * a.lddb, a.dy_before + r * a.lddb + f.n, 0.0f);
     for (int64_t j0 = 0; j0 < f.n; j0 += group) {
       const int64_t g = j0 / group, w = std::min(group, f.n - j0);
       for (size_t k = 0; k < K; ++k) {

@@ -325,6 +325,133 @@ struct AttentionF64Launch {
 };
 cudaError_t launch_attention_f64(const AttentionF64Launch& a, cudaStream_t stream);
 
+// ---- backward.cu: the training ops' kernels (kernels/ops.h "training"), one thread per output
+// element or per (row, group) / (token, head) / table-row column, each summing in order ----
+
+struct NormBackwardLaunch {
+  const float* x;
+  int64_t ldx, hx;
+  const float* dy;
+  int64_t ldy, hy;
+  float* dx;
+  int64_t lddx, hdx, rows, heads, dim;
+  float eps;
+};
+cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t stream);
+
+struct ActivationBackwardLaunch {
+  const float* x;
+  int64_t ldx;
+  const float* dy;
+  int64_t ldy;
+  float* dx;
+  int64_t lddx, rows, n;
+  int act;  // 0 relu_squared, 1 gelu_erf, 2 scaled_sigmoid
+  float a, b, c;
+  bool accumulate;
+};
+cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaStream_t stream);
+
+struct ColumnSumLaunch {
+  const float* x;
+  int64_t ldx, rows, n;
+  float s;
+  float* out;
+  bool accumulate;
+};
+cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream);
+
+struct CombineGradLaunch {
+  float* dx;
+  int64_t lddx;
+  float* dcoef;
+  int64_t ldc;
+};
+struct CombineBackwardLaunch {
+  CombineLaunch forward;  // y unused
+  const float* dy;
+  int64_t ldy;
+  const float* y_before;
+  int64_t ldb;
+  float* dy_before;
+  int64_t lddb;
+  CombineGradLaunch grad[kCombineTerms];
+};
+cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t stream);
+
+// Table rows' positions grouped (order / starts: device arrays built by the caller).
+struct ScatterRowsLaunch {
+  const int64_t* order;   // [entries]
+  const int64_t* starts;  // [rows + 1]
+  int64_t rows, cols;
+  const float* dy;
+  int64_t ldy;
+  int entry_shift;         // position i = order[q] >> entry_shift (2: n-gram entries 2 i + channel)
+  const float* row_scale;  // gather: per position, or null (then `scale`)
+  int64_t ld_scale;
+  float scale;
+  const int32_t* signs;  // n-gram: the sign row of each entry, or null
+  const float* sign_pool;
+  float* dtable;  // [rows, cols]
+};
+cudaError_t launch_scatter_rows(const ScatterRowsLaunch& a, cudaStream_t stream);
+
+struct RowScaleGradLaunch {
+  const float* table;  // [V, C]
+  int64_t cols;
+  const int32_t* ids;  // device ids (from the id lane when the forward read one)
+  int64_t n;
+  const float* dy;
+  int64_t ldy;
+  float* drow_scale;
+  int64_t ld_drow;
+};
+cudaError_t launch_row_scale_grad(const RowScaleGradLaunch& a, cudaStream_t stream);
+// ids[i] = int(lane[i * ld]) (a float id lane as ids).
+cudaError_t launch_lane_ids(const float* lane, int64_t ld, int64_t n, int32_t* ids,
+                            cudaStream_t stream);
+
+struct SigmoidGatesBackwardLaunch {
+  SigmoidGatesLaunch forward;  // out unused
+  const float* dout;
+  int64_t lddo;
+  float* dx;
+  int64_t lddx;
+  float* dx2;
+  int64_t lddx2;
+  float* dw;
+  float* dz;  // scratch [rows, heads]
+};
+cudaError_t launch_sigmoid_gates_backward(const SigmoidGatesBackwardLaunch& a, cudaStream_t stream);
+
+struct ProjectionBackwardLaunch {
+  ProjectionLaunch forward;  // forward.y: the y before the op
+  const float* dy_out;
+  int64_t lddo;
+  float* dy;
+  int64_t lddy;
+  float* dv;
+  int64_t lddv;
+  float* dstrength;
+  int64_t ldds;
+};
+cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& a,
+                                                cudaStream_t stream);
+
+// attention_f64's backward for the rows of one chunk: one block per slot (a head, or the
+// paired query heads slot and slot + H/2), rows and queries in order.
+struct AttentionF64BackwardLaunch {
+  AttentionF64Launch forward;
+  KvRow grad[kRows];  // dK / dV views
+  const float* dout;
+  int64_t lddo, hdo;
+  float* dq;
+  int64_t lddq, hdq;
+  float* scratch;  // [slots, 2, max_keys]
+  int64_t max_keys;
+};
+cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a, cudaStream_t stream);
+
 // GEMM operand conversions: x [rows, n] at ldx -> bf16 [rows, n] contiguous (round to nearest
 // even, as the CPU's f32_to_bf16); bf16 [count] -> f32 [count].
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cpu/backward.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda_runtime.h"
@@ -497,26 +498,7 @@ class CudaOps final : public Ops {
   void combine(const CombineArgs& a) const override {
     DEG_CHECK(!a.terms.empty() && a.terms.size() <= size_t(cuda::kCombineTerms),
               "combine: {} terms (1 to {})", a.terms.size(), cuda::kCombineTerms);
-    cuda::CombineLaunch l{.y = a.y,
-                          .ldy = a.ldy,
-                          .rows = a.rows,
-                          .n = a.n,
-                          .group = a.group > 0 ? a.group : std::max<int64_t>(a.n, 1),
-                          .terms = int(a.terms.size())};
-    for (size_t k = 0; k < a.terms.size(); ++k) {
-      const CombineTerm& t = a.terms[k];
-      l.term[k] = {.x = t.x,
-                   .ldx = t.ldx,
-                   .s = t.s,
-                   .lane = t.lane,
-                   .ldl = t.ldl,
-                   .gl = t.gl,
-                   .add = t.add,
-                   .lda = t.lda,
-                   .ga = t.ga,
-                   .offset = t.offset};
-    }
-    check(cuda::launch_combine(l, stream_), "combine");
+    check(cuda::launch_combine(combine_launch(a), stream_), "combine");
   }
 
   void shift_ids(const ShiftIdsArgs& a) const override {
@@ -639,7 +621,369 @@ class CudaOps final : public Ops {
     });
   }
 
+  // ---- training (backward.cu; the product through cuBLASLt) ----
+
+  void matmul(const MatmulOpArgs& a) const override {
+    if (a.m * a.n == 0) return;
+    if (a.k == 0) {
+      if (!a.accumulate)
+        check(cudaMemset2DAsync(a.c, size_t(a.ldc) * 4, 0, size_t(a.n) * 4, size_t(a.m), stream_),
+              "matmul");
+      return;
+    }
+    std::lock_guard lock(mu_);
+    // Row-major c = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: the column-major view of a
+    // row-major [r, c] matrix is its transpose, so b's view (N x K, or K x N transposed when tb)
+    // multiplies a's (K x M, or M x K transposed when ta).
+    const cublasOperation_t opb = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opa = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const TrainDesc& desc = train_desc(opb, opa);
+    const Layout& lb = layout(CUDA_R_32F, a.tb ? a.k : a.n, a.tb ? a.n : a.k, a.ldb);
+    const Layout& la = layout(CUDA_R_32F, a.ta ? a.m : a.k, a.ta ? a.k : a.m, a.lda);
+    const Layout& lc = layout(CUDA_R_32F, a.n, a.m, a.ldc);
+    const auto key = std::make_tuple(int(opb), int(opa), a.m, a.n, a.k, a.lda, a.ldb, a.ldc);
+    auto it = train_algos_.find(key);
+    if (it == train_algos_.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+      const uint64_t no_workspace = 0;
+      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &no_workspace, sizeof(no_workspace));
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                           &no_reduction, sizeof(no_reduction));
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, lb.h, la.h, lc.h,
+                                                               lc.h, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+        check_blas(CUBLAS_STATUS_NOT_SUPPORTED, "matmul");
+      it = train_algos_.emplace(key, result.algo).first;
+    }
+    const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
+    check_blas(cublasLtMatmul(blas_, desc.h, &alpha, a.b, lb.h, a.a, la.h, &beta, a.c, lc.h, a.c,
+                              lc.h, &it->second, nullptr, 0, stream_),
+               "matmul");
+  }
+
+  void rms_norm_backward(const NormBackwardArgs& a) const override {
+    check(cuda::launch_rms_norm_backward({.x = a.x,
+                                          .ldx = a.ldx,
+                                          .hx = a.hx,
+                                          .dy = a.dy,
+                                          .ldy = a.ldy,
+                                          .hy = a.hy,
+                                          .dx = a.dx,
+                                          .lddx = a.lddx,
+                                          .hdx = a.hdx,
+                                          .rows = a.rows,
+                                          .heads = a.heads,
+                                          .dim = a.dim,
+                                          .eps = a.eps},
+                                         stream_),
+          "rms_norm_backward");
+  }
+
+  void activation_backward(const ActivationBackwardArgs& a) const override {
+    int act = 0;
+    switch (a.act) {
+      case Activation::relu_squared: act = 0; break;
+      case Activation::gelu_erf: act = 1; break;
+      case Activation::scaled_sigmoid: act = 2; break;
+      default: not_on_cuda("activation_backward of this activation");
+    }
+    check(cuda::launch_activation_backward({.x = a.x,
+                                            .ldx = a.ldx,
+                                            .dy = a.dy,
+                                            .ldy = a.ldy,
+                                            .dx = a.dx,
+                                            .lddx = a.lddx,
+                                            .rows = a.rows,
+                                            .n = a.n,
+                                            .act = act,
+                                            .a = a.a,
+                                            .b = a.b,
+                                            .c = a.c,
+                                            .accumulate = a.accumulate},
+                                           stream_),
+          "activation_backward");
+  }
+
+  void column_sum(const ColumnSumArgs& a) const override {
+    check(cuda::launch_column_sum({.x = a.x,
+                                   .ldx = a.ldx,
+                                   .rows = a.rows,
+                                   .n = a.n,
+                                   .s = a.s,
+                                   .out = a.out,
+                                   .accumulate = a.accumulate},
+                                  stream_),
+          "column_sum");
+  }
+
+  void combine_backward(const CombineBackwardArgs& a) const override {
+    const CombineArgs& f = a.forward;
+    DEG_CHECK(!f.terms.empty() && f.terms.size() <= size_t(cuda::kCombineTerms) &&
+                  a.grads.size() == f.terms.size(),
+              "combine_backward: {} terms, {} gradients", f.terms.size(), a.grads.size());
+    cuda::CombineBackwardLaunch l{.forward = combine_launch(f),
+                                  .dy = a.dy,
+                                  .ldy = a.ldy,
+                                  .y_before = a.y_before,
+                                  .ldb = a.ldb,
+                                  .dy_before = a.dy_before,
+                                  .lddb = a.lddb};
+    for (size_t k = 0; k < a.grads.size(); ++k)
+      l.grad[k] = {a.grads[k].dx, a.grads[k].lddx, a.grads[k].dcoef, a.grads[k].ldc};
+    check(cuda::launch_combine_backward(l, stream_), "combine_backward");
+  }
+
+  void gather_backward(const GatherBackwardArgs& a) const override {
+    const GatherArgs& f = a.forward;
+    const Tensor& t = *f.table;
+    DEG_CHECK(
+        t.dtype() == DType::f32 && t.device() == Device::cuda && f.mix == 1.0f && !f.soft_rows,
+        "cuda gather_backward: an f32 device table without mix or soft rows");
+    const int64_t n = f.n, V = t.dim(0), C = t.dim(1);
+    DeviceTemp dev_ids(*this, size_t(n) * sizeof(int32_t));
+    const int32_t* ids = f.ids;
+    if (f.id_lane) {
+      check(cuda::launch_lane_ids(f.id_lane, f.ld_id, n, dev_ids.as<int32_t>(), stream_),
+            "gather_backward");
+      ids = dev_ids.as<int32_t>();
+    }
+    if (a.dtable) {
+      std::vector<int32_t> host(static_cast<size_t>(n));
+      to_host(host.data(), ids, size_t(n) * sizeof(int32_t));
+      std::vector<int64_t> starts;
+      const std::vector<int64_t> order = gather_order(host.data(), n, V, starts);
+      scatter(order, starts, V, C,
+              {.dy = a.dy,
+               .ldy = a.ldy,
+               .row_scale = f.row_scale,
+               .ld_scale = f.ld_scale,
+               .scale = f.scale,
+               .dtable = a.dtable});
+    }
+    if (a.drow_scale) {
+      check(cuda::launch_row_scale_grad({.table = t.data<float>(),
+                                         .cols = C,
+                                         .ids = ids,
+                                         .n = n,
+                                         .dy = a.dy,
+                                         .ldy = a.ldy,
+                                         .drow_scale = a.drow_scale,
+                                         .ld_drow = a.ld_drow},
+                                        stream_),
+            "gather_backward");
+    }
+  }
+
+  void sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const override {
+    const SigmoidGateArgs& f = a.forward;
+    DeviceTemp dz(*this, size_t(std::max<int64_t>(f.rows * f.heads, 1)) * sizeof(float));
+    check(cuda::launch_sigmoid_gates_backward({.forward = {.x = f.x,
+                                                           .ldx = f.ldx,
+                                                           .x2 = f.x2,
+                                                           .ldx2 = f.ldx2,
+                                                           .w = f.w,
+                                                           .ldw = f.ldw,
+                                                           .rows = f.rows,
+                                                           .heads = f.heads,
+                                                           .n = f.n,
+                                                           .s = f.s},
+                                               .dout = a.dout,
+                                               .lddo = a.lddo,
+                                               .dx = a.dx,
+                                               .lddx = a.lddx,
+                                               .dx2 = a.dx2,
+                                               .lddx2 = a.lddx2,
+                                               .dw = a.dw,
+                                               .dz = dz.as<float>()},
+                                              stream_),
+          "sigmoid_gates_backward");
+  }
+
+  void subtract_projection_backward(const ProjectionBackwardArgs& a) const override {
+    const ProjectionArgs& f = a.forward;
+    for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t) {
+      check(cuda::launch_subtract_projection_backward({.forward = {.rows = r,
+                                                                   .y = f.y,
+                                                                   .ldy = f.ldy,
+                                                                   .hy = f.hy,
+                                                                   .v = f.v,
+                                                                   .ldv = f.ldv,
+                                                                   .hv = f.hv,
+                                                                   .strength = f.strength,
+                                                                   .lds = f.lds,
+                                                                   .heads = f.heads,
+                                                                   .dim = f.dim,
+                                                                   .eps = f.eps},
+                                                       .dy_out = a.dy_out,
+                                                       .lddo = a.lddo,
+                                                       .dy = a.dy,
+                                                       .lddy = a.lddy,
+                                                       .dv = a.dv,
+                                                       .lddv = a.lddv,
+                                                       .dstrength = a.dstrength,
+                                                       .ldds = a.ldds},
+                                                      stream_),
+            "subtract_projection_backward");
+    });
+  }
+
+  void ngram_embed_backward(const NgramBackwardArgs& a) const override {
+    const NgramEmbedArgs& f = a.forward;
+    DEG_CHECK(f.table->dtype() == DType::f32, "cuda ngram_embed_backward: an f32 table");
+    const int64_t n = f.rows.n(), V = f.table->dim(0), Dn = f.table->dim(1);
+    // The hashes on the host (from the ids, which are few bytes), then a scatter per table row.
+    std::vector<int32_t> ids(static_cast<size_t>(n)), p1(ids.size()), p2(ids.size());
+    to_host(ids.data(), f.ids, ids.size() * sizeof(int32_t));
+    to_host(p1.data(), f.prev1, p1.size() * sizeof(int32_t));
+    to_host(p2.data(), f.prev2, p2.size() * sizeof(int32_t));
+    NgramEmbedArgs host = f;
+    host.ids = ids.data();
+    host.prev1 = p1.data();
+    host.prev2 = p2.data();
+    std::vector<int32_t> rows(size_t(2 * n)), signs(size_t(2 * n));
+    for (int64_t i = 0; i < n; ++i)
+      ngram_rows_of(host, i, &rows[size_t(2 * i)], &signs[size_t(2 * i)]);
+    std::vector<int64_t> starts;
+    const std::vector<int64_t> order = gather_order(rows.data(), 2 * n, V, starts);
+    DeviceTemp dev_signs(*this, signs.size() * sizeof(int32_t));
+    to_device(dev_signs.get(), signs.data(), signs.size() * sizeof(int32_t));
+    scatter(order, starts, V, Dn,
+            {.dy = a.dy,
+             .ldy = a.ldy,
+             .entry_shift = 1,
+             .signs = dev_signs.as<int32_t>(),
+             .sign_pool = f.sign_pool,
+             .dtable = a.dtable});
+  }
+
+  void attention_f64_backward(const AttendF64BackwardArgs& a) const override {
+    const AttendF64Args& f = a.forward;
+    int64_t last = 0;
+    for (int64_t b = 0; b < f.rows.rows; ++b)
+      last = std::max(last, f.rows.positions[b] + f.rows.lengths[b]);
+    if (f.paired_heads) last = 2 * last + 1;
+    const int64_t max_keys = std::min(f.window, last) + 2;
+    const int64_t slots = f.paired_heads ? f.heads / 2 : f.heads;
+    DeviceTemp work(*this, size_t(std::max<int64_t>(slots * 2 * max_keys, 1)) * sizeof(float));
+    for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t first) {
+      cuda::AttentionF64BackwardLaunch l{.forward = {.rows = r,
+                                                     .q = f.q,
+                                                     .ldq = f.ldq,
+                                                     .hq = f.hq,
+                                                     .heads = f.heads,
+                                                     .qk_dim = f.qk_dim,
+                                                     .v_dim = f.v_dim,
+                                                     .kv_dim = f.kv_dim,
+                                                     .scale = f.scale,
+                                                     .window = f.window,
+                                                     .paired_heads = f.paired_heads,
+                                                     .key_offset = f.key_offset,
+                                                     .offset_from = f.offset_from},
+                                         .dout = a.dout,
+                                         .lddo = a.lddo,
+                                         .hdo = a.hdo,
+                                         .dq = a.dq,
+                                         .lddq = a.lddq,
+                                         .hdq = a.hdq,
+                                         .scratch = work.as<float>(),
+                                         .max_keys = max_keys};
+      for (int i = 0; i < r.count; ++i) {
+        l.forward.kv[i] = kv_row(f.views[first + i]);
+        l.grad[i] = kv_row(a.dviews[first + i]);
+      }
+      check(cuda::launch_attention_f64_backward(l, stream_), "attention_f64_backward");
+    });
+  }
+
  private:
+  static cuda::CombineLaunch combine_launch(const CombineArgs& a) {
+    cuda::CombineLaunch l{.y = a.y,
+                          .ldy = a.ldy,
+                          .rows = a.rows,
+                          .n = a.n,
+                          .group = a.group > 0 ? a.group : std::max<int64_t>(a.n, 1),
+                          .terms = int(a.terms.size())};
+    for (size_t k = 0; k < a.terms.size() && k < size_t(cuda::kCombineTerms); ++k) {
+      const CombineTerm& t = a.terms[k];
+      l.term[k] = {.x = t.x,
+                   .ldx = t.ldx,
+                   .s = t.s,
+                   .lane = t.lane,
+                   .ldl = t.ldl,
+                   .gl = t.gl,
+                   .add = t.add,
+                   .lda = t.lda,
+                   .ga = t.ga,
+                   .offset = t.offset};
+    }
+    return l;
+  }
+
+  // Device memory for one op's work, freed once the stream has finished with it.
+  class DeviceTemp {
+   public:
+    DeviceTemp(const CudaOps& ops, size_t bytes)
+        : ops_(ops), data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
+    ~DeviceTemp() {
+      cudaStreamSynchronize(ops_.stream_);
+      cuda_free(data_);
+    }
+    DeviceTemp(const DeviceTemp&) = delete;
+    DeviceTemp& operator=(const DeviceTemp&) = delete;
+    void* get() const { return data_; }
+    template <class T>
+    T* as() const {
+      return static_cast<T*>(data_);
+    }
+
+   private:
+    const CudaOps& ops_;
+    void* data_;
+  };
+
+  // dtable rows [0, rows) += their positions' terms (order / starts of gather_order).
+  void scatter(const std::vector<int64_t>& order, const std::vector<int64_t>& starts, int64_t rows,
+               int64_t cols, cuda::ScatterRowsLaunch l) const {
+    DeviceTemp o(*this, order.size() * sizeof(int64_t)), st(*this, starts.size() * sizeof(int64_t));
+    to_device(o.get(), order.data(), order.size() * sizeof(int64_t));
+    to_device(st.get(), starts.data(), starts.size() * sizeof(int64_t));
+    l.order = o.as<int64_t>();
+    l.starts = st.as<int64_t>();
+    l.rows = rows;
+    l.cols = cols;
+    check(cuda::launch_scatter_rows(l, stream_), "scatter");
+  }
+
+  // The product's descriptors, by (transa, transb).
+  struct TrainDesc {
+    cublasLtMatmulDesc_t h = nullptr;
+    TrainDesc(cublasOperation_t ta, cublasOperation_t tb) {
+      check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+      check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+                 "transa");
+      check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+                 "transb");
+    }
+    ~TrainDesc() { cublasLtMatmulDescDestroy(h); }
+    TrainDesc(const TrainDesc&) = delete;
+    TrainDesc& operator=(const TrainDesc&) = delete;
+  };
+  const TrainDesc& train_desc(cublasOperation_t ta, cublasOperation_t tb) const {
+    auto& d = train_descs_[size_t(ta == CUBLAS_OP_T) * 2 + size_t(tb == CUBLAS_OP_T)];
+    if (!d) d = std::make_unique<TrainDesc>(ta, tb);
+    return *d;
+  }
+  mutable std::array<std::unique_ptr<TrainDesc>, 4> train_descs_;
+  mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
+                   cublasLtMatmulAlgo_t>
+      train_algos_;
+
   // Device scratch `slot` of at least `bytes` (kept and grown; stream order makes reuse safe).
   // Callers hold mu_.
   void* scratch(int slot, size_t bytes) const {

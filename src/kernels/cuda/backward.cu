@@ -1,0 +1,426 @@
+// The CUDA backend's training kernels (launch.h "backward.cu"): the backward of the forward ops
+// in the CPU's formulas (kernels/cpu/backward.cc). Every output element is computed by one
+// thread summing its terms in order (rows, table positions, keys), so no result depends on the
+// launch shape and none needs atomics. These are the plain first versions: one thread per vector
+// for the norms, one block per head for attention.
+#include <cstdint>
+
+#include "kernels/cuda/launch.h"
+
+namespace deg::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n) {
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
+}
+
+#define DEG_GRID_LOOP(i, n)                                                 \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t(gridDim.x) * blockDim.x)
+
+__device__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+__device__ double dot_f64(const float* a, const float* b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(b[i]);
+  return s;
+}
+
+__global__ void rms_norm_backward_kernel(NormBackwardLaunch a) {
+  const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hd = a.hdx ? a.hdx : a.dim;
+  DEG_GRID_LOOP(v, a.rows * a.heads) {
+    const int64_t r = v / a.heads, h = v % a.heads;
+    const float* x = a.x + r * a.ldx + h * hx;
+    const float* dy = a.dy + r * a.ldy + h * hy;
+    float* dx = a.dx + r * a.lddx + h * hd;
+    const float rstd = float(1.0 / sqrt(dot_f64(x, x, a.dim) / double(a.dim) + a.eps));
+    double m = 0;
+    for (int64_t d = 0; d < a.dim; ++d) m += double(dy[d]) * double(x[d] * rstd);
+    const float mean = float(m / double(a.dim));
+    for (int64_t d = 0; d < a.dim; ++d) dx[d] += rstd * (dy[d] - x[d] * rstd * mean);
+  }
+}
+
+__device__ float slope(const ActivationBackwardLaunch& a, float x) {
+  if (a.act == 0) return x > 0 ? 2.0f * x : 0.0f;
+  if (a.act == 1)
+    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+           x * 0.39894228040143268f * expf(-0.5f * x * x);
+  const float u = sigmoid((x + a.b) / a.c);
+  return a.a / a.c * u * (1.0f - u);
+}
+
+__global__ void activation_backward_kernel(ActivationBackwardLaunch a) {
+  DEG_GRID_LOOP(e, a.rows * a.n) {
+    const int64_t r = e / a.n, j = e % a.n;
+    const float g = a.dy[r * a.ldy + j] * slope(a, a.x[r * a.ldx + j]);
+    float* dx = a.dx + r * a.lddx + j;
+    *dx = a.accumulate ? *dx + g : g;
+  }
+}
+
+__global__ void column_sum_kernel(ColumnSumLaunch a) {
+  DEG_GRID_LOOP(j, a.n) {
+    double s = 0;
+    for (int64_t r = 0; r < a.rows; ++r) s += a.x[r * a.ldx + j];
+    const float v = a.s * float(s);
+    a.out[j] = a.accumulate ? a.out[j] + v : v;
+  }
+}
+
+__device__ float term_coef(const CombineTermLaunch& t, int64_t r, int64_t g) {
+  if (!t.lane) return t.s;
+  float c = t.s * t.lane[r * t.ldl + g * t.gl];
+  if (t.add) c += t.add[r * t.lda + g * t.ga];
+  if (t.offset != 0.0f) c = t.offset + c;
+  return c;
+}
+
+// One thread per (row, column group): every column of the group, every term.
+__global__ void combine_backward_kernel(CombineBackwardLaunch a) {
+  const CombineLaunch& f = a.forward;
+  const int64_t groups = (f.n + f.group - 1) / f.group;
+  DEG_GRID_LOOP(e, f.rows * groups) {
+    const int64_t r = e / groups, g = e % groups, j0 = g * f.group;
+    const int64_t j1 = j0 + f.group < f.n ? j0 + f.group : f.n;
+    float c[kCombineTerms];
+    double dc[kCombineTerms];
+    bool self = false;
+    for (int k = 0; k < f.terms; ++k) {
+      c[k] = term_coef(f.term[k], r, g);
+      dc[k] = 0;
+      self = self || !f.term[k].x;
+    }
+    float* dyb = a.dy_before ? a.dy_before + r * a.lddb : nullptr;
+    const bool in_place = self && dyb == a.dy + r * a.ldy;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float dy = a.dy[r * a.ldy + j];
+      float self_grad = 0.0f;
+      for (int k = 0; k < f.terms; ++k) {
+        const CombineTermLaunch& t = f.term[k];
+        const float x = t.x ? t.x[r * t.ldx + j] : a.y_before[r * a.ldb + j];
+        if (t.x) {
+          if (a.grad[k].dx) a.grad[k].dx[r * a.grad[k].lddx + j] += c[k] * dy;
+        } else {
+          self_grad += c[k] * dy;
+        }
+        dc[k] += double(dy) * x;
+      }
+      if (self) dyb[j] = in_place ? self_grad : dyb[j] + self_grad;
+    }
+    for (int k = 0; k < f.terms; ++k)
+      if (a.grad[k].dcoef) a.grad[k].dcoef[r * a.grad[k].ldc + g] += float(dc[k]);
+  }
+}
+
+__global__ void scatter_rows_kernel(ScatterRowsLaunch a) {
+  DEG_GRID_LOOP(e, a.rows * a.cols) {
+    const int64_t v = e / a.cols, c = e % a.cols;
+    float acc = a.dtable[e];
+    for (int64_t q = a.starts[v]; q < a.starts[v + 1]; ++q) {
+      const int64_t entry = a.order[q], i = entry >> a.entry_shift;
+      const float dy = a.dy[i * a.ldy + c];
+      if (a.signs) {
+        acc += dy * a.sign_pool[int64_t(a.signs[entry]) * a.cols + c];
+      } else {
+        acc += (a.row_scale ? a.row_scale[i * a.ld_scale] : a.scale) * dy;
+      }
+    }
+    a.dtable[e] = acc;
+  }
+}
+
+__global__ void row_scale_grad_kernel(RowScaleGradLaunch a) {
+  DEG_GRID_LOOP(i, a.n) {
+    const int32_t id = a.ids[i];
+    if (id < 0) continue;
+    a.drow_scale[i * a.ld_drow] += float(dot_f64(a.dy + i * a.ldy, a.table + id * a.cols, a.cols));
+  }
+}
+
+__global__ void lane_ids_kernel(const float* lane, int64_t ld, int64_t n, int32_t* ids) {
+  DEG_GRID_LOOP(i, n) ids[i] = int32_t(lane[i * ld]);
+}
+
+__global__ void sigmoid_gates_dz_kernel(SigmoidGatesBackwardLaunch a) {
+  const SigmoidGatesLaunch& f = a.forward;
+  DEG_GRID_LOOP(r, f.rows) {
+    for (int64_t h = 0; h < f.heads; ++h) {
+      const float* w = f.w + h * f.ldw;
+      float z = float(dot_f64(w, f.x + r * f.ldx, f.n));
+      if (f.x2) z += float(dot_f64(w + f.n, f.x2 + r * f.ldx2, f.n));
+      const float sg = sigmoid(z);
+      const float d = a.dout[r * a.lddo + h] * f.s * sg * (1.0f - sg);
+      a.dz[r * f.heads + h] = d;
+      if (a.dx)
+        for (int64_t j = 0; j < f.n; ++j) a.dx[r * a.lddx + j] += d * w[j];
+      if (a.dx2)
+        for (int64_t j = 0; j < f.n; ++j) a.dx2[r * a.lddx2 + j] += d * w[f.n + j];
+    }
+  }
+}
+
+__global__ void sigmoid_gates_dw_kernel(SigmoidGatesBackwardLaunch a) {
+  const SigmoidGatesLaunch& f = a.forward;
+  const int64_t width = f.x2 ? 2 * f.n : f.n;
+  DEG_GRID_LOOP(e, f.heads * width) {
+    const int64_t h = e / width, j = e % width;
+    const float* x = j < f.n ? f.x + j : f.x2 + (j - f.n);
+    const int64_t ld = j < f.n ? f.ldx : f.ldx2;
+    double s = 0;
+    for (int64_t r = 0; r < f.rows; ++r) s += double(a.dz[r * f.heads + h]) * x[r * ld];
+    a.dw[h * f.ldw + j] += float(s);
+  }
+}
+
+__global__ void subtract_projection_backward_kernel(ProjectionBackwardLaunch a) {
+  const ProjectionLaunch& f = a.forward;
+  const int i = blockIdx.y;
+  const int64_t n = f.rows.length[i], row0 = (f.rows.first + i) * f.rows.tokens;
+  DEG_GRID_LOOP(e, n * f.heads) {
+    const int64_t tok = row0 + e / f.heads, h = e % f.heads;
+    const float* y = f.y + tok * f.ldy + h * f.hy;
+    const float* v = f.v + tok * f.ldv + h * f.hv;
+    const float* go = a.dy_out + tok * a.lddo + h * f.hy;
+    const float vv_raw = float(dot_f64(v, v, f.dim));
+    const bool clamped = vv_raw <= f.eps;
+    const float vv = clamped ? f.eps : vv_raw;
+    const float yv = float(dot_f64(y, v, f.dim));
+    const float t = tanhf(f.strength[tok * f.lds + h]);
+    const float coef = t * yv / vv;
+    const float dcoef = -float(dot_f64(go, v, f.dim));
+    if (a.dv) {  // before dy: dy may be dy_out
+      float* dv = a.dv + tok * a.lddv + h * f.hv;
+      const float ky = dcoef * t / vv;
+      const float kv = clamped ? 0.0f : -2.0f * dcoef * t * yv / (vv * vv);
+      for (int64_t d = 0; d < f.dim; ++d) dv[d] += -coef * go[d] + ky * y[d] + kv * v[d];
+    }
+    if (a.dstrength) a.dstrength[tok * a.ldds + h] += dcoef * (1.0f - t * t) * yv / vv;
+    if (a.dy) {
+      float* dy = a.dy + tok * a.lddy + h * f.hy;
+      const bool in_place = a.dy == a.dy_out;
+      const float k = dcoef * t / vv;
+      for (int64_t d = 0; d < f.dim; ++d) dy[d] = (in_place ? 0.0f : dy[d]) + go[d] + k * v[d];
+    }
+  }
+}
+
+// ---- attention_f64 backward: one block per slot ----
+
+constexpr int kAttnThreads = 128;
+
+__device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
+  if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
+  return (v ? kv.own_v : kv.own_k) + g * kv.own_stride + (p - kv.prefix_len) * D;
+}
+
+__device__ float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
+  float* base = p < kv.prefix_len ? const_cast<float*>(v ? kv.prefix_v : kv.prefix_k)
+                                  : (v ? kv.own_v : kv.own_k);
+  if (!base) return nullptr;
+  return base + (p < kv.prefix_len ? g * kv.prefix_stride + p * D
+                                   : g * kv.own_stride + (p - kv.prefix_len) * D);
+}
+
+__global__ void attention_f64_backward_kernel(AttentionF64BackwardLaunch a) {
+  const AttentionF64Launch& f = a.forward;
+  const int64_t slot = blockIdx.x, tid = threadIdx.x;
+  const int64_t half = f.heads / 2, D = f.kv_dim, dq = f.qk_dim, dv = f.v_dim;
+  const int64_t rot = f.offset_from;
+  float* p = a.scratch + slot * 2 * a.max_keys;
+  float* dp = p + a.max_keys;
+  __shared__ float red[kAttnThreads];
+  __shared__ double redd[kAttnThreads];
+  const int nh = f.paired_heads ? 2 : 1;
+  for (int i = 0; i < f.rows.count; ++i) {
+    const KvRow& kv = f.kv[i];
+    const KvRow& gk = a.grad[i];
+    for (int hi = 0; hi < nh; ++hi) {
+      const int64_t h = hi == 0 ? slot : slot + half;
+      for (int64_t t = 0; t < f.rows.length[i]; ++t) {
+        const int64_t n = (f.rows.first + i) * f.rows.tokens + t;
+        const int64_t pos = f.rows.position[i] + t;
+        const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
+        const int64_t j0 = qpos - f.window > 0 ? qpos - f.window : 0, nk = qpos - j0 + 1;
+        const float* q = f.q + n * f.ldq + h * f.hq;
+        const float* go = a.dout + n * a.lddo + h * a.hdo;
+        // Scores and their maximum.
+        float mx = -INFINITY;
+        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
+          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
+          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
+          const float* kj = kv_at(kv, false, g, kp, D);
+          double s = 0;
+          if (f.key_offset && kp > 0) {
+            const float* kprev = kv_at(kv, false, g, kp - 1, D);
+            for (int64_t d = 0; d < rot; ++d) s += double(q[d]) * double(kj[d]);
+            for (int64_t d = rot; d < dq; ++d) s += double(q[d]) * double(kprev[d]);
+          } else {
+            for (int64_t d = 0; d < dq; ++d) s += double(q[d]) * double(kj[d]);
+          }
+          p[jj] = f.scale * float(s);
+          mx = fmaxf(mx, p[jj]);
+        }
+        red[tid] = mx;
+        __syncthreads();
+        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
+          if (tid < s) red[tid] = fmaxf(red[tid], red[tid + s]);
+          __syncthreads();
+        }
+        mx = red[0];
+        double sum = 0;
+        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
+          p[jj] = expf(p[jj] - mx);
+          sum += p[jj];
+        }
+        redd[tid] = sum;
+        __syncthreads();
+        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
+          if (tid < s) redd[tid] += redd[tid + s];
+          __syncthreads();
+        }
+        const float inv = float(1.0 / redd[0]);
+        __syncthreads();
+        double dsum = 0;
+        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
+          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
+          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
+          p[jj] *= inv;
+          dp[jj] = float(dot_f64(go, kv_at(kv, true, g, kp, D), dv));
+          dsum += double(p[jj]) * dp[jj];
+        }
+        redd[tid] = dsum;
+        __syncthreads();
+        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
+          if (tid < s) redd[tid] += redd[tid + s];
+          __syncthreads();
+        }
+        const float D_sum = float(redd[0]);
+        __syncthreads();
+        // dq: one thread per dim, keys in order.
+        if (a.dq) {
+          for (int64_t d = tid; d < dq; d += kAttnThreads) {
+            float acc = 0.0f;
+            for (int64_t jj = 0; jj < nk; ++jj) {
+              const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
+              const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
+              const bool from_prev = f.key_offset && kp > 0 && d >= rot;
+              const float* k = kv_at(kv, false, g, from_prev ? kp - 1 : kp, D);
+              acc += p[jj] * (dp[jj] - D_sum) * f.scale * k[d];
+            }
+            a.dq[n * a.lddq + h * a.hdq + d] += acc;
+          }
+        }
+        // dK, dV: one thread per (key, dim); each is touched once per query.
+        const int64_t width = dq > dv ? dq : dv;
+        for (int64_t e = tid; e < nk * width; e += kAttnThreads) {
+          const int64_t jj = e / width, d = e % width;
+          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
+          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
+          const float ds = p[jj] * (dp[jj] - D_sum) * f.scale;
+          if (d < dq) {
+            const bool from_prev = f.key_offset && kp > 0 && d >= rot;
+            float* dk = grad_at(gk, false, g, from_prev ? kp - 1 : kp, D);
+            if (dk) dk[d] += ds * q[d];
+          }
+          if (d < dv) {
+            float* dvv = grad_at(gk, true, g, kp, D);
+            if (dvv) dvv[d] += p[jj] * go[d];
+          }
+        }
+        __syncthreads();
+      }
+    }
+  }
+}
+
+cudaError_t launched() {
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.heads == 0) return cudaSuccess;
+  rms_norm_backward_kernel<<<grid_for(a.rows * a.heads), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.n == 0) return cudaSuccess;
+  activation_backward_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  column_sum_kernel<<<grid_for(a.n), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t stream) {
+  const CombineLaunch& f = a.forward;
+  if (f.rows * f.n == 0) return cudaSuccess;
+  if (f.terms < 1 || f.terms > kCombineTerms || f.group < 1) return cudaErrorInvalidValue;
+  combine_backward_kernel<<<grid_for(f.rows * ((f.n + f.group - 1) / f.group)), kThreads, 0,
+                            stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_scatter_rows(const ScatterRowsLaunch& a, cudaStream_t stream) {
+  if (a.rows * a.cols == 0) return cudaSuccess;
+  scatter_rows_kernel<<<grid_for(a.rows * a.cols), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_row_scale_grad(const RowScaleGradLaunch& a, cudaStream_t stream) {
+  if (a.n == 0) return cudaSuccess;
+  row_scale_grad_kernel<<<grid_for(a.n), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_lane_ids(const float* lane, int64_t ld, int64_t n, int32_t* ids,
+                            cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  lane_ids_kernel<<<grid_for(n), kThreads, 0, stream>>>(lane, ld, n, ids);
+  return launched();
+}
+
+cudaError_t launch_sigmoid_gates_backward(const SigmoidGatesBackwardLaunch& a,
+                                          cudaStream_t stream) {
+  const SigmoidGatesLaunch& f = a.forward;
+  if (f.rows * f.heads == 0) return cudaSuccess;
+  sigmoid_gates_dz_kernel<<<grid_for(f.rows), kThreads, 0, stream>>>(a);
+  if (cudaError_t e = launched(); e != cudaSuccess || !a.dw) return e;
+  sigmoid_gates_dw_kernel<<<grid_for(f.heads * (f.x2 ? 2 * f.n : f.n)), kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& a,
+                                                cudaStream_t stream) {
+  const Rows& r = a.forward.rows;
+  int64_t most = 0;
+  for (int i = 0; i < r.count; ++i) most = r.length[i] > most ? r.length[i] : most;
+  if (most == 0 || a.forward.heads == 0) return cudaSuccess;
+  subtract_projection_backward_kernel<<<dim3(grid_for(most * a.forward.heads), unsigned(r.count)),
+                                        kThreads, 0, stream>>>(a);
+  return launched();
+}
+
+cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
+                                          cudaStream_t stream) {
+  const AttentionF64Launch& f = a.forward;
+  if (f.rows.count == 0 || f.heads == 0) return cudaSuccess;
+  if (f.paired_heads && f.heads % 2) return cudaErrorInvalidValue;
+  const int64_t slots = f.paired_heads ? f.heads / 2 : f.heads;
+  attention_f64_backward_kernel<<<unsigned(slots), kAttnThreads, 0, stream>>>(a);
+  return launched();
+}
+
+}  // namespace deg::cuda
