@@ -2,7 +2,8 @@
 // checked against finite differences of its forward op: for a random output weighting g and a
 // random direction d over every input, (L(x + e d) - L(x - e d)) / 2e with L = g . f(x) must match
 // the gradients' inner product with d. The product is checked against a plain f64 loop. Where a
-// GPU is visible, every case also runs on CUDA and must match the CPU's gradients.
+// GPU is visible, every case also runs on CUDA and must match the CPU's gradients; the optimizer
+// steps are checked CUDA against CPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include "kernels/ops.h"
 #include "kernels/ops_decorator.h"
 #include "managed_alloc.h"
+#include "train/optim.h"
 
 namespace deg {
 namespace {
@@ -648,6 +650,75 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffset) {
           },
           1e-5);
     }
+}
+
+// ---- optimizer steps: CUDA against the CPU (the CPU's formulas: tests/train_optim_test.cc) ----
+
+TEST(OpsOptimizer, AdamNesterovAndSumSquares) {
+  std::mt19937 rng(12);
+  const int64_t n = 10007;
+  const Floats p0 = randn(size_t(n), rng), g0 = randn(size_t(n), rng);
+  const Floats m0 = randn(size_t(n), rng, 0.1f);
+  Floats v0 = randn(size_t(n), rng);
+  for (float& v : v0) v = v * v;
+  across_backends(
+      [&](const Ops& ops) {
+        Floats p = p0, g = g0, m = m0, v = v0;
+        ops.adam_step({.p = p.data(),
+                       .g = g.data(),
+                       .m = m.data(),
+                       .v = v.data(),
+                       .n = n,
+                       .beta1 = 0.9f,
+                       .beta2 = 0.95f,
+                       .eps = 1e-10f,
+                       .step_size = 0.01f,
+                       .wd = 0.001f});
+        for (float x : g) EXPECT_EQ(x, 0.0f);
+        Floats buf = m0, u(g0.size());
+        ops.nesterov({.g = g0.data(), .buf = buf.data(), .u = u.data(), .n = n, .momentum = 0.9f});
+        const double ss = ops.sum_squares(p0.data(), n);
+        double want = 0;
+        for (float x : p0) want += double(x) * x;
+        EXPECT_NEAR(ss, want, 1e-9 * want);
+        return std::vector<Floats>{p, m, v, buf, u, Floats{float(ss)}};
+      },
+      1e-6);
+}
+
+// Polar Express (train::polar_express's ops) and NorMuon's step, wide and tall.
+TEST(OpsOptimizer, PolarExpressAndNorMuonStep) {
+  std::mt19937 rng(13);
+  for (auto [R, K] : {std::pair<int64_t, int64_t>{24, 40}, {40, 24}}) {
+    const Floats x0 = randn(size_t(R * K), rng), p0 = randn(size_t(R * K), rng);
+    const Floats s0 = Floats(size_t(std::max(R, K)), 0.01f);
+    across_backends(
+        [&](const Ops& ops) {
+          Floats x = x0;
+          train::polar_express(ops, x.data(), R, K);
+          // Near orthogonal: the rows (wide) or columns (tall) have norms near 1.
+          for (int64_t i = 0; i < std::min(R, K); ++i) {
+            double nrm = 0;
+            for (int64_t j = 0; j < std::max(R, K); ++j) {
+              const float e = R <= K ? x[size_t(i * K + j)] : x[size_t(j * K + i)];
+              nrm += double(e) * e;
+            }
+            EXPECT_GT(nrm, 0.3);
+            EXPECT_LT(nrm, 1.6);
+          }
+          Floats p = p0, second = s0;
+          ops.normuon_step({.u = x.data(),
+                            .p = p.data(),
+                            .second = second.data(),
+                            .rows = R,
+                            .cols = K,
+                            .beta2 = 0.9f,
+                            .lr = 0.02f,
+                            .wd = 0.1f});
+          return std::vector<Floats>{x, p, second};
+        },
+        1e-4);
+  }
 }
 
 }  // namespace

@@ -603,6 +603,41 @@ struct AttendF64BackwardArgs {
   const RowView* dviews = nullptr;  // [B]
 };
 
+// ---- training: optimizer steps (src/train/optim.cc composes them) ----
+
+// Adam with cautious weight decay over n elements, then g = 0: m = b1 m + (1 - b1) g; v = b2 v +
+// (1 - b2) g²; u = m / (sqrt(v) + eps) step_size; u += p wd where u p > 0; p -= u.
+struct AdamStepArgs {
+  float* p = nullptr;
+  float* g = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  int64_t n = 0;
+  float beta1 = 0.9f, beta2 = 0.99f, eps = 1e-10f;
+  float step_size = 0.0f, wd = 0.0f;
+};
+
+// Nesterov momentum over n elements: buf += (1 - momentum) (g - buf); u = g + momentum (buf - g).
+struct NesterovArgs {
+  const float* g = nullptr;
+  float* buf = nullptr;
+  float* u = nullptr;
+  int64_t n = 0;
+  float momentum = 0.95f;
+};
+
+// NorMuon's step of one [rows, cols] block from its orthogonalised update u: the mean square of
+// each row (rows >= cols) or column, the second moment `second` += (1 - beta2) (mean - second),
+// u scaled by rsqrt(max(second, 1e-10)) and renormalised to u's own norm, then p -= lr u with
+// cautious weight decay (p wd lr where the update and p agree in sign).
+struct NorMuonStepArgs {
+  const float* u = nullptr;
+  float* p = nullptr;
+  float* second = nullptr;  // [rows >= cols ? rows : cols]
+  int64_t rows = 0, cols = 0;
+  float beta2 = 0.9f, lr = 0.0f, wd = 0.0f;
+};
+
 // The backend: one implementation per device. Every op runs over its whole argument and returns
 // when the results are visible to the next op on the same backend.
 class Ops {
@@ -682,6 +717,11 @@ class Ops {
   virtual void attention_f64_backward(const AttendF64BackwardArgs&) const {
     no_training_op("attention_f64_backward");
   }
+  virtual void adam_step(const AdamStepArgs&) const { no_training_op("adam_step"); }
+  virtual void nesterov(const NesterovArgs&) const { no_training_op("nesterov"); }
+  virtual void normuon_step(const NorMuonStepArgs&) const { no_training_op("normuon_step"); }
+  // sum x[i]² over n in f64, in one order fixed by n (a host value: the op waits for it).
+  virtual double sum_squares(const float*, int64_t) const { no_training_op("sum_squares"); }
 
  protected:
   [[noreturn]] void no_training_op(const char* op) const;

@@ -129,6 +129,20 @@ class OpsDecorator : public Ops {
   void attention_f64_backward(const AttendF64BackwardArgs& a) const override {
     run("attention_f64_backward", [&] { inner_.attention_f64_backward(a); });
   }
+  void adam_step(const AdamStepArgs& a) const override {
+    run("adam_step", [&] { inner_.adam_step(a); });
+  }
+  void nesterov(const NesterovArgs& a) const override {
+    run("nesterov", [&] { inner_.nesterov(a); });
+  }
+  void normuon_step(const NorMuonStepArgs& a) const override {
+    run("normuon_step", [&] { inner_.normuon_step(a); });
+  }
+  double sum_squares(const float* x, int64_t n) const override {
+    double s = 0;
+    run("sum_squares", [&] { s = inner_.sum_squares(x, n); });
+    return s;
+  }
 
  protected:
   // Runs one op (`call`), named `op`.

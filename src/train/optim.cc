@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "io/safetensors.h"
+#include "kernels/ops.h"
 #include "train/ops.h"
 
 namespace deg::train {
@@ -27,34 +28,64 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void polar_express(float* x, int64_t R, int64_t K) {
-  // Work on the wide orientation: X [r, k] with r <= k; A = X X^T is [r, r].
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K) {
+  // On the wide orientation: X [R, K] with R <= K, A = X Xᵀ [R, R], Y = B X. A tall X works on
+  // Z = Xᵀ without moving it: A = Xᵀ X, and Yᵀ = (B Z)ᵀ = X Bᵀ.
   const bool tall = R > K;
-  const int64_t r = tall ? K : R, k = tall ? R : K;
-  Buf X = zeros(r * k);
-  if (tall) {
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t j = 0; j < K; ++j) X[size_t(j * k + i)] = x[i * K + j];
-  } else {
-    std::memcpy(X.data(), x, sizeof(float) * size_t(R * K));
-  }
-  const double fro = std::sqrt(double(dot(X.data(), X.data(), r * k)));
-  const float inv = float(1.0 / (fro * (1 + 2e-2) + 1e-6));
-  for (auto& v : X) v *= inv;
-  Buf A = zeros(r * r), B = zeros(r * r), Y = zeros(r * k);
+  const int64_t r = tall ? K : R;
+  const double fro = std::sqrt(ops.sum_squares(x, R * K));
+  ops.scale({.y = x, .ldy = K, .rows = R, .n = K, .s = float(1.0 / (fro * (1 + 2e-2) + 1e-6))});
+  const Tensor A = ops.alloc({r, r}, DType::f32), B = ops.alloc({r, r}, DType::f32);
+  const Tensor Y = ops.alloc({R, K}, DType::f32);
+  float *a = A.mutable_data<float>(), *b = B.mutable_data<float>(), *y = Y.mutable_data<float>();
   for (const auto& c : kPolarCoeffs) {
-    matmul_nt(X.data(), X.data(), A.data(), r, k, r);  // A = X X^T
-    matmul_nn(A.data(), A.data(), B.data(), r, r, r);  // B = A A
-    for (size_t i = 0; i < B.size(); ++i) B[i] = float(c[1] * A[i] + c[2] * B[i]);
-    matmul_nn(B.data(), X.data(), Y.data(), r, r, k);  // Y = B X
-    for (size_t i = 0; i < Y.size(); ++i) X[i] = float(c[0] * X[i] + Y[i]);
+    if (tall) {  // A = Xᵀ X
+      ops.matmul({.a = x,
+                  .lda = K,
+                  .ta = true,
+                  .b = x,
+                  .ldb = K,
+                  .c = a,
+                  .ldc = r,
+                  .m = r,
+                  .n = r,
+                  .k = R});
+    } else {  // A = X Xᵀ
+      ops.matmul({.a = x,
+                  .lda = K,
+                  .b = x,
+                  .ldb = K,
+                  .tb = true,
+                  .c = a,
+                  .ldc = r,
+                  .m = r,
+                  .n = r,
+                  .k = K});
+    }
+    ops.matmul({.a = a, .lda = r, .b = a, .ldb = r, .c = b, .ldc = r, .m = r, .n = r, .k = r});
+    const CombineTerm bt[] = {{.s = float(c[2])}, {.x = a, .ldx = r, .s = float(c[1])}};
+    ops.combine({.y = b, .ldy = r, .rows = r, .n = r, .terms = bt});  // B = c1 A + c2 A A
+    if (tall) {                                                       // Y = X Bᵀ
+      ops.matmul({.a = x,
+                  .lda = K,
+                  .b = b,
+                  .ldb = r,
+                  .tb = true,
+                  .c = y,
+                  .ldc = K,
+                  .m = R,
+                  .n = K,
+                  .k = K});
+    } else {  // Y = B X
+      ops.matmul({.a = b, .lda = r, .b = x, .ldb = K, .c = y, .ldc = K, .m = R, .n = K, .k = R});
+    }
+    const CombineTerm xt[] = {{.s = float(c[0])}, {.x = y, .ldx = K}};
+    ops.combine({.y = x, .ldy = K, .rows = R, .n = K, .terms = xt});  // X = c0 X + Y
   }
-  if (tall) {
-    for (int64_t i = 0; i < R; ++i)
-      for (int64_t j = 0; j < K; ++j) x[i * K + j] = X[size_t(j * k + i)];
-  } else {
-    std::memcpy(x, X.data(), sizeof(float) * size_t(R * K));
-  }
+}
+
+void polar_express(float* x, int64_t R, int64_t K) {
+  polar_express(cpu_ops(), x, R, K);
 }
 
 ParamRule gpt_param_rule(const GptConfig& c, const std::string& name) {
@@ -105,51 +136,30 @@ GptOptimizer::GptOptimizer(const GptParams& params, OptimizerHyper hyper) : hype
 
 void GptOptimizer::normuon(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale,
                            float momentum) {
+  const Ops& ops = cpu_ops();
   const ParamRule& rule = rules_[k];
   const int64_t rows = rule.group_rows ? rule.group_rows : p.shape[0], cols = p.shape[1];
   const int64_t groups = p.shape[0] / rows, n = rows * cols;
-  const bool tall = rows >= cols;
-  const int64_t red = tall ? cols : rows, nsec = tall ? rows : cols;
+  const int64_t nsec = rows >= cols ? rows : cols;
   const float lr = hyper_.muon_lr * lr_scale;
   const float lr_eff =
       lr * std::sqrt(std::max(1.0f, float(rows) / float(cols))) * rule.matrix_lr_mul;
-  const float wd_eff = hyper_.muon_wd * lr;
+  Buf u = zeros(n);
   for (int64_t gi = 0; gi < groups; ++gi) {
-    float* gr = g.data.data() + gi * n;
-    float* buf = m_[k].data() + gi * n;
-    float* pw = p.data.data() + gi * n;
-    float* second = v_[k].data() + gi * nsec;
-    // Nesterov: buf <- lerp(buf, g, 1 - mom); update <- lerp(g, buf, mom).
-    Buf u = zeros(n);
-    for (int64_t i = 0; i < n; ++i) {
-      buf[i] += (1.0f - momentum) * (gr[i] - buf[i]);
-      u[size_t(i)] = gr[i] + momentum * (buf[i] - gr[i]);
-    }
-    polar_express(u.data(), rows, cols);
-    // NorMuon variance reduction: per-row (tall) or per-column (wide) mean square.
-    Buf vmean = zeros(nsec);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const float x = u[size_t(i * cols + j)];
-        vmean[size_t(tall ? i : j)] += x * x / float(red);
-      }
-    double vnorm_sq = 0, scaled = 0;
-    Buf step = zeros(nsec);
-    for (int64_t s = 0; s < nsec; ++s) {
-      vnorm_sq += double(vmean[size_t(s)]) * double(red);
-      second[s] += (1.0f - hyper_.muon_beta2) * (vmean[size_t(s)] - second[s]);
-      step[size_t(s)] = 1.0f / std::sqrt(std::max(second[s], 1e-10f));
-      scaled += double(vmean[size_t(s)]) * double(red) * step[size_t(s)] * step[size_t(s)];
-    }
-    const float ratio = float(std::sqrt(vnorm_sq) / std::max(std::sqrt(scaled), 1e-10));
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) {
-        const size_t e = size_t(i * cols + j);
-        const float v = u[e] * step[size_t(tall ? i : j)] * ratio;
-        // Cautious weight decay: only where the update and the weight agree in sign.
-        const float decay = (v * pw[e] >= 0.0f) ? pw[e] * wd_eff * lr_eff : 0.0f;
-        pw[e] = pw[e] - decay - v * lr_eff;
-      }
+    ops.nesterov({.g = g.data.data() + gi * n,
+                  .buf = m_[k].data() + gi * n,
+                  .u = u.data(),
+                  .n = n,
+                  .momentum = momentum});
+    polar_express(ops, u.data(), rows, cols);
+    ops.normuon_step({.u = u.data(),
+                      .p = p.data.data() + gi * n,
+                      .second = v_[k].data() + gi * nsec,
+                      .rows = rows,
+                      .cols = cols,
+                      .beta2 = hyper_.muon_beta2,
+                      .lr = lr_eff,
+                      .wd = hyper_.muon_wd * lr});
   }
   std::fill(g.data.begin(), g.data.end(), 0.0f);
 }
@@ -159,19 +169,16 @@ void GptOptimizer::adam(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale
   const double lr = double(hyper_.adam_lr) * lr_scale * h.lr_mul;
   const double bias1 = 1.0 - std::pow(double(h.beta1), double(adam_t_));
   const double bias2 = 1.0 - std::pow(double(h.beta2), double(adam_t_));
-  const float step_size = float(lr * std::sqrt(bias2) / bias1);
-  const float eff_wd = float(lr * lr * hyper_.adam_wd * h.wd_mul);
-  float* m = m_[k].data();
-  float* v = v_[k].data();
-  for (size_t i = 0; i < p.data.size(); ++i) {
-    const float gi = g.data[i];
-    m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
-    v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
-    float upd = m[i] / (std::sqrt(v[i]) + hyper_.adam_eps) * step_size;
-    if (upd * p.data[i] > 0.0f) upd += p.data[i] * eff_wd;
-    p.data[i] -= upd;
-  }
-  std::fill(g.data.begin(), g.data.end(), 0.0f);
+  cpu_ops().adam_step({.p = p.data.data(),
+                       .g = g.data.data(),
+                       .m = m_[k].data(),
+                       .v = v_[k].data(),
+                       .n = int64_t(p.data.size()),
+                       .beta1 = h.beta1,
+                       .beta2 = h.beta2,
+                       .eps = hyper_.adam_eps,
+                       .step_size = float(lr * std::sqrt(bias2) / bias1),
+                       .wd = float(lr * lr * hyper_.adam_wd * h.wd_mul)});
 }
 
 void GptOptimizer::step(GptParams& params, std::vector<ParamTensor>& grads, float lr_scale,

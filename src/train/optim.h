@@ -12,12 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "train/gpt_params.h"
 
 namespace deg::train {
 
 // Polar Express (Amsel et al. 2025; modded-nanogpt's 5 coefficient triples): X [R, K] in place
 // -> an approximately orthogonal matrix with X's singular vectors (singular values near 1).
+// On `ops`' device (x in its memory), or on the CPU.
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K);
 void polar_express(float* x, int64_t R, int64_t K);
 
 struct AdamHyper {

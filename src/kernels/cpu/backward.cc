@@ -393,4 +393,56 @@ void ngram_backward_rows(const NgramBackwardArgs& a, const std::vector<int64_t>&
   }
 }
 
+void adam_step_range(const AdamStepArgs& a, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float g = a.g[i];
+    a.m[i] = a.beta1 * a.m[i] + (1.0f - a.beta1) * g;
+    a.v[i] = a.beta2 * a.v[i] + (1.0f - a.beta2) * g * g;
+    float upd = a.m[i] / (std::sqrt(a.v[i]) + a.eps) * a.step_size;
+    if (upd * a.p[i] > 0.0f) upd += a.p[i] * a.wd;
+    a.p[i] -= upd;
+    a.g[i] = 0.0f;
+  }
+}
+
+void nesterov_range(const NesterovArgs& a, int64_t i0, int64_t i1) {
+  for (int64_t i = i0; i < i1; ++i) {
+    a.buf[i] += (1.0f - a.momentum) * (a.g[i] - a.buf[i]);
+    a.u[i] = a.g[i] + a.momentum * (a.buf[i] - a.g[i]);
+  }
+}
+
+double sum_squares_chunk(const float* x, int64_t n, int64_t chunk) {
+  const int64_t b = chunk * kSumChunk, e = std::min(n, b + kSumChunk);
+  double s = 0;
+  for (int64_t i = b; i < e; ++i) s += double(x[i]) * x[i];
+  return s;
+}
+
+void normuon_step(const NorMuonStepArgs& a) {
+  const bool tall = a.rows >= a.cols;
+  const int64_t red = tall ? a.cols : a.rows, nsec = tall ? a.rows : a.cols;
+  std::vector<float> vmean(static_cast<size_t>(nsec), 0.0f), step(vmean.size());
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t j = 0; j < a.cols; ++j) {
+      const float x = a.u[i * a.cols + j];
+      vmean[size_t(tall ? i : j)] += x * x / float(red);
+    }
+  double vnorm_sq = 0, scaled = 0;
+  for (int64_t s = 0; s < nsec; ++s) {
+    vnorm_sq += double(vmean[size_t(s)]) * double(red);
+    a.second[s] += (1.0f - a.beta2) * (vmean[size_t(s)] - a.second[s]);
+    step[size_t(s)] = 1.0f / std::sqrt(std::max(a.second[s], 1e-10f));
+    scaled += double(vmean[size_t(s)]) * double(red) * step[size_t(s)] * step[size_t(s)];
+  }
+  const float ratio = float(std::sqrt(vnorm_sq) / std::max(std::sqrt(scaled), 1e-10));
+  for (int64_t i = 0; i < a.rows; ++i)
+    for (int64_t j = 0; j < a.cols; ++j) {
+      const int64_t e = i * a.cols + j;
+      const float v = a.u[e] * step[size_t(tall ? i : j)] * ratio;
+      const float decay = (v * a.p[e] >= 0.0f) ? a.p[e] * a.wd * a.lr : 0.0f;
+      a.p[e] = a.p[e] - decay - v * a.lr;
+    }
+}
+
 }  // namespace deg

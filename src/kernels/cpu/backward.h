@@ -1,5 +1,6 @@
-// The CPU backend's training kernels (kernels/cpu/backward.cc): each over the index range a
-// thread of the backend's parallel loop is given (rows, vectors, table rows or head tasks).
+// The CPU backend's training kernels (kernels/cpu/backward.cc): the backward ops and the
+// optimizer steps, each over the index range a thread of the backend's parallel loop is given
+// (rows, vectors, table rows, elements or head tasks).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,14 @@ std::vector<int64_t> ngram_order(const NgramEmbedArgs& a, int64_t n, std::vector
 void ngram_backward_rows(const NgramBackwardArgs& a, const std::vector<int64_t>& order,
                          const std::vector<int64_t>& starts, const std::vector<int32_t>& signs,
                          int64_t v0, int64_t v1);
+
+void adam_step_range(const AdamStepArgs& a, int64_t i0, int64_t i1);
+void nesterov_range(const NesterovArgs& a, int64_t i0, int64_t i1);
+// sum_squares sums kSumChunk elements at a time in f64, then the chunks in order (the CUDA
+// backend the same), so the result depends on n only.
+inline constexpr int64_t kSumChunk = 4096;
+double sum_squares_chunk(const float* x, int64_t n, int64_t chunk);
+void normuon_step(const NorMuonStepArgs& a);  // one thread: the block is one matrix group
 
 // Slot `slot` (a head, or with paired heads the query heads slot and slot + H/2 and the K/V
 // heads they read) over every row in order.

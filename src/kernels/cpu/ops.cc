@@ -546,6 +546,27 @@ class CpuOps final : public Ops {
     const int64_t slots = a.forward.paired_heads ? a.forward.heads / 2 : a.forward.heads;
     for_each_index(slots, 1, [&](int64_t s) { attention_f64_backward_task(a, s); });
   }
+
+  void adam_step(const AdamStepArgs& a) const override {
+    parallel_for(
+        a.n, [&](int64_t b, int64_t e) { adam_step_range(a, b, e); }, 4096);
+  }
+
+  void nesterov(const NesterovArgs& a) const override {
+    parallel_for(
+        a.n, [&](int64_t b, int64_t e) { nesterov_range(a, b, e); }, 4096);
+  }
+
+  void normuon_step(const NorMuonStepArgs& a) const override { deg::normuon_step(a); }
+
+  double sum_squares(const float* x, int64_t n) const override {
+    const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
+    std::vector<double> part(static_cast<size_t>(chunks));
+    for_each_index(chunks, 1, [&](int64_t c) { part[size_t(c)] = sum_squares_chunk(x, n, c); });
+    double s = 0;
+    for (double p : part) s += p;
+    return s;
+  }
 };
 
 }  // namespace

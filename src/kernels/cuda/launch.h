@@ -452,6 +452,38 @@ struct AttentionF64BackwardLaunch {
 };
 cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a, cudaStream_t stream);
 
+// ---- optimizer.cu: the optimizer steps (kernels/ops.h), elementwise or in fixed orders ----
+struct AdamLaunch {
+  float* p;
+  float* g;
+  float* m;
+  float* v;
+  int64_t n;
+  float beta1, beta2, eps, step_size, wd;
+};
+cudaError_t launch_adam_step(const AdamLaunch& a, cudaStream_t stream);
+struct NesterovLaunch {
+  const float* g;
+  float* buf;
+  float* u;
+  int64_t n;
+  float momentum;
+};
+cudaError_t launch_nesterov(const NesterovLaunch& a, cudaStream_t stream);
+// The sum of x² in f64: chunks of `chunk` elements (one thread each, in order), then the chunks in
+// order, into *out (device).
+cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* partial,
+                               double* out, cudaStream_t stream);
+struct NorMuonLaunch {
+  const float* u;
+  float* p;
+  float* second;
+  int64_t rows, cols;
+  float beta2, lr, wd;
+  float* work;  // [2 * max(rows, cols) + 1]
+};
+cudaError_t launch_normuon_step(const NorMuonLaunch& a, cudaStream_t stream);
+
 // GEMM operand conversions: x [rows, n] at ldx -> bf16 [rows, n] contiguous (round to nearest
 // even, as the CPU's f32_to_bf16); bf16 [count] -> f32 [count].
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,

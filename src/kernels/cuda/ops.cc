@@ -901,6 +901,55 @@ class CudaOps final : public Ops {
     });
   }
 
+  // ---- optimizer steps (optimizer.cu) ----
+
+  void adam_step(const AdamStepArgs& a) const override {
+    check(cuda::launch_adam_step({.p = a.p,
+                                  .g = a.g,
+                                  .m = a.m,
+                                  .v = a.v,
+                                  .n = a.n,
+                                  .beta1 = a.beta1,
+                                  .beta2 = a.beta2,
+                                  .eps = a.eps,
+                                  .step_size = a.step_size,
+                                  .wd = a.wd},
+                                 stream_),
+          "adam_step");
+  }
+
+  void nesterov(const NesterovArgs& a) const override {
+    check(cuda::launch_nesterov(
+              {.g = a.g, .buf = a.buf, .u = a.u, .n = a.n, .momentum = a.momentum}, stream_),
+          "nesterov");
+  }
+
+  void normuon_step(const NorMuonStepArgs& a) const override {
+    DeviceTemp work(*this, size_t(2 * std::max(a.rows, a.cols) + 1) * sizeof(float));
+    check(cuda::launch_normuon_step({.u = a.u,
+                                     .p = a.p,
+                                     .second = a.second,
+                                     .rows = a.rows,
+                                     .cols = a.cols,
+                                     .beta2 = a.beta2,
+                                     .lr = a.lr,
+                                     .wd = a.wd,
+                                     .work = work.as<float>()},
+                                    stream_),
+          "normuon_step");
+  }
+
+  double sum_squares(const float* x, int64_t n) const override {
+    const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
+    DeviceTemp work(*this, size_t(chunks + 1) * sizeof(double));
+    double* out = work.as<double>() + chunks;
+    check(cuda::launch_sum_squares(x, n, kSumChunk, work.as<double>(), out, stream_),
+          "sum_squares");
+    double s = 0;
+    to_host(&s, out, sizeof(double));
+    return s;
+  }
+
  private:
   static cuda::CombineLaunch combine_launch(const CombineArgs& a) {
     cuda::CombineLaunch l{.y = a.y,
