@@ -348,7 +348,7 @@ def forward(spec, P, inputs, ngram, attend, windows):
     return norm(mixed.flatten(-2), eps)
 
 
-def softcapped_logits(spec, P, xn):
-    """The head: a * sigmoid((xn lm_head^T + b) / c), [T, V]."""
+def softcap(spec, z):
+    """The head's soft cap of the raw logits z = xn lm_head^T: a * sigmoid((z + b) / c)."""
     a, b, cc = spec.cfg["softcap"]
-    return a * torch.sigmoid((xn @ P["lm_head"].T + b) / cc)
+    return a * torch.sigmoid((z + b) / cc)

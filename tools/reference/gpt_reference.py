@@ -16,7 +16,7 @@ import shutil
 import torch
 from safetensors.torch import save_file
 
-from gpt_model import GptSpec, forward, load_config, ngram_rows, rotary_freq, softcapped_logits
+from gpt_model import GptSpec, forward, load_config, ngram_rows, rotary_freq, softcap
 
 DT = torch.float64
 
@@ -72,7 +72,7 @@ def dense_attend(seg):
 
 def loss_fn(spec, P, xn, targets, prefix, mtp, prefix_weight):
     """The multi-token + prefix loss, one term at a time (mean over tokens)."""
-    logp = torch.log_softmax(softcapped_logits(spec, P, xn), -1)
+    logp = torch.log_softmax(softcap(spec, xn @ P["lm_head"].T), -1)
     T = xn.size(0)
     total = xn.new_zeros(())
     for k, w in enumerate(mtp):
