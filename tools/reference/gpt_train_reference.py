@@ -241,9 +241,10 @@ def sliding_block_mask(seg, window):
                                     BLOCK_SIZE=BLOCK, mask_mod=visible, seq_lengths=(N, N))
 
 
-def flex_attend(seg):
-    """gpt_model's attention core over flex_attention: q, k [N, S, dq], v [N, S, dv] in, [N, S, dv]
-    out; paired layers run on 2T positions whose segments start at twice the token's."""
+def flex_attend(seg, dtype=torch.bfloat16):
+    """gpt_model's attention core over flex_attention in `dtype`: q, k [N, S, dq], v [N, S, dv]
+    in, [N, S, dv] out; paired layers run on 2T positions whose segments start at twice the
+    token's."""
     segs = {False: seg, True: 2 * seg.repeat_interleave(2)}
     masks = {}
 
@@ -252,10 +253,10 @@ def flex_attend(seg):
             masks[paired, window] = sliding_block_mask(segs[paired], window)
         dv = v.size(-1)
 
-        def heads_first(t):  # [N, S, d] -> [1, S, N, max(d, 16)] bf16 (the kernel's least width)
+        def heads_first(t):  # [N, S, d] -> [1, S, N, max(d, 16)] (16: the kernel's least width)
             if t.size(-1) < 16:
                 t = F.pad(t, (0, 16 - t.size(-1)))
-            return t.transpose(0, 1)[None].to(torch.bfloat16)
+            return t.transpose(0, 1)[None].to(dtype)
 
         y = flex_attention(heads_first(q), heads_first(k), heads_first(v), block_mask=masks[paired, window], scale=scale)
         return y[0].transpose(0, 1)[..., :dv]
@@ -430,7 +431,8 @@ def main():
     ap.add_argument("--val-every", type=int, default=0, help="validate every N steps (0: at the end)")
     ap.add_argument("--val-tokens", type=int, default=4096, help="validation tokens, a multiple of 128 (0: none)")
     ap.add_argument("--warmup-steps", type=int, default=0, help="linear lr warmup")
-    ap.add_argument("--max-seconds", type=float, default=0, help="stop after this much wall time (0: never)")
+    ap.add_argument("--max-seconds", type=float, default=0,
+                    help="stop this long after the first (compiling) step; the schedules still span --steps (0: never)")
     ap.add_argument("--log-every", type=int, default=10, help="read the loss back and log every N steps")
     ap.add_argument("--weights", help="start from a deg model.safetensors instead of a fresh init")
     args = ap.parse_args()
@@ -445,7 +447,7 @@ def main():
     cfg, is_preset = resolve_config(args.config)
     if args.random_tokens:
         bos, data_vocab = 0, cfg["vocab_size"]
-        train, val = RandomTokens(data_vocab, args.seed), None
+        train = RandomTokens(data_vocab, args.seed)
     else:
         with open(os.path.join(args.data, "data.json")) as f:
             info = json.load(f)
@@ -532,7 +534,8 @@ def main():
         loss = run_loss(batch, sched.mtp_weights(step))
         loss.backward()
         opt.step(sched.lr_scale(step), sched.momentum(step), step % 2 == 1, step < sched.split_step)
-        last = step + 1 == args.steps or (args.max_seconds > 0 and time.perf_counter() - t0 >= args.max_seconds)
+        last = step + 1 == args.steps or (args.max_seconds > 0 and first_step_s is not None
+                                          and time.perf_counter() - t0 - first_step_s >= args.max_seconds)
         val_loss = None
         if args.val_tokens > 0 and (last or (args.val_every > 0 and (step + 1) % args.val_every == 0)):
             torch.cuda.synchronize()
