@@ -59,8 +59,8 @@ def dense_attend(seg):
     def attend(q, k, v, paired, window, scale):
         segN = 2 * seg.repeat_interleave(2) if paired else seg
         N = q.size(0)
-        i = torch.arange(N)[:, None]
-        j = torch.arange(N)[None, :]
+        i = torch.arange(N, device=q.device)[:, None]
+        j = torch.arange(N, device=q.device)[None, :]
         allowed = (j <= i) & (i - j <= window) & (j >= segN[:, None])
         s = torch.einsum("isd,jsd->sij", q, k) * scale
         s = s.masked_fill(~allowed[None], float("-inf"))

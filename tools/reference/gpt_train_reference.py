@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -230,8 +231,9 @@ def sliding_block_mask(seg, window):
     nb = N // BLOCK
     q_block = torch.arange(nb, device=seg.device)
     lowest = torch.maximum(seg[q_block * BLOCK], q_block * BLOCK - window).clamp_min(0) // BLOCK
-    span = -(-window // BLOCK) + 1
-    indices = (lowest[:, None] + torch.arange(span, device=seg.device)).clamp_max(nb - 1)
+    # A row lists its blocks first; the rest of its nb entries are ignored (BlockMask wants one
+    # entry per key block).
+    indices = (lowest[:, None] + torch.arange(nb, device=seg.device)).clamp_max(nb - 1)
     counts = q_block - lowest + 1
 
     def visible(b, h, q, kv):
@@ -485,6 +487,9 @@ def main():
             total = total + mtp[k] * (lse[:T - k] - picked).sum()
         return total / T
 
+    # Inductor's mix-order reduction fusion (torch 2.11) fails an assertion ("49152 v.s. 49151")
+    # on this graph's reductions over T and T - 1 rows (the MTP terms, the smear).
+    torch._inductor.config.triton.mix_order_reduction = False
     compiled = torch.compile(loss_fn, dynamic=False)
 
     def run_loss(batch, mtp):
