@@ -459,6 +459,9 @@ def main():
         if not train_files:
             sys.exit(f"{args.data}: no train_*.bin shards")
         if is_preset:
+            if data_vocab <= 0:
+                sys.exit(f"{args.data}/data.json gives no vocab_size, so the preset cannot size its vocabulary; "
+                         "remake the data with `deg shard` or add \"vocab_size\": V")
             cfg["vocab_size"] = -(-data_vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
         elif data_vocab > cfg["vocab_size"]:
             sys.exit(f"the data's vocabulary ({data_vocab}) exceeds the config's vocab_size ({cfg['vocab_size']})")
