@@ -92,6 +92,36 @@ TEST(GptConfig, ParameterCountMatchesTheTensorTable) {
   }
 }
 
+TEST(GptConfig, SpeedrunOneGpuIsSpeedrunWithATableThatFitsOneH200) {
+  // speedrun-124m's n-gram table (84.6M rows x 768, ~130 GB in bf16) is sharded over 8 GPUs; the
+  // one-GPU preset keeps 2^22 rows. Counted from the tensor table the loader and trainer use: the
+  // table is 3,221,225,472 of 3,513,204,211 parameters, and f32 weights, gradients and two Adam
+  // moments (16 bytes a parameter) take 56.2 GB of an H200's 141 GB.
+  const GptConfig one = gpt_preset("speedrun-124m-1gpu");
+  int64_t n = 0;
+  for (const auto& [tensor, shape] : gpt_tensor_table(one)) n += shape_numel(shape);
+  const int64_t buffers =
+      one.ngram_sign_rows * one.ngram_dim + one.narrow_head_dim + one.head_dim + 2;
+  EXPECT_EQ(n - buffers, 3'513'204'211);
+  EXPECT_EQ(one.parameter_count(), n - buffers);
+  EXPECT_EQ(one.ngram_vocab * one.ngram_dim, 3'221'225'472);
+  EXPECT_LT(16 * (n - buffers), int64_t(60) << 30);
+  // Everything else is speedrun-124m's.
+  Json a = gpt_config_to_json(one), b = gpt_config_to_json(gpt_preset("speedrun-124m"));
+  for (const char* key : {"name", "ngram_vocab"}) a.erase(key), b.erase(key);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(gpt_preset("speedrun-124m").ngram_vocab, 84'602'880);
+}
+
+TEST(GptConfig, PyTorchReferenceConfigsAreThePresets) {
+  // tools/reference/gpt_train_reference.py reads the presets from tools/reference/configs: they
+  // must be gpt_preset's (regenerate them with gpt_config_save when a preset changes).
+  for (const auto& name : gpt_preset_names()) {
+    const auto path = testing::source_path("tools/reference/configs/" + name + ".json");
+    EXPECT_EQ(json_load(path), gpt_config_to_json(gpt_preset(name))) << path;
+  }
+}
+
 TEST(GptConfig, SmallTrunkHas20To30MillionParameters) {
   // `small` is our default trunk: ~20-30M parameters outside the vocabulary-sized tables.
   const GptConfig c = gpt_preset("small");

@@ -26,8 +26,8 @@ void add_pretrain_command(CLI::App& app) {
   auto device = std::make_shared<std::string>("cpu");
   auto quiet = std::make_shared<bool>(false);
   cmd->add_option("--config", *config,
-                  "Preset (speedrun-124m, small, tiny; its vocab_size becomes the data's, rounded "
-                  "up to a multiple of 128) or a config JSON")
+                  "Preset (speedrun-124m, speedrun-124m-1gpu, small, tiny; its vocab_size becomes "
+                  "the data's, rounded up to a multiple of 128) or a config JSON")
       ->required();
   cmd->add_option("--data", o->data_dir, "Directory of train_*.bin / val_*.bin and data.json")
       ->required();

@@ -232,7 +232,7 @@ GptConfig gpt_preset(const std::string& name) {
   GptConfig c;
   set_speedrun_topology(c);
   c.name = name;
-  if (name == "speedrun-124m") {
+  if (name == "speedrun-124m" || name == "speedrun-124m-1gpu") {
     // GPT(vocab 50257 -> 50304, 11 layers, 6 heads of 128, d 768); MLP_HIDDEN_DIM 2816;
     // NGRAM_VOCAB_SIZE / NGRAM_DIM / NGRAM_SIGN_POOL_ROWS of ngram_table.py.
     c.vocab_size = 50304;
@@ -248,6 +248,11 @@ GptConfig gpt_preset(const std::string& name) {
     c.ngram_sign_rows = 8192;
     c.window_short = 128;
     c.window_long = 384;
+    // One GPU: the seed's table (65.0G parameters, ~130 GB in bf16) is sharded over 8 GPUs. 2^22
+    // rows (1/20 of its rows, 3.22G parameters) keep the table, its gradient and both Adam
+    // moments at 51.5 GB in f32 (the whole model 56.2 GB), leaving the rest of an H200's 141 GB
+    // to activations. docs/training.md says what the smaller table is expected to cost.
+    if (name == "speedrun-124m-1gpu") c.ngram_vocab = int64_t(1) << 22;
   } else if (name == "small") {
     // Our default trunk: the seed's topology at d 512, 8 heads of 64 (~24M trunk parameters).
     c.vocab_size = 32768;
@@ -286,8 +291,8 @@ GptConfig gpt_preset(const std::string& name) {
     c.window_long = 48;
   } else {
     throw Error(ErrorKind::invalid_argument,
-                fmt::format("unknown gpt preset '{}'; known: speedrun-124m, small, tiny, or a "
-                            "path to a config JSON file",
+                fmt::format("unknown gpt preset '{}'; known: speedrun-124m, speedrun-124m-1gpu, "
+                            "small, tiny, or a path to a config JSON file",
                             name));
   }
   c.validate();
@@ -295,7 +300,7 @@ GptConfig gpt_preset(const std::string& name) {
 }
 
 std::vector<std::string> gpt_preset_names() {
-  return {"speedrun-124m", "small", "tiny"};
+  return {"speedrun-124m", "speedrun-124m-1gpu", "small", "tiny"};
 }
 
 Json gpt_config_to_json(const GptConfig& c) {
@@ -491,11 +496,12 @@ GptConfig gpt_config_resolve(const std::string& preset_or_path) {
   std::filesystem::path p(preset_or_path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
   if (!std::filesystem::exists(p))
-    throw Error(ErrorKind::not_found,
-                fmt::format("'{}' is neither a gpt preset (speedrun-124m, small, tiny) nor a "
-                            "config file",
-                            preset_or_path),
-                {.path = p.string()});
+    throw Error(
+        ErrorKind::not_found,
+        fmt::format("'{}' is neither a gpt preset (speedrun-124m, speedrun-124m-1gpu, small, "
+                    "tiny) nor a config file",
+                    preset_or_path),
+        {.path = p.string()});
   return gpt_config_from_json(json_load(p), p.string());
 }
 

@@ -1,8 +1,9 @@
 // The `gpt` family's configuration as plain data: the modded-nanogpt "track 1 short" GPT of seed
 // 003 with its layer topology as lists (which layers attend, which run only an MLP, where the
 // long windows, paired heads, value embeddings, gates and injections are) instead of constants.
-// Presets: `speedrun-124m` (the seed's 11 layers, d 768, 6 heads of 128), `small` (our default
-// trunk), `tiny` (tests). Read/written as JSON (config.json of a `gpt` checkpoint, family "gpt").
+// Presets: `speedrun-124m` (the seed's 11 layers, d 768, 6 heads of 128), `speedrun-124m-1gpu`
+// (the same with a hashed n-gram table that fits one GPU), `small` (our default trunk), `tiny`
+// (tests). Read/written as JSON (config.json of a `gpt` checkpoint, family "gpt").
 // docs/training.md lists every component and where its formula comes from.
 //
 // Layer index conventions follow the seed: cache:i is the residual stream after layer i for
@@ -122,7 +123,8 @@ struct GptConfig {
   int64_t parameter_count() const;  // every trained parameter, embeddings included
 };
 
-// "speedrun-124m", "small", "tiny"; throws deg::Error naming the known presets otherwise.
+// "speedrun-124m", "speedrun-124m-1gpu", "small", "tiny"; throws deg::Error naming the known
+// presets otherwise.
 GptConfig gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
