@@ -15,8 +15,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "deg/error.h"
@@ -27,6 +30,7 @@
 #include "model/checkpoint.h"
 #include "schema/validate.h"
 #include "test_util.h"
+#include "text/unicode.h"
 #include "tiny_model.h"
 
 namespace deg {
@@ -419,6 +423,7 @@ TEST_F(ServerTest, ApiKeysGuardEveryRouteButHealthz) {
   EXPECT_EQ(c.Get("/metrics")->status, 401);
   EXPECT_EQ(c.Post("/v1/plan", "{}", "application/json")->status, 401);
   EXPECT_EQ(c.Get("/healthz")->status, 200);
+  EXPECT_EQ(c.Get("/")->status, 200);  // the page; its fills send the key
   for (const char* key : {"first-key", "second-key"}) {
     EXPECT_EQ(c.Get("/v1/models", {{"Authorization", std::string("Bearer ") + key}})->status, 200)
         << key;
@@ -471,7 +476,8 @@ TEST_F(ServerTest, OpenApiDescribesEveryRoute) {
   const OrderedJson doc = OrderedJson::parse(r->body);
   EXPECT_EQ(doc["openapi"].get<std::string>().substr(0, 2), "3.");
   for (const auto& [path, method] :
-       std::vector<std::pair<std::string, std::string>>{{"/v1/fill", "post"},
+       std::vector<std::pair<std::string, std::string>>{{"/", "get"},
+                                                        {"/v1/fill", "post"},
                                                         {"/v1/plan", "post"},
                                                         {"/v1/models", "get"},
                                                         {"/v1/chat/completions", "post"},
@@ -494,6 +500,141 @@ TEST_F(ServerTest, OpenApiDescribesEveryRoute) {
     }
   };
   refs(doc);
+}
+
+// Text of an HTML dump as Chromium writes it: entities back to characters.
+std::string html_text(std::string_view html) {
+  std::string out;
+  for (size_t i = 0; i < html.size(); ++i) {
+    bool replaced = false;
+    for (const auto& [entity, c] :
+         std::vector<std::pair<std::string_view, std::string_view>>{{"&amp;", "&"},
+                                                                    {"&lt;", "<"},
+                                                                    {"&gt;", ">"},
+                                                                    {"&quot;", "\""},
+                                                                    {"&nbsp;", "\u00a0"}}) {
+      if (html.substr(i, entity.size()) == entity) {
+        out += c;
+        i += entity.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += html[i];
+  }
+  return out;
+}
+
+// The value of attribute `name` in the start tag `tag` ("" when absent).
+std::string html_attribute(std::string_view tag, const std::string& name) {
+  const size_t at = tag.find(" " + name + "=\"");
+  if (at == std::string_view::npos) return "";
+  const size_t begin = at + name.size() + 3;
+  return html_text(tag.substr(begin, tag.find('"', begin) - begin));
+}
+
+// Percent-encoding of a query parameter's value.
+std::string url_encode(std::string_view text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += char(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+// The playground at `/` in headless Chromium (Debian's package; scripts/install-deps): the page
+// fills a document given in its URL and dumps its DOM. Every span of the report — the one the
+// library's fill gives the same input — is highlighted over exactly the document's code points at
+// its offsets, with its confidence in the mark's title, and the filled JSON shown is the report's
+// value. The document starts with accented letters and emoji (two UTF-16 units each), so offsets
+// counted in anything but code points land elsewhere.
+TEST_F(ServerTest, PlaygroundHighlightsTheReportsSpans) {
+  auto page = client().Get("/");
+  ASSERT_TRUE(page);
+  ASSERT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->get_header_value("Content-Security-Policy").find("default-src 'none'"),
+            std::string::npos);
+  EXPECT_EQ(page->body.find(">EXAMPLES<"), std::string::npos);  // the examples are in place
+  EXPECT_NE(page->body.find("\"name\":\"support\""), std::string::npos);
+
+  ASSERT_EQ(std::system("command -v chromium > /dev/null"), 0)
+      << "headless Chromium is needed: run scripts/install-deps";
+  const std::string document = "Grüße aus Köln 🧾🧾 — " +
+                               testing::read_text(testing::source_path("examples/invoice.txt"));
+  const FillResult direct = engine_->fill(invoice_schema(), {document})[0];
+  ASSERT_TRUE(direct.ok()) << direct.error;
+  const std::string url = fmt::format("http://127.0.0.1:{}/?example=invoice&run=1&document={}",
+                                      server_->port(), url_encode(document));
+  // --virtual-time-budget: the DOM is dumped once the page is idle (the fill answered) or the
+  // budget of virtual time is spent; --no-sandbox: tests may run as root.
+  const std::string cmd = fmt::format(
+      "chromium --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir='{}' "
+      "--virtual-time-budget=600000 --dump-dom '{}' > '{}' 2> '{}'",
+      (*dir_ / "chromium-profile").string(), url, (*dir_ / "playground.html").string(),
+      (*dir_ / "chromium.log").string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << testing::read_text(*dir_ / "chromium.log");
+  const std::string dom = testing::read_text(*dir_ / "playground.html");
+  ASSERT_NE(dom.find("<body data-state=\"done\">"), std::string::npos) << dom.substr(0, 4000);
+
+  // The document view: plain text and <mark data-fields="i j ...">, in order.
+  const size_t open = dom.find("<pre id=\"doc\"");
+  ASSERT_NE(open, std::string::npos);
+  const size_t close = dom.find("</pre>", open);
+  std::string shown;
+  std::map<int, std::string> marked;  // field index -> its marked text, in document order
+  std::map<int, std::string> titles;
+  for (size_t at = dom.find('>', open) + 1; at < close;) {
+    if (dom.compare(at, 5, "<mark") != 0) {
+      const size_t next = std::min(dom.find('<', at), close);
+      shown += html_text(std::string_view(dom).substr(at, next - at));
+      at = next;
+      continue;
+    }
+    const size_t tag_end = dom.find('>', at);
+    const size_t text_end = dom.find("</mark>", tag_end);
+    ASSERT_LT(text_end, close);
+    const std::string_view tag = std::string_view(dom).substr(at, tag_end - at);
+    const std::string text =
+        html_text(std::string_view(dom).substr(tag_end + 1, text_end - tag_end - 1));
+    std::istringstream fields(html_attribute(tag, "data-fields"));
+    for (int i; fields >> i;) {
+      marked[i] += text;
+      titles[i] = html_attribute(tag, "title");
+    }
+    shown += text;
+    at = text_end + 7;
+  }
+  EXPECT_EQ(shown, document);
+  const std::u32string points = text::utf8_to_u32(document);
+  int spans = 0;
+  for (size_t i = 0; i < direct.fields.size(); ++i) {
+    const FieldReport& f = direct.fields[i];
+    if (!f.span) {
+      EXPECT_EQ(marked.count(int(i)), 0u) << f.path;
+      continue;
+    }
+    ++spans;
+    const auto [start, end] = *f.span;
+    std::string expected;
+    for (int64_t k = start; k < end; ++k) text::utf8_append(expected, points[size_t(k)]);
+    EXPECT_EQ(marked[int(i)], expected) << f.path << " [" << start << ", " << end << ")";
+    EXPECT_NE(titles[int(i)].find(f.path + " = "), std::string::npos) << titles[int(i)];
+    EXPECT_NE(titles[int(i)].find(fmt::format("confidence {:.1f}%", 100 * f.confidence)),
+              std::string::npos)
+        << titles[int(i)];
+  }
+  EXPECT_GT(spans, 0) << "no extract answered with a span: pick another document";
+  const size_t value_at = dom.find("<pre id=\"value\">");
+  ASSERT_NE(value_at, std::string::npos);
+  const size_t value_begin = value_at + 16;
+  EXPECT_EQ(OrderedJson::parse(
+                html_text(dom.substr(value_begin, dom.find("</pre>", value_begin) - value_begin))),
+            direct.value);
 }
 
 // More fills than the queue holds: each gets exactly one answer — 200 (and then the same answer
