@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "deg/error.h"
 #include "deg/input.h"
 
 namespace deg {
@@ -93,6 +94,24 @@ struct FillResult {
   bool ok() const { return error.empty(); }
 };
 
+// One request of Engine::fill_batch: a schema, its documents, its options. The pointers must
+// stay valid for the call.
+struct FillRequest {
+  const nlohmann::ordered_json* schema = nullptr;
+  const std::vector<DocumentParts>* documents = nullptr;
+  // Per request: keep_nulls, min_confidence, and `progress`, which hears of its own documents
+  // being read and of the answer stage of the whole call (whose rounds hold every request's
+  // queries).
+  FillOptions options;
+};
+
+// What Engine::fill_batch answers one request: its results, one per document in order, or the
+// error Engine::fill would have thrown for it alone (then nothing of it was filled).
+struct FillResponse {
+  std::vector<FillResult> results;
+  std::optional<Error> error;
+};
+
 class Engine {
  public:
   // Loads the model (weights are mapped, not copied). Throws deg::Error with what to do.
@@ -112,6 +131,11 @@ class Engine {
   std::vector<FillResult> fill(const nlohmann::ordered_json& schema,
                                const std::vector<DocumentParts>& documents,
                                const FillOptions& options = {}) const;
+  // Fills several requests, with different schemas and options, in one call: the forks of every
+  // document of every request share micro-batches, and batch invariance keeps each answer
+  // bitwise the one its request gets from fill() alone. A request whose schema or options deg
+  // cannot use gets its error; the others are filled.
+  std::vector<FillResponse> fill_batch(const std::vector<FillRequest>& requests) const;
   // The media kinds this model reads as soft tokens ("image", "audio"; empty: text only) and
   // the width their embeddings must have.
   std::vector<std::string> media_kinds() const;

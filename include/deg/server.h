@@ -1,8 +1,8 @@
 // `deg serve`: deg's HTTP API (docs/serve.md) over one Engine — /v1/fill, /v1/plan, /v1/models,
 // OpenAI-style /v1/chat/completions with response_format json_schema, /healthz, /metrics,
 // /openapi.json, and the playground page at /. Requests are answered on a pool of connection
-// threads; fills take the engine in turn, requests with the same schema and options waiting
-// together sharing one engine call (answers bitwise the same as alone), and more than
+// threads; fills take the engine in turn, all requests waiting together sharing one engine call
+// whatever their schemas (answers bitwise the same as alone), and more than
 // ServerOptions::max_queue waiting fills answer 429.
 #pragma once
 

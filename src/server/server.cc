@@ -1,8 +1,8 @@
 // deg's HTTP server (deg/server.h) on cpp-httplib. Every response carries X-Request-Id (the
 // client's, when it sent a sane one, else a fresh one) and every log line names it; every error
 // is {"error": {"message", "type", "code"}} with a status saying whose fault it is. Fills go
-// through the Batcher (same-schema requests share engine calls); at most max_queue wait for the
-// engine, more answer 429.
+// through the Batcher (requests waiting together share engine calls, whatever their schemas); at
+// most max_queue wait for the engine, more answer 429.
 #include "deg/server.h"
 
 #include <httplib.h>
