@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "deg/report.h"
 #include "engine/decode.h"
 #include "io/json.h"
 #include "model/checkpoint.h"
@@ -215,6 +216,45 @@ TEST_F(EngineTest, BatchesOfDifferentSchemasAnswerAsAlone) {
   EXPECT_EQ(together[5].error->kind(), ErrorKind::invalid_argument);
   EXPECT_FALSE(together[4].results[0].ok());  // the empty document failed alone
   EXPECT_TRUE(together[4].results[1].ok());
+}
+
+// on_result hears of each document once, with the result the call returns in its place, as soon
+// as the document is finished: the documents of a flat schema before one whose array items need
+// a second round, though that one comes first in the call.
+TEST_F(EngineTest, ResultsComeAsEachDocumentIsFinished) {
+  const OrderedJson items = {
+      {"type", "object"},
+      {"properties",
+       {{"items",
+         {{"type", "array"},
+          {"minItems", 2},
+          {"items", {{"type", "object"}, {"properties", {{"name", {{"type", "string"}}}}}}}}}}}};
+  const OrderedJson support = load_schema("examples/support.schema.json");
+  const std::vector<DocumentParts> one = {{DocumentPart::of_text(documents()[2])}};
+  const std::vector<DocumentParts> two = {{DocumentPart::of_text(documents()[1])},
+                                          {DocumentPart::of_text(documents()[0])}};
+  std::vector<std::pair<size_t, size_t>> order;  // (request, document)
+  std::vector<std::vector<OrderedJson>> heard(2);
+  auto hear = [&](size_t request) {
+    heard[request].resize(request == 0 ? 1 : 2);
+    return [&, request](size_t document, const FillResult& result) {
+      order.emplace_back(request, document);
+      heard[request][document] = report_to_json(result);
+    };
+  };
+  const std::vector<FillResponse> answers = engine_->fill_batch(
+      {{.schema = &items, .documents = &one, .options = {.on_result = hear(0)}},
+       {.schema = &support, .documents = &two, .options = {.on_result = hear(1)}}});
+  using Order = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(order, (Order{{1, 0}, {1, 1}, {0, 0}}));
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(answers[r].results.size(), heard[r].size());
+    for (size_t d = 0; d < heard[r].size(); ++d) {
+      EXPECT_EQ(heard[r][d], report_to_json(answers[r].results[d])) << r << "/" << d;
+    }
+  }
+  ASSERT_TRUE(answers[0].results[0].ok()) << answers[0].results[0].error;
+  EXPECT_GE(answers[0].results[0].value["items"].size(), 2u);  // it did ask for items
 }
 
 TEST_F(EngineTest, BadDocumentsFailAlone) {

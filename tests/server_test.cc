@@ -825,6 +825,57 @@ TEST_F(ServerTest, ConcurrentFillsOfDifferentSchemasShareACallAndAnswerAsAlone) 
   EXPECT_NE(m.find("\ndeg_engine_fills_total 2\n"), std::string::npos) << m;
 }
 
+// Requests filled in one engine call are answered as each one's documents are finished: a flat
+// schema's request while the call still works on a long document's array items and generated
+// text.
+TEST_F(ServerTest, ARequestIsAnsweredWhenItsDocumentsAreFinished) {
+  Server s(*engine_, {.port = 0});
+  const OrderedJson heavy_schema = {
+      {"type", "object"},
+      {"properties",
+       {{"items",
+         {{"type", "array"},
+          {"minItems", 8},
+          {"items", {{"type", "object"}, {"properties", {{"name", {{"type", "string"}}}}}}}}},
+        {"summary", {{"type", "string"}, {"x-generate", true}, {"maxLength", 200}}}}}};
+  const OrderedJson light_schema =
+      schema_load(testing::source_path("examples/support.schema.json").string());
+  const std::string long_document = std::string(20000, 'x') + " Invoice INV-9, total 12.50 EUR.";
+  const std::string light_document = documents()[1];
+  auto queued = [&](int n) {
+    const std::string line = fmt::format("\ndeg_fill_queue_depth {}\n", n);
+    while (client(s).Get("/metrics")->body.find(line) == std::string::npos) {
+    }
+  };
+  // A first long fill holds the engine while the heavy and the light request line up behind it,
+  // so that the two share the next call.
+  std::thread blocker([&] {
+    post("/v1/fill",
+         OrderedJson({{"schema", invoice_schema()}, {"documents", {long_document}}}).dump(), s);
+  });
+  queued(1);
+  std::thread heavy([&] {
+    post("/v1/fill", OrderedJson({{"schema", heavy_schema}, {"documents", {long_document}}}).dump(),
+         s);
+  });
+  queued(2);
+  auto light =
+      post("/v1/fill",
+           OrderedJson({{"schema", light_schema}, {"documents", {light_document}}}).dump(), s);
+  // The heavy fill is still running (admitted, not answered) once the light one has its answer.
+  const std::string meanwhile = client(s).Get("/metrics")->body;
+  blocker.join();
+  heavy.join();
+  ASSERT_EQ(light->status, 200) << light->body;
+  EXPECT_EQ(OrderedJson::parse(light->body)["results"][0],
+            report_to_json(engine_->fill(light_schema, {light_document})[0]));
+  EXPECT_NE(meanwhile.find("\ndeg_fill_queue_depth 1\n"), std::string::npos)
+      << "the light request was answered with the heavy one\n"
+      << meanwhile;
+  const std::string m = client(s).Get("/metrics")->body;
+  EXPECT_NE(m.find("\ndeg_engine_fills_total 2\n"), std::string::npos) << m;
+}
+
 TEST_F(ServerTest, StopAnswersNothingMore) {
   auto s = std::make_unique<Server>(*engine_, ServerOptions{.port = 0});
   const int port = s->port();

@@ -53,6 +53,8 @@ struct DocumentPart {
 };
 using DocumentParts = std::vector<DocumentPart>;
 
+struct FillResult;
+
 // Where a fill is, for a progress line: `stage` "read" (the trunk reads document `document`,
 // `done` of `total` tokens) or "answer" (`done` of `total` queries of this round answered).
 struct FillProgress {
@@ -71,6 +73,10 @@ struct FillOptions {
   double min_confidence = 0;
   // Called on the calling thread as the fill goes (never changes a result); may be empty.
   std::function<void(const FillProgress&)> progress;
+  // Called on the calling thread as each document is finished, with its final result (the one
+  // the call returns in its place), before the call returns: a document whose fields need fewer
+  // rounds (no array items, no generated text) is done before the others. May be empty.
+  std::function<void(size_t document, const FillResult& result)> on_result;
 };
 
 // One answered field of the report. `path` is a concrete JSON pointer ("/items/0/price").
@@ -94,8 +100,9 @@ struct FillResult {
   bool ok() const { return error.empty(); }
 };
 
-// One request of Engine::fill_batch: a schema, its documents, its options. The pointers must
-// stay valid for the call.
+// One request of Engine::fill_batch: a schema, its documents, its options. The call reads the
+// schema and the documents until the request's last document is finished (its last on_result
+// has returned), so a caller streaming results may let them go from there.
 struct FillRequest {
   const nlohmann::ordered_json* schema = nullptr;
   const std::vector<DocumentParts>* documents = nullptr;

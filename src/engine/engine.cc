@@ -160,39 +160,28 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
              ms_since(t0));
 }
 
-// The results of `count` filled documents of one request, from `doc` on. Every value is checked
-// against its schema before it is returned; the one sanctioned gap is a required value the
-// document does not hold (FillResult::missing). With keep_nulls the nulls of absent fields are
-// the user's choice, so the value checked is the one without them. A value that does not
-// validate is a bug in deg: it becomes its document's error instead of output.
-std::vector<FillResult> results_of(const schema::Plan& plan, const OrderedJson& schema,
-                                   const FillOptions& options,
-                                   std::vector<Document>::const_iterator doc, size_t count) {
-  const schema::SchemaValidator validator(schema);
-  std::vector<FillResult> results(count);
-  for (size_t i = 0; i < count; ++i, ++doc) {
-    if (!doc->error.empty()) {
-      results[i].error = doc->error;
-      continue;
-    }
-    results[i] = engine::assemble(plan, doc->answers, options.keep_nulls, options.min_confidence);
-    std::optional<FillResult> without_nulls;
-    if (options.keep_nulls)
-      without_nulls = engine::assemble(plan, doc->answers, false, options.min_confidence);
-    const FillResult& checked = without_nulls ? *without_nulls : results[i];
-    const std::vector<std::string> why =
-        validator.violations(Json::parse(checked.value.dump()), checked.missing);
-    if (!why.empty()) {
-      std::string list;
-      for (size_t k = 0; k < why.size() && k < 3; ++k) list += (k ? "; " : "") + why[k];
-      log::error("document {}: the filled value does not validate: {}", i, list);
-      results[i] = FillResult{.error =
-                                  "internal error: the filled value does not validate "
-                                  "against the schema (" +
-                                  list + "); this is a bug in deg, please report it"};
-    }
-  }
-  return results;
+// The result of a filled document. Every value is checked against its schema before it is
+// returned; the one sanctioned gap is a required value the document does not hold
+// (FillResult::missing). With keep_nulls the nulls of absent fields are the user's choice, so the
+// value checked is the one without them. A value that does not validate is a bug in deg: it
+// becomes its document's error instead of output.
+FillResult result_of(const Document& doc, const schema::SchemaValidator& validator,
+                     const FillOptions& options, size_t index) {
+  if (!doc.error.empty()) return {.error = doc.error};
+  FillResult result =
+      engine::assemble(*doc.plan, doc.answers, options.keep_nulls, options.min_confidence);
+  std::optional<FillResult> without_nulls;
+  if (options.keep_nulls)
+    without_nulls = engine::assemble(*doc.plan, doc.answers, false, options.min_confidence);
+  const FillResult& checked = without_nulls ? *without_nulls : result;
+  const std::vector<std::string> why =
+      validator.violations(Json::parse(checked.value.dump()), checked.missing);
+  if (why.empty()) return result;
+  std::string list;
+  for (size_t k = 0; k < why.size() && k < 3; ++k) list += (k ? "; " : "") + why[k];
+  log::error("document {}: the filled value does not validate: {}", index, list);
+  return {.error = "internal error: the filled value does not validate against the schema (" +
+                   list + "); this is a bug in deg, please report it"};
 }
 
 }  // namespace
@@ -250,19 +239,22 @@ std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& req
       out[r].error = e;
     }
   }
-  // The documents of every request that compiled, in request order.
+  // The documents of every request that compiled, in request order, and where each belongs.
   std::vector<Document> docs;
+  std::vector<std::pair<size_t, size_t>> place;  // document -> (request, index in it)
+  std::vector<std::optional<schema::SchemaValidator>> validators(requests.size());
   size_t total = 0;
   for (size_t r = 0; r < requests.size(); ++r)
     total += plans[r] ? requests[r].documents->size() : 0;
   docs.reserve(total);
-  std::vector<size_t> first(requests.size(), 0);  // request -> index of its first document
   for (size_t r = 0; r < requests.size(); ++r) {
-    first[r] = docs.size();
     if (!plans[r]) continue;
+    validators[r].emplace(*requests[r].schema);
     const std::vector<DocumentParts>& documents = *requests[r].documents;
+    out[r].results.resize(documents.size());
     for (size_t i = 0; i < documents.size(); ++i) {
       Document& doc = docs.emplace_back();
+      place.emplace_back(r, i);
       doc.plan = &*plans[r];
       try {
         prepare(*impl_->model, impl_->options, requests[r].options, documents[i], i,
@@ -282,12 +274,14 @@ std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& req
       }
     };
   }
-  Filler(*impl_->model, impl_->options, progress, docs).run();
-  for (size_t r = 0; r < requests.size(); ++r) {
-    if (plans[r])
-      out[r].results = results_of(*plans[r], *requests[r].schema, requests[r].options,
-                                  docs.begin() + long(first[r]), requests[r].documents->size());
-  }
+  // Each document's result as soon as it is finished; its request hears of it at once.
+  const auto finished = [&](size_t d) {
+    const auto [r, i] = place[d];
+    FillResult& result = out[r].results[i];
+    result = result_of(docs[d], *validators[r], requests[r].options, i);
+    if (requests[r].options.on_result) requests[r].options.on_result(i, result);
+  };
+  Filler(*impl_->model, impl_->options, progress, finished, docs).run();
   return out;
 }
 

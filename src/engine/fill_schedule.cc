@@ -13,6 +13,8 @@ void Filler::run() {
   for (size_t d = 0; d < docs_.size(); ++d) {
     if (docs_[d].error.empty()) enqueue(d, docs_[d].plan->root, ItemScope{}, jobs);
   }
+  std::vector<bool> finished(docs_.size(), false);
+  finish_idle(jobs, finished);  // documents that could not be read, or ask nothing
   for (int round = 0; !jobs.empty(); ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t queries = jobs.size();
@@ -22,8 +24,15 @@ void Filler::run() {
     log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round, queries,
                ms_since(t0), next.size());
     jobs = std::move(next);
+    finish_idle(jobs, finished);
   }
+}
+
+void Filler::finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& finished) {
+  std::vector<bool> asking(docs_.size(), false);
+  for (const Job& job : upcoming) asking[job.doc] = true;
   for (size_t d = 0; d < docs_.size(); ++d) {
+    if (finished[d] || asking[d]) continue;
     if (docs_[d].error.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
       generate(d);
@@ -31,6 +40,10 @@ void Filler::run() {
         log::debug("document {}: {} x-generate fields written in {:.0f} ms", d,
                    generate_fields_[d].size(), ms_since(t0));
     }
+    finished[d] = true;
+    if (finished_) finished_(d);
+    docs_[d].state = State{};
+    docs_[d].ctx_hidden = Tensor{};
   }
 }
 

@@ -86,10 +86,16 @@ struct ItemScope {  // where a query sits: enclosing arrays' indices and the inn
 class Filler {
  public:
   using Progress = std::function<void(const FillProgress&)>;
-  // `progress` (may be empty) hears of the answer stage of the whole call.
-  Filler(const DegModel& model, const EngineOptions& options, Progress progress,
+  using Finished = std::function<void(size_t document)>;
+  // `progress` (may be empty) hears of the answer stage of the whole call; `finished` of each
+  // document once it has all its answers (or failed), after which its trunk is released.
+  Filler(const DegModel& model, const EngineOptions& options, Progress progress, Finished finished,
          std::vector<Document>& docs)
-      : model_(model), options_(options), progress_(std::move(progress)), docs_(docs) {}
+      : model_(model),
+        options_(options),
+        progress_(std::move(progress)),
+        finished_(std::move(finished)),
+        docs_(docs) {}
 
   void run();
 
@@ -108,6 +114,9 @@ class Filler {
   // keeps only the hidden rows the heads read.
   void run_forks(std::vector<Job>& jobs);
   void fail(size_t d, const std::string& why);
+  // Documents not yet finished that ask nothing more in the round `upcoming`: their x-generate
+  // fields are written, then they are finished.
+  void finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& finished);
 
   // ---- heads (fill_heads.cc) ----
   // Heads over the finished forks, per document; arrays schedule their items' queries.
@@ -127,6 +136,7 @@ class Filler {
   const DegModel& model_;
   const EngineOptions& options_;
   const Progress progress_;
+  const Finished finished_;
   std::vector<Document>& docs_;
   std::map<size_t, std::vector<GenerateField>> generate_fields_;
 };

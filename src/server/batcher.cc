@@ -1,6 +1,7 @@
 // The engine thread (batcher.h): it sleeps until a request waits, takes every waiting request
-// whose documents still fit the call (in arrival order; the first always), fills them all in one
-// Engine::fill_batch, hands each its results or its error and wakes the requests.
+// whose documents still fit the call (in arrival order; the first always) and fills them all in
+// one Engine::fill_batch; each request is handed its results and woken as soon as its last
+// document is finished (FillOptions::on_result), or its error when the call ends.
 #include "server/batcher.h"
 
 #include <algorithm>
@@ -56,9 +57,28 @@ void Batcher::run() {
     }
     ++calls_;
     changed_.notify_all();  // taken: their deadlines no longer apply
-    lock.unlock();
+    // A request is answered as soon as its last document is finished, while the call goes on
+    // with the others; from then on its job belongs to its own thread again.
+    std::vector<size_t> left(batch.size());
+    std::vector<bool> answered(batch.size(), false);
     std::vector<FillRequest> requests;
-    for (const Job* j : batch) requests.push_back(j->request);
+    for (size_t k = 0; k < batch.size(); ++k) {
+      Job& job = *batch[k];
+      left[k] = job.request.documents->size();
+      job.results.resize(left[k]);
+      FillRequest request = job.request;
+      request.options.on_result = [this, &job, &left, &answered, k](size_t i,
+                                                                    const FillResult& result) {
+        std::lock_guard hold(mutex_);
+        job.results[i] = result;
+        if (--left[k] == 0) {
+          answered[k] = job.done = true;
+          changed_.notify_all();
+        }
+      };
+      requests.push_back(std::move(request));
+    }
+    lock.unlock();
     std::vector<FillResponse> responses;
     std::exception_ptr error;  // not one request's: a failure of the whole call (out of memory)
     try {
@@ -67,16 +87,18 @@ void Batcher::run() {
       error = std::current_exception();
     }
     lock.lock();
-    for (size_t i = 0; i < batch.size(); ++i) {
-      Job& j = *batch[i];
+    // The rest: requests that failed as a whole, or had no document the engine finished.
+    for (size_t k = 0; k < batch.size(); ++k) {
+      if (answered[k]) continue;
+      Job& job = *batch[k];
       if (error) {
-        j.error = error;
-      } else if (responses[i].error) {
-        j.error = std::make_exception_ptr(*responses[i].error);
+        job.error = error;
+      } else if (responses[k].error) {
+        job.error = std::make_exception_ptr(*responses[k].error);
       } else {
-        j.results = std::move(responses[i].results);
+        job.results = std::move(responses[k].results);
       }
-      j.done = true;
+      job.done = true;
     }
     changed_.notify_all();
   }

@@ -1,7 +1,8 @@
 // Cross-request batching of fills: one engine thread takes every request waiting for the engine
 // (up to max_documents documents in all) and fills them in one Engine::fill_batch call, whatever
 // their schemas and options: the forks of all their documents share micro-batches, and batch
-// invariance keeps every answer bitwise the one it gets alone (EngineTest, ServerTest). The engine
+// invariance keeps every answer bitwise the one it gets alone (EngineTest, ServerTest); a request
+// is answered as soon as its own documents are finished, not when the call ends. The engine
 // runs on that one thread only, so its working memory is drawn from one malloc arena rather than
 // from one per connection thread (the server's RSS, docs/serve.md "Load test").
 #pragma once
