@@ -3,14 +3,15 @@
 // documents), chat completions (plain and streamed) and bad requests (broken JSON, an unsupported
 // schema, a body over the limit, too many documents), and checks that every request got exactly
 // one well-formed answer: a status, a JSON body (SSE for streams) that parses, and the error code
-// its class expects (or a valid result; 429 `overloaded` is well-formed for every fill, and the
-// client then waits the second Retry-After asks). Reports
+// its class expects (or a valid result; 429 `overloaded` is well-formed for every request that
+// queues for the engine, and the client then waits the second Retry-After asks). Reports
 // throughput, latency percentiles, the 429 rate, and the server's RSS over time (VmRSS of
 // /proc/PID/status). Exits 1 when an answer was lost or malformed, the server did not stop
 // cleanly, or its RSS at the end is more than 10% over its RSS at --rss-baseline seconds.
 //
 //   serve_load_bench --model CKPT [--device cpu|cuda] [--clients 8] [--seconds 600]
-//                    [--max-queue 4] [--connections 16] [--json out.json]
+//                    [--max-queue 4] [--connections 16] [--mix fill=30,chat=15,...]
+//                    [--json out.json]
 #include <fmt/format.h>
 #include <httplib.h>
 #include <signal.h>
@@ -387,11 +388,11 @@ int main(int argc, char** argv) {
       rss.emplace_back(since_start(), kib);
     }
   });
-  std::discrete_distribution<int> mix(o.mix.begin(), o.mix.end());
   std::vector<std::thread> clients;
   for (int c = 0; c < o.clients; ++c) {
     clients.emplace_back([&, c] {
       std::mt19937_64 random(uint64_t(c) * 7919 + 1);
+      std::discrete_distribution<int> mix(o.mix.begin(), o.mix.end());
       httplib::Client client("127.0.0.1", server.port);
       client.set_read_timeout(600);
       client.set_write_timeout(60);
