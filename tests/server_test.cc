@@ -572,10 +572,13 @@ TEST_F(ServerTest, PlaygroundHighlightsTheReportsSpans) {
   const std::string url = fmt::format("http://127.0.0.1:{}/?example=invoice&run=1&document={}",
                                       server_->port(), url_encode(document));
   // --virtual-time-budget: the DOM is dumped once the page is idle (the fill answered) or the
-  // budget of virtual time is spent; --no-sandbox: tests may run as root.
+  // budget of virtual time is spent (virtual time stands still while a request is open, so
+  // `timeout` bounds a fill that never answers); --no-sandbox: tests may run as root;
+  // --disable-dev-shm-usage: containers' /dev/shm is often too small for Chromium.
   const std::string cmd = fmt::format(
-      "chromium --headless --no-sandbox --disable-gpu --no-first-run --user-data-dir='{}' "
-      "--virtual-time-budget=600000 --dump-dom '{}' > '{}' 2> '{}'",
+      "timeout 300 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--no-first-run --user-data-dir='{}' --virtual-time-budget=600000 --dump-dom '{}' > '{}' "
+      "2> '{}'",
       (*dir_ / "chromium-profile").string(), url, (*dir_ / "playground.html").string(),
       (*dir_ / "chromium.log").string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << testing::read_text(*dir_ / "chromium.log");
