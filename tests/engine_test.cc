@@ -1,14 +1,17 @@
 // The fill engine end to end on a tiny random Qwen3.5 with fresh heads (`deg init`): outputs
 // validate against their schemas (valijson), fields are bitwise independent of each other, a
-// document's report is the same alone and in a batch, spans hold their values, bad documents fail
-// alone. The answers of random heads are meaningless; these are properties of the machinery.
+// document's report is the same alone and in a batch (of its schema or of several: fill_batch),
+// spans hold their values, bad documents fail alone. The answers of random heads are
+// meaningless; these are properties of the machinery.
 #include "deg/engine.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
+#include "deg/report.h"
 #include "engine/decode.h"
 #include "io/json.h"
 #include "model/checkpoint.h"
@@ -155,6 +158,103 @@ TEST_F(EngineTest, ReportIsTheSameAloneAndInABatch) {
       EXPECT_EQ(rebatched[d].fields[i].confidence, batch[d].fields[i].confidence);
     }
   }
+}
+
+// One fill_batch call over requests of different schemas and options (the forks of all their
+// documents share micro-batches) answers each request bitwise as fill() does alone; a request
+// whose schema deg cannot fill, or whose options are out of range, gets its error and costs the
+// others nothing.
+TEST_F(EngineTest, BatchesOfDifferentSchemasAnswerAsAlone) {
+  const OrderedJson invoice = load_schema("examples/invoice.schema.json");
+  const OrderedJson support = load_schema("examples/support.schema.json");
+  const OrderedJson unsupported = {{"type", "object"},
+                                   {"properties", {{"a", {{"not", {{"type", "string"}}}}}}}};
+  const std::vector<DocumentParts> two = {{DocumentPart::of_text(documents()[0])},
+                                          {DocumentPart::of_text(documents()[2])}};
+  const std::vector<DocumentParts> one = {{DocumentPart::of_text(documents()[1])}};
+  const std::vector<DocumentParts> with_empty = {{DocumentPart::of_text("")},
+                                                 {DocumentPart::of_text(documents()[1])}};
+  const std::vector<FillRequest> requests = {
+      {.schema = &invoice, .documents = &two},
+      {.schema = &support, .documents = &one, .options = {.keep_nulls = true}},
+      {.schema = &unsupported, .documents = &one},
+      {.schema = &invoice, .documents = &one, .options = {.min_confidence = 0.5}},
+      {.schema = &support, .documents = &with_empty},
+      {.schema = &support, .documents = &one, .options = {.min_confidence = 2}},
+  };
+  const std::vector<FillResponse> together = engine_->fill_batch(requests);
+  ASSERT_EQ(together.size(), requests.size());
+  for (size_t r = 0; r < requests.size(); ++r) {
+    std::vector<FillResult> alone;
+    try {
+      alone = engine_->fill(*requests[r].schema, *requests[r].documents, requests[r].options);
+    } catch (const Error& e) {
+      ASSERT_TRUE(together[r].error) << r;
+      EXPECT_EQ(together[r].error->kind(), e.kind());
+      EXPECT_STREQ(together[r].error->what(), e.what());
+      continue;
+    }
+    ASSERT_FALSE(together[r].error) << r << ": " << together[r].error->what();
+    ASSERT_EQ(together[r].results.size(), alone.size()) << r;
+    for (size_t d = 0; d < alone.size(); ++d) {
+      const FillResult& a = alone[d];
+      const FillResult& t = together[r].results[d];
+      EXPECT_EQ(t.error, a.error);
+      EXPECT_EQ(t.value, a.value) << r << "/" << d;
+      EXPECT_EQ(t.missing, a.missing);
+      ASSERT_EQ(t.fields.size(), a.fields.size());
+      for (size_t i = 0; i < a.fields.size(); ++i) {
+        EXPECT_EQ(t.fields[i].path, a.fields[i].path);
+        EXPECT_EQ(t.fields[i].span, a.fields[i].span) << a.fields[i].path;
+        EXPECT_EQ(t.fields[i].withheld, a.fields[i].withheld) << a.fields[i].path;
+        EXPECT_EQ(std::memcmp(&t.fields[i].confidence, &a.fields[i].confidence, sizeof(double)), 0)
+            << r << "/" << d << " " << a.fields[i].path;
+      }
+    }
+  }
+  EXPECT_EQ(together[2].error->context().pointer, "/properties/a/not");
+  EXPECT_EQ(together[5].error->kind(), ErrorKind::invalid_argument);
+  EXPECT_FALSE(together[4].results[0].ok());  // the empty document failed alone
+  EXPECT_TRUE(together[4].results[1].ok());
+}
+
+// on_result hears of each document once, with the result the call returns in its place, as soon
+// as the document is finished: the documents of a flat schema before one whose array items need
+// a second round, though that one comes first in the call.
+TEST_F(EngineTest, ResultsComeAsEachDocumentIsFinished) {
+  const OrderedJson items = {
+      {"type", "object"},
+      {"properties",
+       {{"items",
+         {{"type", "array"},
+          {"minItems", 2},
+          {"items", {{"type", "object"}, {"properties", {{"name", {{"type", "string"}}}}}}}}}}}};
+  const OrderedJson support = load_schema("examples/support.schema.json");
+  const std::vector<DocumentParts> one = {{DocumentPart::of_text(documents()[2])}};
+  const std::vector<DocumentParts> two = {{DocumentPart::of_text(documents()[1])},
+                                          {DocumentPart::of_text(documents()[0])}};
+  std::vector<std::pair<size_t, size_t>> order;  // (request, document)
+  std::vector<std::vector<OrderedJson>> heard(2);
+  auto hear = [&](size_t request) {
+    heard[request].resize(request == 0 ? 1 : 2);
+    return [&, request](size_t document, const FillResult& result) {
+      order.emplace_back(request, document);
+      heard[request][document] = report_to_json(result);
+    };
+  };
+  const std::vector<FillResponse> answers = engine_->fill_batch(
+      {{.schema = &items, .documents = &one, .options = {.on_result = hear(0)}},
+       {.schema = &support, .documents = &two, .options = {.on_result = hear(1)}}});
+  using Order = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(order, (Order{{1, 0}, {1, 1}, {0, 0}}));
+  for (size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(answers[r].results.size(), heard[r].size());
+    for (size_t d = 0; d < heard[r].size(); ++d) {
+      EXPECT_EQ(heard[r][d], report_to_json(answers[r].results[d])) << r << "/" << d;
+    }
+  }
+  ASSERT_TRUE(answers[0].results[0].ok()) << answers[0].results[0].error;
+  EXPECT_GE(answers[0].results[0].value["items"].size(), 2u);  // it did ask for items
 }
 
 TEST_F(EngineTest, BadDocumentsFailAlone) {

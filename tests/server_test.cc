@@ -15,8 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cctype>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "deg/error.h"
@@ -27,6 +31,7 @@
 #include "model/checkpoint.h"
 #include "schema/validate.h"
 #include "test_util.h"
+#include "text/unicode.h"
 #include "tiny_model.h"
 
 namespace deg {
@@ -419,6 +424,7 @@ TEST_F(ServerTest, ApiKeysGuardEveryRouteButHealthz) {
   EXPECT_EQ(c.Get("/metrics")->status, 401);
   EXPECT_EQ(c.Post("/v1/plan", "{}", "application/json")->status, 401);
   EXPECT_EQ(c.Get("/healthz")->status, 200);
+  EXPECT_EQ(c.Get("/")->status, 200);  // the page; its fills send the key
   for (const char* key : {"first-key", "second-key"}) {
     EXPECT_EQ(c.Get("/v1/models", {{"Authorization", std::string("Bearer ") + key}})->status, 200)
         << key;
@@ -471,7 +477,8 @@ TEST_F(ServerTest, OpenApiDescribesEveryRoute) {
   const OrderedJson doc = OrderedJson::parse(r->body);
   EXPECT_EQ(doc["openapi"].get<std::string>().substr(0, 2), "3.");
   for (const auto& [path, method] :
-       std::vector<std::pair<std::string, std::string>>{{"/v1/fill", "post"},
+       std::vector<std::pair<std::string, std::string>>{{"/", "get"},
+                                                        {"/v1/fill", "post"},
                                                         {"/v1/plan", "post"},
                                                         {"/v1/models", "get"},
                                                         {"/v1/chat/completions", "post"},
@@ -494,6 +501,144 @@ TEST_F(ServerTest, OpenApiDescribesEveryRoute) {
     }
   };
   refs(doc);
+}
+
+// Text of an HTML dump as Chromium writes it: entities back to characters.
+std::string html_text(std::string_view html) {
+  std::string out;
+  for (size_t i = 0; i < html.size(); ++i) {
+    bool replaced = false;
+    for (const auto& [entity, c] :
+         std::vector<std::pair<std::string_view, std::string_view>>{{"&amp;", "&"},
+                                                                    {"&lt;", "<"},
+                                                                    {"&gt;", ">"},
+                                                                    {"&quot;", "\""},
+                                                                    {"&nbsp;", "\u00a0"}}) {
+      if (html.substr(i, entity.size()) == entity) {
+        out += c;
+        i += entity.size() - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out += html[i];
+  }
+  return out;
+}
+
+// The value of attribute `name` in the start tag `tag` ("" when absent).
+std::string html_attribute(std::string_view tag, const std::string& name) {
+  const size_t at = tag.find(" " + name + "=\"");
+  if (at == std::string_view::npos) return "";
+  const size_t begin = at + name.size() + 3;
+  return html_text(tag.substr(begin, tag.find('"', begin) - begin));
+}
+
+// Percent-encoding of a query parameter's value.
+std::string url_encode(std::string_view text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += char(c);
+    } else {
+      out += fmt::format("%{:02X}", c);
+    }
+  }
+  return out;
+}
+
+// The playground at `/` in headless Chromium (Debian's package; scripts/install-deps): the page
+// fills a document given in its URL and dumps its DOM. Every span of the report — the one the
+// library's fill gives the same input — is highlighted over exactly the document's code points at
+// its offsets, with its confidence in the mark's title, and the filled JSON shown is the report's
+// value. The document starts with accented letters and emoji (two UTF-16 units each), so offsets
+// counted in anything but code points land elsewhere.
+TEST_F(ServerTest, PlaygroundHighlightsTheReportsSpans) {
+  auto page = client().Get("/");
+  ASSERT_TRUE(page);
+  ASSERT_EQ(page->status, 200);
+  EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(page->get_header_value("Content-Security-Policy").find("default-src 'none'"),
+            std::string::npos);
+  EXPECT_EQ(page->body.find(">EXAMPLES<"), std::string::npos);  // the examples are in place
+  EXPECT_NE(page->body.find("\"name\":\"support\""), std::string::npos);
+
+  ASSERT_EQ(std::system("command -v chromium > /dev/null"), 0)
+      << "headless Chromium is needed: run scripts/install-deps";
+  const std::string document = "Grüße aus Köln 🧾🧾 — " +
+                               testing::read_text(testing::source_path("examples/invoice.txt"));
+  const FillResult direct = engine_->fill(invoice_schema(), {document})[0];
+  ASSERT_TRUE(direct.ok()) << direct.error;
+  const std::string url = fmt::format("http://127.0.0.1:{}/?example=invoice&run=1&document={}",
+                                      server_->port(), url_encode(document));
+  // --virtual-time-budget: the DOM is dumped once the page is idle (the fill answered) or the
+  // budget of virtual time is spent (virtual time stands still while a request is open, so
+  // `timeout` bounds a fill that never answers); --no-sandbox: tests may run as root;
+  // --disable-dev-shm-usage: containers' /dev/shm is often too small for Chromium.
+  const std::string cmd = fmt::format(
+      "timeout 300 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--no-first-run --user-data-dir='{}' --virtual-time-budget=600000 --dump-dom '{}' > '{}' "
+      "2> '{}'",
+      (*dir_ / "chromium-profile").string(), url, (*dir_ / "playground.html").string(),
+      (*dir_ / "chromium.log").string());
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << testing::read_text(*dir_ / "chromium.log");
+  const std::string dom = testing::read_text(*dir_ / "playground.html");
+  ASSERT_NE(dom.find("<body data-state=\"done\">"), std::string::npos) << dom.substr(0, 4000);
+
+  // The document view: plain text and <mark data-fields="i j ...">, in order.
+  const size_t open = dom.find("<pre id=\"doc\"");
+  ASSERT_NE(open, std::string::npos);
+  const size_t close = dom.find("</pre>", open);
+  std::string shown;
+  std::map<int, std::string> marked;  // field index -> its marked text, in document order
+  std::map<int, std::string> titles;
+  for (size_t at = dom.find('>', open) + 1; at < close;) {
+    if (dom.compare(at, 5, "<mark") != 0) {
+      const size_t next = std::min(dom.find('<', at), close);
+      shown += html_text(std::string_view(dom).substr(at, next - at));
+      at = next;
+      continue;
+    }
+    const size_t tag_end = dom.find('>', at);
+    const size_t text_end = dom.find("</mark>", tag_end);
+    ASSERT_LT(text_end, close);
+    const std::string_view tag = std::string_view(dom).substr(at, tag_end - at);
+    const std::string text =
+        html_text(std::string_view(dom).substr(tag_end + 1, text_end - tag_end - 1));
+    std::istringstream fields(html_attribute(tag, "data-fields"));
+    for (int i; fields >> i;) {
+      marked[i] += text;
+      titles[i] = html_attribute(tag, "title");
+    }
+    shown += text;
+    at = text_end + 7;
+  }
+  EXPECT_EQ(shown, document);
+  const std::u32string points = text::utf8_to_u32(document);
+  int spans = 0;
+  for (size_t i = 0; i < direct.fields.size(); ++i) {
+    const FieldReport& f = direct.fields[i];
+    if (!f.span) {
+      EXPECT_EQ(marked.count(int(i)), 0u) << f.path;
+      continue;
+    }
+    ++spans;
+    const auto [start, end] = *f.span;
+    std::string expected;
+    for (int64_t k = start; k < end; ++k) text::utf8_append(expected, points[size_t(k)]);
+    EXPECT_EQ(marked[int(i)], expected) << f.path << " [" << start << ", " << end << ")";
+    EXPECT_NE(titles[int(i)].find(f.path + " = "), std::string::npos) << titles[int(i)];
+    EXPECT_NE(titles[int(i)].find(fmt::format("confidence {:.1f}%", 100 * f.confidence)),
+              std::string::npos)
+        << titles[int(i)];
+  }
+  EXPECT_GT(spans, 0) << "no extract answered with a span: pick another document";
+  const size_t value_at = dom.find("<pre id=\"value\">");
+  ASSERT_NE(value_at, std::string::npos);
+  const size_t value_begin = value_at + 16;
+  EXPECT_EQ(OrderedJson::parse(
+                html_text(dom.substr(value_begin, dom.find("</pre>", value_begin) - value_begin))),
+            direct.value);
 }
 
 // More fills than the queue holds: each gets exactly one answer — 200 (and then the same answer
@@ -623,20 +768,38 @@ TEST_F(ServerTest, DeadlinesBoundTheWaitForTheEngine) {
             report_to_json(engine_->fill(schema, {documents()[1]})[0]));
 }
 
-// Concurrent fills of one schema may share engine calls, of another take the engine in turn; each
-// answer is still bitwise the one its documents get alone.
-TEST_F(ServerTest, ConcurrentFillsAnswerAsAlone) {
-  Server shared(*engine_, {.port = 0});
+// Concurrent fills of two schemas, with different options, wait while a long fill has the engine;
+// the engine then takes them all in one call (the forks of both schemas' documents sharing
+// micro-batches), and each answer is still bitwise the one its document gets alone.
+TEST_F(ServerTest, ConcurrentFillsOfDifferentSchemasShareACallAndAnswerAsAlone) {
+  // A connection each for the long fill, the eight and the metrics polls.
+  Server shared(*engine_, {.port = 0, .threads = 12});
+  const OrderedJson schema = invoice_schema();
   const std::vector<OrderedJson> schemas = {
-      invoice_schema(), schema_load(testing::source_path("examples/support.schema.json").string())};
+      schema, schema_load(testing::source_path("examples/support.schema.json").string())};
   constexpr int kClients = 8;
   std::vector<std::string> bodies, answers(kClients);
   std::vector<OrderedJson> alone;
   for (int i = 0; i < kClients; ++i) {
-    const OrderedJson& schema = schemas[size_t(i % 3 == 2)];
+    const OrderedJson& s = schemas[size_t(i % 3 == 2)];
+    const bool keep_nulls = i % 2 == 1;
     const std::string doc = fmt::format("Invoice INV-{} from Shop {}, total {}.50 EUR.", i, i, i);
-    bodies.push_back(OrderedJson({{"schema", schema}, {"documents", {doc}}}).dump());
-    alone.push_back(report_to_json(engine_->fill(schema, {doc})[0]));
+    bodies.push_back(
+        OrderedJson(
+            {{"schema", s}, {"documents", {doc}}, {"options", {{"keep_nulls", keep_nulls}}}})
+            .dump());
+    alone.push_back(report_to_json(engine_->fill(s, {doc}, {.keep_nulls = keep_nulls})[0]));
+  }
+  const std::string long_document = std::string(20000, 'x') + " Invoice INV-9, total 12.50 EUR.";
+  std::atomic<bool> long_done{false};
+  std::thread running([&] {
+    post("/v1/fill", OrderedJson({{"schema", schema}, {"documents", {long_document}}}).dump(),
+         shared);
+    long_done = true;
+  });
+  for (bool busy = false; !busy;) {
+    busy = client(shared).Get("/metrics")->body.find("\ndeg_fill_queue_depth 1\n") !=
+           std::string::npos;
   }
   std::vector<int> status(kClients, 0);
   std::vector<std::thread> threads;
@@ -648,17 +811,72 @@ TEST_F(ServerTest, ConcurrentFillsAnswerAsAlone) {
       answers[size_t(i)] = r->body;
     });
   }
+  // All of them waiting behind the long fill.
+  const std::string all_waiting = fmt::format("\ndeg_fill_queue_depth {}\n", kClients + 1);
+  bool waited = false;
+  while (!waited && !long_done) {
+    waited = client(shared).Get("/metrics")->body.find(all_waiting) != std::string::npos;
+  }
   for (std::thread& t : threads) t.join();
+  running.join();
+  ASSERT_TRUE(waited) << "the long fill ended before all requests waited; lengthen its document";
   for (int i = 0; i < kClients; ++i) {
     ASSERT_EQ(status[size_t(i)], 200) << answers[size_t(i)];
     EXPECT_EQ(OrderedJson::parse(answers[size_t(i)])["results"][0], alone[size_t(i)]) << i;
   }
   const std::string m = client(shared).Get("/metrics")->body;
-  const size_t at = m.find("\ndeg_engine_fills_total ");
-  ASSERT_NE(at, std::string::npos) << m;
-  const int calls = std::stoi(m.substr(at + 24));
-  EXPECT_GE(calls, 2);  // two schemas never share a call
-  EXPECT_LE(calls, kClients);
+  EXPECT_NE(m.find("\ndeg_engine_fills_total 2\n"), std::string::npos) << m;
+}
+
+// Requests filled in one engine call are answered as each one's documents are finished: a flat
+// schema's request while the call still works on a long document's array items and generated
+// text.
+TEST_F(ServerTest, ARequestIsAnsweredWhenItsDocumentsAreFinished) {
+  Server s(*engine_, {.port = 0});
+  const OrderedJson heavy_schema = {
+      {"type", "object"},
+      {"properties",
+       {{"items",
+         {{"type", "array"},
+          {"minItems", 8},
+          {"items", {{"type", "object"}, {"properties", {{"name", {{"type", "string"}}}}}}}}},
+        {"summary", {{"type", "string"}, {"x-generate", true}, {"maxLength", 200}}}}}};
+  const OrderedJson light_schema =
+      schema_load(testing::source_path("examples/support.schema.json").string());
+  const std::string long_document = std::string(20000, 'x') + " Invoice INV-9, total 12.50 EUR.";
+  const std::string light_document = documents()[1];
+  auto queued = [&](int n) {
+    const std::string line = fmt::format("\ndeg_fill_queue_depth {}\n", n);
+    while (client(s).Get("/metrics")->body.find(line) == std::string::npos) {
+    }
+  };
+  // A first long fill holds the engine while the heavy and the light request line up behind it,
+  // so that the two share the next call.
+  std::thread blocker([&] {
+    post("/v1/fill",
+         OrderedJson({{"schema", invoice_schema()}, {"documents", {long_document}}}).dump(), s);
+  });
+  queued(1);
+  std::thread heavy([&] {
+    post("/v1/fill", OrderedJson({{"schema", heavy_schema}, {"documents", {long_document}}}).dump(),
+         s);
+  });
+  queued(2);
+  auto light =
+      post("/v1/fill",
+           OrderedJson({{"schema", light_schema}, {"documents", {light_document}}}).dump(), s);
+  // The heavy fill is still running (admitted, not answered) once the light one has its answer.
+  const std::string meanwhile = client(s).Get("/metrics")->body;
+  blocker.join();
+  heavy.join();
+  ASSERT_EQ(light->status, 200) << light->body;
+  EXPECT_EQ(OrderedJson::parse(light->body)["results"][0],
+            report_to_json(engine_->fill(light_schema, {light_document})[0]));
+  EXPECT_NE(meanwhile.find("\ndeg_fill_queue_depth 1\n"), std::string::npos)
+      << "the light request was answered with the heavy one\n"
+      << meanwhile;
+  const std::string m = client(s).Get("/metrics")->body;
+  EXPECT_NE(m.find("\ndeg_engine_fills_total 2\n"), std::string::npos) << m;
 }
 
 TEST_F(ServerTest, StopAnswersNothingMore) {

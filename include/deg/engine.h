@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "deg/error.h"
 #include "deg/input.h"
 
 namespace deg {
@@ -52,6 +53,8 @@ struct DocumentPart {
 };
 using DocumentParts = std::vector<DocumentPart>;
 
+struct FillResult;
+
 // Where a fill is, for a progress line: `stage` "read" (the trunk reads document `document`,
 // `done` of `total` tokens) or "answer" (`done` of `total` queries of this round answered).
 struct FillProgress {
@@ -70,6 +73,10 @@ struct FillOptions {
   double min_confidence = 0;
   // Called on the calling thread as the fill goes (never changes a result); may be empty.
   std::function<void(const FillProgress&)> progress;
+  // Called on the calling thread as each document is finished, with its final result (the one
+  // the call returns in its place), before the call returns: a document whose fields need fewer
+  // rounds (no array items, no generated text) is done before the others. May be empty.
+  std::function<void(size_t document, const FillResult& result)> on_result;
 };
 
 // One answered field of the report. `path` is a concrete JSON pointer ("/items/0/price").
@@ -93,6 +100,25 @@ struct FillResult {
   bool ok() const { return error.empty(); }
 };
 
+// One request of Engine::fill_batch: a schema, its documents, its options. The call reads the
+// schema and the documents until the request's last document is finished (its last on_result
+// has returned), so a caller streaming results may let them go from there.
+struct FillRequest {
+  const nlohmann::ordered_json* schema = nullptr;
+  const std::vector<DocumentParts>* documents = nullptr;
+  // Per request: keep_nulls, min_confidence, and `progress`, which hears of its own documents
+  // being read and of the answer stage of the whole call (whose rounds hold every request's
+  // queries).
+  FillOptions options;
+};
+
+// What Engine::fill_batch answers one request: its results, one per document in order, or the
+// error Engine::fill would have thrown for it alone (then nothing of it was filled).
+struct FillResponse {
+  std::vector<FillResult> results;
+  std::optional<Error> error;
+};
+
 class Engine {
  public:
   // Loads the model (weights are mapped, not copied). Throws deg::Error with what to do.
@@ -112,6 +138,11 @@ class Engine {
   std::vector<FillResult> fill(const nlohmann::ordered_json& schema,
                                const std::vector<DocumentParts>& documents,
                                const FillOptions& options = {}) const;
+  // Fills several requests, with different schemas and options, in one call: the forks of every
+  // document of every request share micro-batches, and batch invariance keeps each answer
+  // bitwise the one its request gets from fill() alone. A request whose schema or options deg
+  // cannot use gets its error; the others are filled.
+  std::vector<FillResponse> fill_batch(const std::vector<FillRequest>& requests) const;
   // The media kinds this model reads as soft tokens ("image", "audio"; empty: text only) and
   // the width their embeddings must have.
   std::vector<std::string> media_kinds() const;

@@ -1,9 +1,9 @@
 // `deg serve`: deg's HTTP API (docs/serve.md) over one Engine — /v1/fill, /v1/plan, /v1/models,
 // OpenAI-style /v1/chat/completions with response_format json_schema, /healthz, /metrics,
-// /openapi.json. Requests are answered on a pool of connection threads; fills take the engine in
-// turn, requests with the same schema and options waiting together sharing one engine call
-// (answers bitwise the same as alone), and more than ServerOptions::max_queue waiting fills
-// answer 429.
+// /openapi.json, and the playground page at /. Requests are answered on a pool of connection
+// threads; fills take the engine in turn, all requests waiting together sharing one engine call
+// whatever their schemas (answers bitwise the same as alone), and more than
+// ServerOptions::max_queue waiting fills answer 429.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,8 @@ namespace deg {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;  // 0: any free port (Server::port() says which)
-  // Non-empty: every route but /healthz needs "Authorization: Bearer <one of them>".
+  // Non-empty: every route but /healthz and / (the playground page) needs "Authorization:
+  // Bearer <one of them>".
   std::vector<std::string> api_keys;
   std::string model_name = "deg";  // the model id /v1/models and chat completions report
   int64_t max_body_bytes = int64_t(64) << 20;  // 64 MiB: a bigger request body answers 413

@@ -15,10 +15,10 @@ void add_serve_command(CLI::App& app) {
       "document, as `deg fill --report`), POST /v1/plan, GET /v1/models, POST\n"
       "/v1/chat/completions (OpenAI-style, response_format json_schema; the last user message\n"
       "is the document; stream: true answers server-sent events), GET /healthz, GET /metrics\n"
-      "(Prometheus), GET /openapi.json. Fills take the engine in turn (requests with the same\n"
-      "schema waiting together share a call; answers do not change); more than --max-queue\n"
-      "waiting answer 429. SIGINT / SIGTERM stop accepting, answer the requests in flight, and\n"
-      "exit.\n"
+      "(Prometheus), GET /openapi.json, and a playground page at / (open it in a browser).\n"
+      "Fills take the engine in turn (requests waiting together share a call, whatever their\n"
+      "schemas; answers do not change); more than --max-queue waiting answer 429. SIGINT /\n"
+      "SIGTERM stop accepting, answer the requests in flight, and exit.\n"
       "docs/serve.md has a curl example per endpoint; `deg --log-level info serve` logs every\n"
       "request with its X-Request-Id.\n"
       "Example:\n"
@@ -36,8 +36,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key-file", o->api_key_file,
-                  "File of API keys, one per line: every route but /healthz then needs "
-                  "\"Authorization: Bearer <key>\"")
+                  "File of API keys, one per line: every route but /healthz and / (the "
+                  "playground) then needs \"Authorization: Bearer <key>\"")
       ->check(CLI::ExistingFile);
   cmd->add_option("--connections", o->server.threads, "Connections served at once")
       ->capture_default_str()

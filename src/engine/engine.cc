@@ -8,9 +8,10 @@
 // reads only its own trunk, through row-invariant kernels, so its answer is bitwise the same
 // whatever else is asked or batched with it.
 //
-// This file opens the engine, reads each document into its trunk and checks every assembled
-// value; the per-call loop (engine::Filler, engine/filler.h) lives by job in fill_schedule.cc
-// (queries into fork batches and rounds), fill_heads.cc, fill_arrays.cc and fill_generate.cc.
+// This file opens the engine, compiles each request's schema, reads each document into its trunk
+// and checks every assembled value; the per-call loop (engine::Filler, engine/filler.h) lives by
+// job in fill_schedule.cc (queries into fork batches and rounds), fill_heads.cc, fill_arrays.cc and
+// fill_generate.cc.
 #include "deg/engine.h"
 
 #include <unistd.h>
@@ -159,6 +160,30 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
              ms_since(t0));
 }
 
+// The result of a filled document. Every value is checked against its schema before it is
+// returned; the one sanctioned gap is a required value the document does not hold
+// (FillResult::missing). With keep_nulls the nulls of absent fields are the user's choice, so the
+// value checked is the one without them. A value that does not validate is a bug in deg: it
+// becomes its document's error instead of output.
+FillResult result_of(const Document& doc, const schema::SchemaValidator& validator,
+                     const FillOptions& options, size_t index) {
+  if (!doc.error.empty()) return {.error = doc.error};
+  FillResult result =
+      engine::assemble(*doc.plan, doc.answers, options.keep_nulls, options.min_confidence);
+  std::optional<FillResult> without_nulls;
+  if (options.keep_nulls)
+    without_nulls = engine::assemble(*doc.plan, doc.answers, false, options.min_confidence);
+  const FillResult& checked = without_nulls ? *without_nulls : result;
+  const std::vector<std::string> why =
+      validator.violations(Json::parse(checked.value.dump()), checked.missing);
+  if (why.empty()) return result;
+  std::string list;
+  for (size_t k = 0; k < why.size() && k < 3; ++k) list += (k ? "; " : "") + why[k];
+  log::error("document {}: the filled value does not validate: {}", index, list);
+  return {.error = "internal error: the filled value does not validate against the schema (" +
+                   list + "); this is a bug in deg, please report it"};
+}
+
 }  // namespace
 
 std::vector<FillResult> Engine::fill(const OrderedJson& schema,
@@ -183,58 +208,81 @@ int64_t Engine::hidden_size() const {
 std::vector<FillResult> Engine::fill(const OrderedJson& schema,
                                      const std::vector<DocumentParts>& documents,
                                      const FillOptions& options) const {
+  std::vector<FillResponse> answer =
+      fill_batch({{.schema = &schema, .documents = &documents, .options = options}});
+  if (answer[0].error) throw *answer[0].error;
+  return std::move(answer[0].results);
+}
+
+std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& requests) const {
+  std::vector<FillResponse> out(requests.size());
+  // Each request's plan, or its error: a bad schema or option fails its request alone.
+  std::vector<std::optional<schema::Plan>> plans(requests.size());
   schema::PlanOptions plan_options;
   plan_options.array_mode = impl_->model->array_mode();
-  if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
-    throw Error(ErrorKind::invalid_argument,
-                fmt::format("min_confidence must be in [0, 1], got {}", options.min_confidence));
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  const schema::Plan plan = schema::plan_compile(schema, plan_options);
-  int64_t fields = 0;
-  schema::plan_visit(plan.root, [&](const schema::Field&) { ++fields; });
-  log::debug("plan: {} fields, {} of {} plan units, compiled in {:.1f} ms; {} documents", fields,
-             plan.units, plan_options.max_units, ms_since(t0), documents.size());
-  std::vector<Document> docs(documents.size());
-  for (size_t i = 0; i < documents.size(); ++i) {
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const FillOptions& options = requests[r].options;
     try {
-      prepare(*impl_->model, impl_->options, options, documents[i], i, documents.size(), docs[i]);
+      if (!(options.min_confidence >= 0 && options.min_confidence <= 1)) {
+        throw Error(
+            ErrorKind::invalid_argument,
+            fmt::format("min_confidence must be in [0, 1], got {}", options.min_confidence));
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      plans[r] = schema::plan_compile(*requests[r].schema, plan_options);
+      int64_t fields = 0;
+      schema::plan_visit(plans[r]->root, [&](const schema::Field&) { ++fields; });
+      log::debug("plan: {} fields, {} of {} plan units, compiled in {:.1f} ms; {} documents",
+                 fields, plans[r]->units, plan_options.max_units, ms_since(t0),
+                 requests[r].documents->size());
     } catch (const Error& e) {
-      docs[i].error = e.what();
-    }
-    if (!docs[i].error.empty()) log::debug("document {} failed: {}", i, docs[i].error);
-  }
-  Filler(*impl_->model, impl_->options, options, docs).run(plan);
-  // Every value is checked against its schema before it is returned; the one sanctioned gap is a
-  // required value the document does not hold (FillResult::missing). With keep_nulls the nulls
-  // of absent fields are the user's choice, so the value checked is the one without them. A value
-  // that does not validate is a bug in deg: it becomes its document's error instead of output.
-  const schema::SchemaValidator validator(schema);
-  std::vector<FillResult> results(docs.size());
-  for (size_t i = 0; i < docs.size(); ++i) {
-    if (!docs[i].error.empty()) {
-      results[i].error = docs[i].error;
-      continue;
-    }
-    results[i] =
-        engine::assemble(plan, docs[i].answers, options.keep_nulls, options.min_confidence);
-    std::optional<FillResult> without_nulls;
-    if (options.keep_nulls)
-      without_nulls = engine::assemble(plan, docs[i].answers, false, options.min_confidence);
-    const FillResult& checked = without_nulls ? *without_nulls : results[i];
-    const std::vector<std::string> why =
-        validator.violations(Json::parse(checked.value.dump()), checked.missing);
-    if (!why.empty()) {
-      std::string list;
-      for (size_t k = 0; k < why.size() && k < 3; ++k) list += (k ? "; " : "") + why[k];
-      log::error("document {}: the filled value does not validate: {}", i, list);
-      results[i] = FillResult{.error =
-                                  "internal error: the filled value does not validate "
-                                  "against the schema (" +
-                                  list + "); this is a bug in deg, please report it"};
+      out[r].error = e;
     }
   }
-  return results;
+  // The documents of every request that compiled, in request order, and where each belongs.
+  std::vector<Document> docs;
+  std::vector<std::pair<size_t, size_t>> place;  // document -> (request, index in it)
+  std::vector<std::optional<schema::SchemaValidator>> validators(requests.size());
+  size_t total = 0;
+  for (size_t r = 0; r < requests.size(); ++r)
+    total += plans[r] ? requests[r].documents->size() : 0;
+  docs.reserve(total);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (!plans[r]) continue;
+    validators[r].emplace(*requests[r].schema);
+    const std::vector<DocumentParts>& documents = *requests[r].documents;
+    out[r].results.resize(documents.size());
+    for (size_t i = 0; i < documents.size(); ++i) {
+      Document& doc = docs.emplace_back();
+      place.emplace_back(r, i);
+      doc.plan = &*plans[r];
+      try {
+        prepare(*impl_->model, impl_->options, requests[r].options, documents[i], i,
+                documents.size(), doc);
+      } catch (const Error& e) {
+        doc.error = e.what();
+      }
+      if (!doc.error.empty()) log::debug("document {} failed: {}", i, doc.error);
+    }
+  }
+  Filler::Progress progress;
+  if (std::any_of(requests.begin(), requests.end(),
+                  [](const FillRequest& r) { return bool(r.options.progress); })) {
+    progress = [&requests](const FillProgress& p) {
+      for (const FillRequest& r : requests) {
+        if (r.options.progress) r.options.progress(p);
+      }
+    };
+  }
+  // Each document's result as soon as it is finished; its request hears of it at once.
+  const auto finished = [&](size_t d) {
+    const auto [r, i] = place[d];
+    FillResult& result = out[r].results[i];
+    result = result_of(docs[d], *validators[r], requests[r].options, i);
+    if (requests[r].options.on_result) requests[r].options.on_result(i, result);
+  };
+  Filler(*impl_->model, impl_->options, progress, finished, docs).run();
+  return out;
 }
 
 }  // namespace deg

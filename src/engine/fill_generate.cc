@@ -9,14 +9,14 @@ namespace deg::engine {
 
 // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
 // field of the document as a fork row of one batched greedy decode.
-void Filler::generate(const schema::Plan& plan, size_t d) {
+void Filler::generate(size_t d) {
   Document& doc = docs_[d];
   auto found = generate_fields_.find(d);
   if (found == generate_fields_.end()) return;
   const auto& fields = found->second;
   const Backbone& bb = model_.backbone();
   State known = doc.state.clone();
-  std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(plan)));
+  std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
   bb.prefill(TokenBatch::single(known_ids), known);
   std::vector<std::vector<int32_t>> rows;
   int64_t budget = 0;

@@ -1,6 +1,6 @@
-// Scheduling (engine/filler.h): every field's query of every document, run as fork rows over
-// their trunks in batches under the padded-token budget, round after round until no array item
-// asks for more.
+// Scheduling (engine/filler.h): every field's query of every document (whatever its schema), run
+// as fork rows over their trunks in batches under the padded-token budget, round after round
+// until no array item asks for more.
 #include <algorithm>
 
 #include "core/log.h"
@@ -8,11 +8,13 @@
 
 namespace deg::engine {
 
-void Filler::run(const schema::Plan& plan) {
+void Filler::run() {
   std::vector<Job> jobs;
   for (size_t d = 0; d < docs_.size(); ++d) {
-    if (docs_[d].error.empty()) enqueue(d, plan.root, ItemScope{}, jobs);
+    if (docs_[d].error.empty()) enqueue(d, docs_[d].plan->root, ItemScope{}, jobs);
   }
+  std::vector<bool> finished(docs_.size(), false);
+  finish_idle(jobs, finished);  // documents that could not be read, or ask nothing
   for (int round = 0; !jobs.empty(); ++round) {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t queries = jobs.size();
@@ -22,15 +24,26 @@ void Filler::run(const schema::Plan& plan) {
     log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round, queries,
                ms_since(t0), next.size());
     jobs = std::move(next);
+    finish_idle(jobs, finished);
   }
+}
+
+void Filler::finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& finished) {
+  std::vector<bool> asking(docs_.size(), false);
+  for (const Job& job : upcoming) asking[job.doc] = true;
   for (size_t d = 0; d < docs_.size(); ++d) {
+    if (finished[d] || asking[d]) continue;
     if (docs_[d].error.empty()) {
       const auto t0 = std::chrono::steady_clock::now();
-      generate(plan, d);
+      generate(d);
       if (generate_fields_.count(d))
         log::debug("document {}: {} x-generate fields written in {:.0f} ms", d,
                    generate_fields_[d].size(), ms_since(t0));
     }
+    finished[d] = true;
+    if (finished_) finished_(d);
+    docs_[d].state = State{};
+    docs_[d].ctx_hidden = Tensor{};
   }
 }
 
@@ -114,8 +127,8 @@ void Filler::run_forks(std::vector<Job>& jobs) {
     }
     log::trace("fork batch {}: {} rows x {} tokens in {:.1f} ms", batches++, batch.rows,
                batch.tokens, ms_since(t0));
-    if (fill_.progress) {
-      fill_.progress({.stage = "answer", .done = int64_t(end), .total = int64_t(order.size())});
+    if (progress_) {
+      progress_({.stage = "answer", .done = int64_t(end), .total = int64_t(order.size())});
     }
     begin = end;
   }

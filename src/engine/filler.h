@@ -1,5 +1,6 @@
-// The fill engine's inner loop (engine.cc's Engine::fill), one class over the documents of a
-// call whose jobs live in their own files: scheduling queries into fork batches and rounds
+// The fill engine's inner loop (engine.cc's Engine::fill_batch), one class over the documents of
+// a call — each with its own plan, so documents of different schemas share fork batches — whose
+// jobs live in their own files: scheduling queries into fork batches and rounds
 // (fill_schedule.cc), the heads over finished forks (fill_heads.cc), arrays whose anchors and
 // counts spawn their items' queries (fill_arrays.cc), and x-generate decoding
 // (fill_generate.cc). Internal to src/engine.
@@ -7,6 +8,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -26,10 +28,11 @@ using schema::FieldKind;
 
 // One document being filled.
 struct Document {
-  engine::ContextText context;  // code points + context token ranges
-  int64_t ctx_start = 0;        // first context token in the trunk ids
-  State state;                  // trunk state after reading it
-  Tensor ctx_hidden;            // f32 [T, C] final-norm hidden of the context tokens
+  const schema::Plan* plan = nullptr;  // its request's schema, compiled
+  engine::ContextText context;         // code points + context token ranges
+  int64_t ctx_start = 0;               // first context token in the trunk ids
+  State state;                         // trunk state after reading it
+  Tensor ctx_hidden;                   // f32 [T, C] final-norm hidden of the context tokens
   Answers answers;
   std::string error;
 };
@@ -82,11 +85,19 @@ struct ItemScope {  // where a query sits: enclosing arrays' indices and the inn
 
 class Filler {
  public:
-  Filler(const DegModel& model, const EngineOptions& options, const FillOptions& fill,
+  using Progress = std::function<void(const FillProgress&)>;
+  using Finished = std::function<void(size_t document)>;
+  // `progress` (may be empty) hears of the answer stage of the whole call; `finished` of each
+  // document once it has all its answers (or failed), after which its trunk is released.
+  Filler(const DegModel& model, const EngineOptions& options, Progress progress, Finished finished,
          std::vector<Document>& docs)
-      : model_(model), options_(options), fill_(fill), docs_(docs) {}
+      : model_(model),
+        options_(options),
+        progress_(std::move(progress)),
+        finished_(std::move(finished)),
+        docs_(docs) {}
 
-  void run(const schema::Plan& plan);
+  void run();
 
  private:
   struct GenerateField {
@@ -103,6 +114,9 @@ class Filler {
   // keeps only the hidden rows the heads read.
   void run_forks(std::vector<Job>& jobs);
   void fail(size_t d, const std::string& why);
+  // Documents not yet finished that ask nothing more in the round `upcoming`: their x-generate
+  // fields are written, then they are finished.
+  void finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& finished);
 
   // ---- heads (fill_heads.cc) ----
   // Heads over the finished forks, per document; arrays schedule their items' queries.
@@ -117,11 +131,12 @@ class Filler {
   // ---- x-generate (fill_generate.cc) ----
   // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
   // field of the document as a fork row of one batched greedy decode.
-  void generate(const schema::Plan& plan, size_t d);
+  void generate(size_t d);
 
   const DegModel& model_;
   const EngineOptions& options_;
-  const FillOptions& fill_;
+  const Progress progress_;
+  const Finished finished_;
   std::vector<Document>& docs_;
   std::map<size_t, std::vector<GenerateField>> generate_fields_;
 };

@@ -59,8 +59,8 @@ std::string Metrics::text(int64_t engine_calls) const {
                  "# HELP deg_fill_queue_depth Fills running or waiting for the engine.\n"
                  "# TYPE deg_fill_queue_depth gauge\n"
                  "deg_fill_queue_depth {}\n"
-                 "# HELP deg_engine_fills_total Engine calls (same-schema requests waiting "
-                 "together share one).\n"
+                 "# HELP deg_engine_fills_total Engine calls (requests waiting together share "
+                 "one).\n"
                  "# TYPE deg_engine_fills_total counter\n"
                  "deg_engine_fills_total {}\n",
                  filled_, failed_, queue_, engine_calls);

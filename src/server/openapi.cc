@@ -152,6 +152,13 @@ std::string_view openapi_document() {
         }
       }
     },
+    "/": {
+      "get": {
+        "summary": "The playground: a page to fill a schema from a pasted document and see each value's span and confidence (never needs a key; the page sends one with its fills)",
+        "security": [],
+        "responses": {"200": {"description": "text/html", "content": {"text/html": {"schema": {"type": "string"}}}}}
+      }
+    },
     "/healthz": {
       "get": {
         "summary": "Liveness (never needs a key)",

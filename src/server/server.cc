@@ -1,8 +1,8 @@
 // deg's HTTP server (deg/server.h) on cpp-httplib. Every response carries X-Request-Id (the
 // client's, when it sent a sane one, else a fresh one) and every log line names it; every error
 // is {"error": {"message", "type", "code"}} with a status saying whose fault it is. Fills go
-// through the Batcher (same-schema requests share engine calls); at most max_queue wait for the
-// engine, more answer 429.
+// through the Batcher (requests waiting together share engine calls, whatever their schemas); at
+// most max_queue wait for the engine, more answer 429.
 #include "deg/server.h"
 
 #include <httplib.h>
@@ -28,6 +28,7 @@
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/openapi.h"
+#include "server/playground.h"
 
 namespace deg {
 
@@ -39,7 +40,7 @@ using httplib::Response;
 constexpr const char* kRequestId = "X-Request-Id";
 constexpr int64_t kMaxDeadlineMs = int64_t(24) * 3600 * 1000;  // a day
 const std::vector<std::string> kRoutes = {
-    "/v1/fill", "/v1/plan", "/v1/models",   "/v1/chat/completions",
+    "/",        "/v1/fill", "/v1/plan",     "/v1/models", "/v1/chat/completions",
     "/healthz", "/metrics", "/openapi.json"};
 
 // An answer other than 200, thrown by a handler.
@@ -172,6 +173,7 @@ struct Server::Impl {
   int port = 0;
   server::Metrics metrics;
   server::Batcher batcher{engine, options.max_documents};
+  const std::string playground = server::playground_page();
   std::atomic<int64_t> admitted{0};  // fills running or waiting for the engine
   std::mutex random_mutex;
   std::mt19937_64 random{std::random_device{}()};
@@ -394,11 +396,20 @@ struct Server::Impl {
     http.Post("/v1/plan", route(&Impl::plan_route));
     http.Post("/v1/chat/completions", route(&Impl::chat_route));
     http.Get("/v1/models", route(&Impl::models_route));
+    http.Get("/", route(&Impl::playground_route, /*open=*/true));
     http.Get("/healthz", route(&Impl::healthz_route, /*open=*/true));
     http.Get("/metrics", route(&Impl::metrics_route));
     http.Get("/openapi.json", route(&Impl::openapi_route));
   }
 
+  // Open like /healthz: a browser sends no key when it opens a page; the page asks for one and
+  // sends it with its fills. It loads nothing from elsewhere, and the policy says so.
+  void playground_route(const Request&, Response& res) {
+    res.set_header("Content-Security-Policy",
+                   "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                   "connect-src 'self'");
+    res.set_content(playground, "text/html; charset=utf-8");
+  }
   void healthz_route(const Request&, Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   }
