@@ -99,6 +99,9 @@ class OpsDecorator : public Ops {
   void subtract_projection(const ProjectionArgs& a) const override {
     run("subtract_projection", [&] { inner_.subtract_projection(a); });
   }
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
+    run("softcap_cross_entropy", [&] { inner_.softcap_cross_entropy(a); });
+  }
 
  protected:
   // Runs one op (`call`), named `op`.
