@@ -116,13 +116,13 @@ int main(int argc, char** argv) {
   });
   const double flop = 2.0 * double(T) * double(C) * double(V);
   fmt::print(
-      "softcap_cross_entropy on {}: T={} C={} V={} (bf16 W, bf16 products, {} rows a "
+      "softcap_cross_entropy on {}: T={} C={} V={} (bf16 W, bf16 set, {} rows a "
       "chunk, median of {})\n",
       ops.name(), T, C, V, R, repeats);
   fmt::print("  forward (loss)               {:9.2f} ms\n", forward);
-  fmt::print("  forward + backward           {:9.2f} ms  ({:.0f} TFLOP/s over its 3 GEMMs)\n", both,
+  fmt::print("  forward + backward           {:9.2f} ms  ({:.1f} TFLOP/s over its 3 GEMMs)\n", both,
              3 * flop / both * 1e-9);
-  fmt::print("  logits GEMM alone (ops.gemm) {:9.2f} ms  ({:.0f} TFLOP/s)\n", gemm,
+  fmt::print("  logits GEMM alone (ops.gemm) {:9.2f} ms  ({:.1f} TFLOP/s)\n", gemm,
              flop / gemm * 1e-9);
   fmt::print("  ratio forward / GEMM {:.2f}, forward + backward / 3 GEMMs {:.2f}\n", forward / gemm,
              both / (3 * gemm));

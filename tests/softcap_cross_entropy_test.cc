@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct LossCase {
   DType w_dtype = DType::f32;
   float a = 23.0f, b = 5.0f, c = 7.5f;
 };
+
+void PrintTo(const LossCase& k, std::ostream* os) {
+  *os << k.name;
+}
 
 // Host inputs and outputs of one call; strides wider than C, so row strides are exercised.
 struct LossData {
