@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -81,6 +82,11 @@ struct MatmulDesc {
   MatmulDesc(const MatmulDesc&) = delete;
   MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
+
+// How a GEMM's algorithm is pinned (CudaOps::pinned_algo): one for every n (a row's output never
+// depends on the rows beside it: the projections), that where cuBLASLt has one and else one for
+// this n, or one for this very n. Pinned algorithms take no workspace and no split-K.
+enum class Pin : uint8_t { every_n, every_n_or_this_n, this_n };
 
 // What the pinned and heuristic algorithm caches are keyed by (LtGemm::key).
 using GemmKey = std::array<int64_t, 11>;
@@ -707,7 +713,7 @@ class CudaOps final : public Ops {
       if (low) check(cuda::launch_to_bf16(x, a.ldx, R, C, xb, stream_), "to bf16");
       const void* xp = low ? xb : x;
       const int64_t ldx = low ? C : a.ldx;
-      matmul(wp, pt, V, xp, pt, ldx, R, C, {.y = z, .ldy = V});
+      matmul(wp, pt, V, xp, pt, ldx, R, C, {.y = z, .ldy = V}, Pin::every_n_or_this_n);
       l.rows = R;
       l.first = r0;
       check(cuda::launch_softcap_loss(l, stream_), "softcap_cross_entropy");
@@ -723,7 +729,7 @@ class CudaOps final : public Ops {
                   .lda = C,
                   .ldb = V,
                   .ldd = a.lddx},
-                 wp, dz, a.dxn + r0 * a.lddx, true, true);
+                 wp, dz, a.dxn + r0 * a.lddx, true, Pin::every_n_or_this_n);
       }
       if (a.dw) {  // dwᵀ [C, V] += xnᵀ (C x R) times dz (dzᵀ stored V x R, transposed)
         run_gemm({.ta = CUBLAS_OP_N,
@@ -736,7 +742,7 @@ class CudaOps final : public Ops {
                   .lda = ldx,
                   .ldb = V,
                   .ldd = C},
-                 xp, dz, a.dw, true, false);
+                 xp, dz, a.dw, true, Pin::this_n);
       }
     }
   }
@@ -755,17 +761,17 @@ class CudaOps final : public Ops {
   }
 
   // y[M, N] (+)= x[M, K] · W[N, K]ᵀ in cuBLASLt's column-major terms: Yᵀ = W · Xᵀ, with W read
-  // as a K x N matrix transposed and Xᵀ as K x M. The algorithm is the same for every M.
+  // as a K x N matrix transposed and Xᵀ as K x M (n = M).
   void matmul(const void* w, cudaDataType wt, int64_t N, const void* x, cudaDataType xt,
-              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o) const {
+              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o,
+              Pin pin = Pin::every_n) const {
     run_gemm({.at = wt, .bt = xt, .m = N, .n = M, .k = K, .lda = K, .ldb = ldx, .ldd = o.ldy}, w, x,
-             o.y, o.accumulate, true);
+             o.y, o.accumulate, pin);
   }
 
-  // D (+)= op(A) · op(B) for g (LtGemm). any_n: one algorithm for every n (batch invariance
-  // over n); else one for this very shape. Either way pinned: no workspace, no split-K.
+  // D (+)= op(A) · op(B) for g (LtGemm) with a pinned algorithm (pinned_algo).
   void run_gemm(const LtGemm& g, const void* A, const void* B, float* D, bool accumulate,
-                bool any_n) const {
+                Pin pin) const {
     const int align = alignment_of(
         {uint64_t(reinterpret_cast<uintptr_t>(A)), uint64_t(g.lda) * element_bytes(g.at),
          uint64_t(reinterpret_cast<uintptr_t>(B)), uint64_t(g.ldb) * element_bytes(g.bt),
@@ -784,7 +790,7 @@ class CudaOps final : public Ops {
           "matmul");
       return;
     }
-    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, any_n);
+    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin);
     check_blas(cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h,
                               &algo, nullptr, 0, stream_),
                "matmul");
@@ -845,16 +851,43 @@ class CudaOps final : public Ops {
   }
 
  private:
-  // The algorithm of every GEMM of this shape, dtypes, strides and alignment — whatever its n
-  // when any_n (the heuristic's first choice for n = 1024, checked to run n = 1), else for this
-  // n — without workspace and without split-K reduction (neither stream-K fix-ups nor split-K
-  // sums, whose order would depend on n).
+  // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
+  // and without split-K reduction (neither stream-K fix-ups nor split-K sums, whose order would
+  // depend on n). Pin::every_n: one for every n — the heuristic's first choice for n = 1024 that
+  // also runs n = 1, else its first choice for n = 1 that also runs n = 1024. Pin::this_n: one
+  // for this very n. Pin::every_n_or_this_n: every_n where cuBLASLt has one, else this_n.
   const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
-                                          bool any_n) const {
-    const GemmKey key = g.key(any_n ? -1 : g.n, align);
-    if (auto it = algos_.find(key); it != algos_.end()) return it->second;
-    constexpr int64_t kProbeN = 1024;
-    const int64_t probe = any_n ? kProbeN : g.n, check_n = any_n ? 1 : g.n;
+                                          Pin pin) const {
+    const GemmKey every = g.key(-1, align), exact = g.key(g.n, align);
+    if (pin != Pin::this_n) {
+      auto it = algos_.find(every);
+      if (it == algos_.end()) {
+        constexpr int64_t kProbeN = 1024;
+        std::optional<cublasLtMatmulAlgo_t> a = first_running(desc, g, align, kProbeN, 1);
+        if (!a) a = first_running(desc, g, align, 1, kProbeN);
+        it = algos_.emplace(every, a).first;
+      }
+      if (it->second) return *it->second;
+      if (pin == Pin::every_n) no_algorithm(g, align, "for every n");
+    }
+    auto it = algos_.find(exact);
+    if (it == algos_.end())
+      it = algos_.emplace(exact, first_running(desc, g, align, g.n, g.n)).first;
+    if (!it->second) no_algorithm(g, align, "for this n");
+    return *it->second;
+  }
+
+  [[noreturn]] static void no_algorithm(const LtGemm& g, int align, const char* which) {
+    throw Error(ErrorKind::unsupported,
+                fmt::format("cuBLASLt has no algorithm without workspace and split-K {} for a [{}, "
+                            "{}] x [{}, {}] product at {}-byte alignment",
+                            which, g.m, g.k, g.k, g.n, align));
+  }
+
+  // The first of the heuristic's candidates for g at n = probe (no workspace, no reduction) that
+  // also runs n = check without workspace; none when there is no such candidate.
+  std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
+                                                    int align, int64_t probe, int64_t check) const {
     Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
         lb(g.bt, uint64_t(g.b_rows(probe)), uint64_t(g.b_cols(probe)), g.ldb),
         lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
@@ -874,30 +907,21 @@ class CudaOps final : public Ops {
       const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
       cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
     }
-    // The heuristic's candidates in its order; the first that also runs n = check_n.
     cublasLtMatmulHeuristicResult_t results[8] = {};
     int found = 0;
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
                                                             pref, 8, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    Layout lb1(g.bt, uint64_t(g.b_rows(check_n)), uint64_t(g.b_cols(check_n)), g.ldb),
-        lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check_n), g.ldd);
-    const cublasLtMatmulHeuristicResult_t* chosen = nullptr;
-    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS && !chosen; ++i) {
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo,
-                                  &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize == 0) {
-        chosen = &results[i];
-      }
+    Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
+        lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
+    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS; ++i) {
+      cublasLtMatmulHeuristicResult_t r{};
+      if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo, &r) ==
+              CUBLAS_STATUS_SUCCESS &&
+          r.workspaceSize == 0)
+        return results[i].algo;
     }
-    if (!chosen) {
-      throw Error(ErrorKind::unsupported,
-                  fmt::format("cuBLASLt has no algorithm for a [{}, {}] x [{}, {}] product at "
-                              "{}-byte alignment (status {}, {} candidates)",
-                              g.m, g.k, g.k, g.n, align, int(s), found));
-    }
-    return algos_.emplace(key, chosen->algo).first->second;
+    return std::nullopt;
   }
 
   struct Scratch {
@@ -911,7 +935,7 @@ class CudaOps final : public Ops {
   mutable std::array<std::unique_ptr<MatmulDesc>, 4> descs_;  // by (op(A), op(B))
   mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
   mutable std::recursive_mutex mu_;
-  mutable std::map<GemmKey, cublasLtMatmulAlgo_t> algos_;
+  mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
   // bf16, dz in bf16 and widened W.
   mutable std::array<Scratch, 8> scratch_;
