@@ -21,6 +21,11 @@ class HostBuffer : public Buffer {
   ~HostBuffer() override { std::free(data()); }
 };
 
+class ViewBuffer : public Buffer {
+ public:
+  ViewBuffer(std::byte* data, size_t size) : Buffer(data, size, true, Device::cpu) {}
+};
+
 }  // namespace
 
 std::shared_ptr<Buffer> buffer_alloc(size_t bytes) {
@@ -32,6 +37,10 @@ std::shared_ptr<Buffer> buffer_alloc(size_t bytes) {
   }
   std::memset(p, 0, rounded);
   return std::make_shared<HostBuffer>(static_cast<std::byte*>(p), bytes);
+}
+
+std::shared_ptr<Buffer> buffer_view(std::byte* data, size_t bytes) {
+  return std::make_shared<ViewBuffer>(data, bytes);
 }
 
 MappedFile::MappedFile(std::byte* data, size_t size, std::string path)

@@ -39,6 +39,10 @@ inline constexpr size_t kBufferAlignment = 64;
 // allocation fails (the message names the size).
 std::shared_ptr<Buffer> buffer_alloc(size_t bytes);
 
+// A view of `bytes` of host memory the caller owns and keeps alive while the buffer is used
+// (never freed here): how a raw f32 array becomes a Tensor without a copy.
+std::shared_ptr<Buffer> buffer_view(std::byte* data, size_t bytes);
+
 // A whole file mapped read-only. An empty file gives a buffer of size 0.
 class MappedFile : public Buffer {
  public:

@@ -93,4 +93,9 @@ const Ops& ops_for(Device device) {
   return device == Device::cuda ? cuda_ops() : cpu_ops();
 }
 
+int64_t softcap_cross_entropy_chunk(int64_t V) {
+  const int64_t rows = (int64_t(16) << 20) / std::max<int64_t>(V, 1);  // 64 MiB of f32
+  return rows >= 64 ? rows / 64 * 64 : std::max<int64_t>(rows, 1);
+}
+
 }  // namespace deg

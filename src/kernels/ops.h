@@ -638,6 +638,47 @@ struct NorMuonStepArgs {
   float beta2 = 0.9f, lr = 0.0f, wd = 0.0f;
 };
 
+// ---- softcap_cross_entropy: the gpt training loss (seed 003 GPT._loss) ----
+
+// Multi-token weights one call takes at most.
+constexpr int kMaxMtpWeights = 8;
+
+// Soft-capped cross entropy over T rows: logits z = xn W^T, soft-capped to s = a sigmoid((z + b)
+// / c). Row t's terms are (targets[t + k], mtp_weights[k]) for k < mtp where t + k < T and the
+// target is in [0, V), plus (prefix[t], prefix_weight) where prefix is set, prefix_weight != 0 and
+// prefix[t] is in [0, V). loss[t] = sum over the terms of weight (lse - s[target]), lse =
+// log sum_v exp(s_v) taken with the fixed maximum a (s < a); a row without terms has loss 0.
+// dxn / dw non-null: the gradient of the mean loss (sum_t loss[t]) / T is ADDED to them, through
+// the soft cap: dz_v = (sum of weights p_v - weights on v) / T * a / c * u (1 - u), u = s / a.
+//
+// Rows go in chunks of R (each chunk's [R, V] logits the only ones that exist: at most 64 MiB
+// of f32), chunk by chunk from row 0. loss[t] depends on row t's inputs only (batch invariant);
+// dxn rows likewise; dw sums the chunks' products in chunk order, so it is deterministic for a
+// given T. bf16 (with a bf16 W): a backend may round the products' operands (xn, W, dz) to bf16
+// with f32 accumulation, as GemmPrecision::bf16; the CPU computes in f32 either way (a bf16 W
+// widened exactly).
+struct SoftcapCrossEntropyArgs {
+  const float* xn = nullptr;  // [T, C] at row stride ldx
+  int64_t ldx = 0;
+  const Tensor* w = nullptr;         // [V, C] f32 or bf16, contiguous, on the backend's device
+  const int32_t* targets = nullptr;  // [T] (-1: none)
+  const int32_t* prefix = nullptr;   // [T] (-1: none) or null
+  int64_t rows = 0;                  // T
+  float a = 23.0f, b = 5.0f, c = 7.5f;
+  std::array<float, kMaxMtpWeights> mtp_weights{1.0f};  // weight of target t + k
+  int64_t mtp = 1;                                      // how many of mtp_weights are used
+  float prefix_weight = 0.0f;
+  float* loss = nullptr;  // [T]
+  float* dxn = nullptr;   // [T, C] at row stride lddx, or null
+  int64_t lddx = 0;
+  float* dw = nullptr;  // [V, C] f32, or null
+  bool bf16 = false;
+};
+
+// Rows per chunk of softcap_cross_entropy for a vocabulary of V: the [R, V] f32 logits within
+// 64 MiB (a multiple of 64 rows where V allows, at least 1).
+int64_t softcap_cross_entropy_chunk(int64_t V);
+
 // The backend: one implementation per device. Every op runs over its whole argument and returns
 // when the results are visible to the next op on the same backend.
 class Ops {
@@ -689,6 +730,8 @@ class Ops {
   virtual void rope_pairs(const RopePairsArgs& a) const = 0;
   virtual void attention_f64(const AttendF64Args& a) const = 0;
   virtual void subtract_projection(const ProjectionArgs& a) const = 0;
+  // The gpt training loss and its gradient (SoftcapCrossEntropyArgs).
+  virtual void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const = 0;
 
   // Training (the CPU and CUDA backends; another backend says it has none).
   virtual void matmul(const MatmulOpArgs&) const { no_training_op("matmul"); }

@@ -144,6 +144,10 @@ class OpsDecorator : public Ops {
     return s;
   }
 
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
+    run("softcap_cross_entropy", [&] { inner_.softcap_cross_entropy(a); });
+  }
+
  protected:
   // Runs one op (`call`), named `op`.
   virtual void run(const char* op, const std::function<void()>& call) const = 0;

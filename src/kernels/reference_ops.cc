@@ -541,6 +541,52 @@ class ReferenceOps final : public Ops {
         }
       }
   }
+
+  // ---- softcap_cross_entropy: every row's logits, loss and gradient in double ----
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
+    const Tensor& w = *a.w;
+    const int64_t T = a.rows, V = w.dim(0), C = w.dim(1);
+    std::vector<double> dw(a.dw ? size_t(V * C) : 0, 0.0), u(static_cast<size_t>(V), 0.0),
+        dz(static_cast<size_t>(V), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* x = a.xn + t * a.ldx;
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        double z = 0;
+        for (int64_t c = 0; c < C; ++c) z += double(x[c]) * table_at(w, v * C + c);
+        u[size_t(v)] = sigmoid((z + a.b) / a.c);
+        sum += std::exp(a.a * u[size_t(v)]);
+      }
+      const double lse = std::log(sum);
+      std::vector<std::pair<int64_t, double>> terms;  // (target, weight)
+      for (int64_t k = 0; k < a.mtp && t + k < T; ++k)
+        if (a.targets[t + k] >= 0 && a.targets[t + k] < V)
+          terms.emplace_back(a.targets[t + k], a.mtp_weights[size_t(k)]);
+      if (a.prefix && a.prefix_weight != 0.0f && a.prefix[t] >= 0 && a.prefix[t] < V)
+        terms.emplace_back(a.prefix[t], a.prefix_weight);
+      double loss = 0, weights = 0;
+      for (auto [target, weight] : terms) {
+        loss += weight * (lse - a.a * u[size_t(target)]);
+        weights += weight;
+      }
+      a.loss[t] = float(loss);
+      if (!a.dxn && !a.dw) continue;
+      for (int64_t v = 0; v < V; ++v) dz[size_t(v)] = weights * std::exp(a.a * u[size_t(v)] - lse);
+      for (auto [target, weight] : terms) dz[size_t(target)] -= weight;
+      for (int64_t v = 0; v < V; ++v)
+        dz[size_t(v)] *= a.a / a.c * u[size_t(v)] * (1.0 - u[size_t(v)]) / double(T);
+      if (a.dxn) {
+        for (int64_t c = 0; c < C; ++c) {
+          double g = 0;
+          for (int64_t v = 0; v < V; ++v) g += dz[size_t(v)] * table_at(w, v * C + c);
+          a.dxn[t * a.lddx + c] = float(a.dxn[t * a.lddx + c] + g);
+        }
+      }
+      for (int64_t v = 0; a.dw && v < V; ++v)
+        for (int64_t c = 0; c < C; ++c) dw[size_t(v * C + c)] += dz[size_t(v)] * x[c];
+    }
+    for (int64_t i = 0; a.dw && i < V * C; ++i) a.dw[i] = float(a.dw[i] + dw[size_t(i)]);
+  }
 };
 
 }  // namespace

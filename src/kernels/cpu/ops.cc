@@ -6,10 +6,12 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <new>
+#include <utility>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -47,6 +49,46 @@ bool is_real(const RowTable& r, int64_t i) {
 inline float gelu_tanh(float x) {
   const float inner = 0.7978845608028654f * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+// ---- softcap_cross_entropy's row (train/loss.h's arithmetic) ----
+
+inline float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+// Row t of softcap_cross_entropy: z [V] (its logits) becomes dz when `grad`; u [V] is scratch.
+// Soft-capped logits are in (0, a), so a is a safe fixed maximum for the lse (as the seed's
+// kernel); the sum runs over v in order, in f64.
+void softcap_row(const SoftcapCrossEntropyArgs& a, int64_t T, int64_t V, int64_t t, float* z,
+                 float* u, bool grad) {
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) {
+    u[v] = sigmoid((z[v] + a.b) / a.c);
+    sum += std::exp(double(a.a * u[v] - a.a));
+  }
+  const double lse = a.a + std::log(sum);
+  std::array<std::pair<int32_t, float>, kMaxMtpWeights + 1> terms;  // (target, weight)
+  int n = 0;
+  for (int64_t k = 0; k < a.mtp && t + k < T; ++k) {
+    const int32_t target = a.targets[t + k];
+    if (target >= 0 && target < V) terms[size_t(n++)] = {target, a.mtp_weights[size_t(k)]};
+  }
+  if (a.prefix && a.prefix_weight != 0.0f && a.prefix[t] >= 0 && a.prefix[t] < V)
+    terms[size_t(n++)] = {a.prefix[t], a.prefix_weight};
+  double loss = 0, weights = 0;
+  for (int i = 0; i < n; ++i) {
+    const auto [target, weight] = terms[size_t(i)];
+    loss += double(weight) * (lse - double(a.a * u[target]));
+    weights += weight;
+  }
+  a.loss[t] = float(loss);
+  if (!grad) return;
+  // d(loss)/d(s_v) = weights p_v - the weights on v; then through the soft cap.
+  const float inv_t = 1.0f / float(T);
+  for (int64_t v = 0; v < V; ++v) z[v] = float(weights) * float(std::exp(double(a.a * u[v]) - lse));
+  for (int i = 0; i < n; ++i) z[terms[size_t(i)].first] -= terms[size_t(i)].second;
+  for (int64_t v = 0; v < V; ++v) z[v] *= inv_t * a.a / a.c * u[v] * (1.0f - u[v]);
 }
 
 class CpuOps final : public Ops {
@@ -566,6 +608,71 @@ class CpuOps final : public Ops {
     double s = 0;
     for (double p : part) s += p;
     return s;
+  }
+
+  // ---- softcap_cross_entropy (kernels/ops.h): per chunk of rows, the logits through gemm(),
+  // each row's soft cap, lse, loss and dz in place over the pool, then dxn += dz W (rows over
+  // the pool) and dw += dz^T xn (vocabulary rows over the pool, from dz transposed). ----
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
+    const Tensor& w = *a.w;
+    const int64_t T = a.rows, V = w.dim(0), C = w.dim(1);
+    DEG_CHECK(a.mtp >= 0 && a.mtp <= kMaxMtpWeights, "softcap_cross_entropy: {} mtp weights",
+              a.mtp);
+    if (T == 0) return;
+    const bool grad = a.dxn || a.dw;
+    const Tensor wf = a.dxn && w.dtype() == DType::bf16 ? w.to(DType::f32) : w;  // for dz W
+    const int64_t chunk = std::min(T, softcap_cross_entropy_chunk(V));
+    std::vector<float> z(size_t(chunk * V)), u(size_t(chunk * V));
+    std::vector<float> zt(a.dw ? size_t(chunk * V) : 0);
+    const GemmOutput logits{.w = &w, .y = z.data(), .ldy = V};
+    for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+      const int64_t R = std::min(chunk, T - r0);
+      deg::gemm({.x = a.xn + r0 * a.ldx, .m = R, .k = C, .ldx = a.ldx, .outputs = {&logits, 1}});
+      parallel_for(
+          R,
+          [&](int64_t begin, int64_t end) {
+            for (int64_t r = begin; r < end; ++r)
+              softcap_row(a, T, V, r0 + r, z.data() + r * V, u.data() + r * V, grad);
+          },
+          1);
+      if (a.dxn) {
+        parallel_for(
+            R,
+            [&](int64_t begin, int64_t end) {
+              matmul_nn({.a = z.data() + begin * V,
+                         .lda = V,
+                         .b = wf.data<float>(),
+                         .ldb = C,
+                         .m = end - begin,
+                         .n = C,
+                         .k = V,
+                         .c = a.dxn + (r0 + begin) * a.lddx,
+                         .ldc = a.lddx,
+                         .accumulate = true});
+            },
+            kRowGrain);
+      }
+      if (a.dw) {
+        for_each_index(V, 256, [&](int64_t v) {
+          for (int64_t r = 0; r < R; ++r) zt[size_t(v * R + r)] = z[size_t(r * V + v)];
+        });
+        parallel_for(
+            V,
+            [&](int64_t begin, int64_t end) {
+              matmul_nn({.a = zt.data() + begin * R,
+                         .lda = R,
+                         .b = a.xn + r0 * a.ldx,
+                         .ldb = a.ldx,
+                         .m = end - begin,
+                         .n = C,
+                         .k = R,
+                         .c = a.dw + begin * C,
+                         .ldc = C,
+                         .accumulate = true});
+            },
+            kRowGrain);
+      }
+    }
   }
 };
 

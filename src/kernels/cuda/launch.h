@@ -484,6 +484,25 @@ struct NorMuonLaunch {
 };
 cudaError_t launch_normuon_step(const NorMuonLaunch& a, cudaStream_t stream);
 
+// ---- loss.cu: softcap_cross_entropy (kernels/ops.h) for one chunk of rows, between its GEMMs ----
+constexpr int kLossMtp = 8;               // kernels/ops.h's kMaxMtpWeights
+constexpr int kLossTerms = kLossMtp + 1;  // with the prefix target
+struct SoftcapLossLaunch {
+  float* z;       // [rows, vocab] the chunk's logits; dz over them when grad and dz_bf16 is null
+  void* dz_bf16;  // [rows, vocab] bf16 dz, or null
+  int64_t rows, vocab;
+  int64_t first, total;    // the chunk's first row of the call, the call's rows T
+  const int32_t* targets;  // [T]
+  const int32_t* prefix;   // [T] or null
+  float a, b, c;
+  float mtp_weights[kLossMtp];
+  int mtp;
+  float prefix_weight;
+  float* loss;  // [T]
+  bool grad;
+};
+cudaError_t launch_softcap_loss(const SoftcapLossLaunch& a, cudaStream_t stream);
+
 // GEMM operand conversions: x [rows, n] at ldx -> bf16 [rows, n] contiguous (round to nearest
 // even, as the CPU's f32_to_bf16); bf16 [count] -> f32 [count].
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,

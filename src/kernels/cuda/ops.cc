@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -68,19 +69,45 @@ struct Layout {
   Layout& operator=(const Layout&) = delete;
 };
 
+// f32 compute (no TF32) with op(A), op(B) as given.
 struct MatmulDesc {
   cublasLtMatmulDesc_t h = nullptr;
-  MatmulDesc() {
+  MatmulDesc(cublasOperation_t ta, cublasOperation_t tb) {
     check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
-    const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
-    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)),
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
                "transa");
-    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)),
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
                "transb");
   }
   ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
   MatmulDesc(const MatmulDesc&) = delete;
   MatmulDesc& operator=(const MatmulDesc&) = delete;
+};
+
+// How a GEMM's algorithm is pinned (CudaOps::pinned_algo): one for every n (a row's output never
+// depends on the rows beside it: the projections), that where cuBLASLt has one and else one for
+// this n, or one for this very n. Pinned algorithms take no workspace and no split-K.
+enum class Pin : uint8_t { every_n, every_n_or_this_n, this_n };
+
+// What the pinned and heuristic algorithm caches are keyed by (LtGemm::key).
+using GemmKey = std::array<int64_t, 11>;
+
+// One GEMM in cuBLASLt's column-major terms: D [m, n] (+)= op(A) · op(B) with f32 output, A
+// stored m x k (ta N) or k x m (ta T) at lda, B k x n (tb N) or n x k (tb T) at ldb. The
+// defaults are the forward projection's: A = W [N, K] read transposed, B = Xᵀ.
+struct LtGemm {
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cudaDataType at = CUDA_R_32F, bt = CUDA_R_32F;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+
+  int64_t a_rows() const { return ta == CUBLAS_OP_N ? m : k; }
+  int64_t a_cols() const { return ta == CUBLAS_OP_N ? k : m; }
+  int64_t b_rows(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? k : cols_of_d; }
+  int64_t b_cols(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? cols_of_d : k; }
+  GemmKey key(int64_t n_key, int align) const {
+    return {int64_t(ta), int64_t(tb), int64_t(at), int64_t(bt), m, n_key, k, lda, ldb, ldd, align};
+  }
 };
 
 // Row tables by value, one launch per chunk of cuda::kRows rows.
@@ -633,38 +660,17 @@ class CudaOps final : public Ops {
     }
     std::lock_guard lock(mu_);
     // Row-major c = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: the column-major view of a
-    // row-major [r, c] matrix is its transpose, so b's view (N x K, or K x N transposed when tb)
-    // multiplies a's (K x M, or M x K transposed when ta).
-    const cublasOperation_t opb = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t opa = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const TrainDesc& desc = train_desc(opb, opa);
-    const Layout& lb = layout(CUDA_R_32F, a.tb ? a.k : a.n, a.tb ? a.n : a.k, a.ldb);
-    const Layout& la = layout(CUDA_R_32F, a.ta ? a.m : a.k, a.ta ? a.k : a.m, a.lda);
-    const Layout& lc = layout(CUDA_R_32F, a.n, a.m, a.ldc);
-    const auto key = std::make_tuple(int(opb), int(opa), a.m, a.n, a.k, a.lda, a.ldb, a.ldc);
-    auto it = train_algos_.find(key);
-    if (it == train_algos_.end()) {
-      cublasLtMatmulPreference_t pref = nullptr;
-      check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
-      const uint64_t no_workspace = 0;
-      const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &no_workspace, sizeof(no_workspace));
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                           &no_reduction, sizeof(no_reduction));
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, lb.h, la.h, lc.h,
-                                                               lc.h, pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-        check_blas(CUBLAS_STATUS_NOT_SUPPORTED, "matmul");
-      it = train_algos_.emplace(key, result.algo).first;
-    }
-    const float alpha = 1.0f, beta = a.accumulate ? 1.0f : 0.0f;
-    check_blas(cublasLtMatmul(blas_, desc.h, &alpha, a.b, lb.h, a.a, la.h, &beta, a.c, lc.h, a.c,
-                              lc.h, &it->second, nullptr, 0, stream_),
-               "matmul");
+    // row-major [r, c] matrix is its transpose, so b's view (N x K, or K x N read transposed
+    // when tb) multiplies a's (K x M, or M x K read transposed when ta).
+    run_gemm({.ta = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+              .tb = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+              .m = a.n,
+              .n = a.m,
+              .k = a.k,
+              .lda = a.ldb,
+              .ldb = a.lda,
+              .ldd = a.ldc},
+             a.b, a.a, a.c, a.accumulate, Pin::this_n);
   }
 
   void rms_norm_backward(const NormBackwardArgs& a) const override {
@@ -950,6 +956,88 @@ class CudaOps final : public Ops {
     return s;
   }
 
+  // ---- softcap_cross_entropy: per chunk of rows, the logits GEMM (the projection's pinned
+  // algorithm), the loss kernel (dz over the logits, or as bf16), then dxn += dz W and dw += dzᵀ
+  // xn as pinned GEMMs without split-K: dw adds the chunks' products in chunk order. ----
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
+    const Tensor& w = *a.w;
+    DEG_CHECK(w.rank() == 2 && w.is_contiguous() && w.device() == Device::cuda,
+              "cuda softcap_cross_entropy: weight {} is not a contiguous [V, C] device tensor",
+              w.describe());
+    DEG_CHECK(a.mtp >= 0 && a.mtp <= cuda::kLossMtp, "softcap_cross_entropy: {} mtp weights",
+              a.mtp);
+    if (w.dtype() != DType::f32 && w.dtype() != DType::bf16)
+      throw Error(ErrorKind::unsupported,
+                  fmt::format("cuda softcap_cross_entropy: {} weights", dtype_name(w.dtype())));
+    const int64_t T = a.rows, V = w.dim(0), C = w.dim(1);
+    if (T == 0) return;
+    std::lock_guard lock(mu_);
+    const bool grad = a.dxn || a.dw, low = a.bf16 && w.dtype() == DType::bf16;
+    const int64_t chunk = std::min(T, softcap_cross_entropy_chunk(V));
+    const cudaDataType pt = low ? CUDA_R_16BF : CUDA_R_32F;  // the products' operand type
+    const void* wp = w.raw();
+    if (!low && w.dtype() == DType::bf16) {  // exact: W widened to f32 once per call
+      float* wf = static_cast<float*>(scratch(7, size_t(V * C) * sizeof(float)));
+      check(cuda::launch_widen_bf16(w.raw(), V * C, wf, stream_), "widen bf16");
+      wp = wf;
+    }
+    float* z = static_cast<float*>(scratch(4, size_t(chunk * V) * sizeof(float)));
+    void* xb = low ? scratch(5, size_t(chunk * C) * 2) : nullptr;
+    void* dzb = low && grad ? scratch(6, size_t(chunk * V) * 2) : nullptr;
+    cuda::SoftcapLossLaunch l{.z = z,
+                              .dz_bf16 = dzb,
+                              .vocab = V,
+                              .total = T,
+                              .targets = a.targets,
+                              .prefix = a.prefix,
+                              .a = a.a,
+                              .b = a.b,
+                              .c = a.c,
+                              .mtp = int(a.mtp),
+                              .prefix_weight = a.prefix_weight,
+                              .loss = a.loss,
+                              .grad = grad};
+    std::copy(a.mtp_weights.begin(), a.mtp_weights.begin() + a.mtp, l.mtp_weights);
+    for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+      const int64_t R = std::min(chunk, T - r0);
+      const float* x = a.xn + r0 * a.ldx;
+      if (low) check(cuda::launch_to_bf16(x, a.ldx, R, C, xb, stream_), "to bf16");
+      const void* xp = low ? xb : x;
+      const int64_t ldx = low ? C : a.ldx;
+      matmul(wp, pt, V, xp, pt, ldx, R, C, {.y = z, .ldy = V}, Pin::every_n_or_this_n);
+      l.rows = R;
+      l.first = r0;
+      check(cuda::launch_softcap_loss(l, stream_), "softcap_cross_entropy");
+      const void* dz = low ? dzb : z;
+      if (a.dxn) {  // dxnᵀ [C, R] += W [V, C] read as C x V, times dzᵀ (V x R)
+        run_gemm({.ta = CUBLAS_OP_N,
+                  .tb = CUBLAS_OP_N,
+                  .at = pt,
+                  .bt = pt,
+                  .m = C,
+                  .n = R,
+                  .k = V,
+                  .lda = C,
+                  .ldb = V,
+                  .ldd = a.lddx},
+                 wp, dz, a.dxn + r0 * a.lddx, true, Pin::every_n_or_this_n);
+      }
+      if (a.dw) {  // dwᵀ [C, V] += xnᵀ (C x R) times dz (dzᵀ stored V x R, transposed)
+        run_gemm({.ta = CUBLAS_OP_N,
+                  .tb = CUBLAS_OP_T,
+                  .at = pt,
+                  .bt = pt,
+                  .m = C,
+                  .n = V,
+                  .k = R,
+                  .lda = ldx,
+                  .ldb = V,
+                  .ldd = C},
+                 xp, dz, a.dw, true, Pin::this_n);
+      }
+    }
+  }
+
  private:
   static cuda::CombineLaunch combine_launch(const CombineArgs& a) {
     cuda::CombineLaunch l{.y = a.y,
@@ -1009,30 +1097,6 @@ class CudaOps final : public Ops {
     check(cuda::launch_scatter_rows(l, stream_), "scatter");
   }
 
-  // The product's descriptors, by (transa, transb).
-  struct TrainDesc {
-    cublasLtMatmulDesc_t h = nullptr;
-    TrainDesc(cublasOperation_t ta, cublasOperation_t tb) {
-      check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
-      check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-                 "transa");
-      check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-                 "transb");
-    }
-    ~TrainDesc() { cublasLtMatmulDescDestroy(h); }
-    TrainDesc(const TrainDesc&) = delete;
-    TrainDesc& operator=(const TrainDesc&) = delete;
-  };
-  const TrainDesc& train_desc(cublasOperation_t ta, cublasOperation_t tb) const {
-    auto& d = train_descs_[size_t(ta == CUBLAS_OP_T) * 2 + size_t(tb == CUBLAS_OP_T)];
-    if (!d) d = std::make_unique<TrainDesc>(ta, tb);
-    return *d;
-  }
-  mutable std::array<std::unique_ptr<TrainDesc>, 4> train_descs_;
-  mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>,
-                   cublasLtMatmulAlgo_t>
-      train_algos_;
-
   // Device scratch `slot` of at least `bytes` (kept and grown; stream order makes reuse safe).
   // Callers hold mu_.
   void* scratch(int slot, size_t bytes) const {
@@ -1046,36 +1110,53 @@ class CudaOps final : public Ops {
   }
 
   // y[M, N] (+)= x[M, K] · W[N, K]ᵀ in cuBLASLt's column-major terms: Yᵀ = W · Xᵀ, with W read
-  // as a K x N matrix transposed and Xᵀ as K x M.
+  // as a K x N matrix transposed and Xᵀ as K x M (n = M).
   void matmul(const void* w, cudaDataType wt, int64_t N, const void* x, cudaDataType xt,
-              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o) const {
-    const size_t we = wt == CUDA_R_32F ? 4 : 2, xe = xt == CUDA_R_32F ? 4 : 2;
-    const int align =
-        alignment_of({uint64_t(reinterpret_cast<uintptr_t>(w)), uint64_t(K) * we,
-                      uint64_t(reinterpret_cast<uintptr_t>(x)), uint64_t(ldx) * xe,
-                      uint64_t(reinterpret_cast<uintptr_t>(o.y)), uint64_t(o.ldy) * 4});
-    const MatmulDesc& desc = desc_;
+              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o,
+              Pin pin = Pin::every_n) const {
+    run_gemm({.at = wt, .bt = xt, .m = N, .n = M, .k = K, .lda = K, .ldb = ldx, .ldd = o.ldy}, w, x,
+             o.y, o.accumulate, pin);
+  }
+
+  // D (+)= op(A) · op(B) for g (LtGemm) with a pinned algorithm (pinned_algo).
+  void run_gemm(const LtGemm& g, const void* A, const void* B, float* D, bool accumulate,
+                Pin pin) const {
+    const int align = alignment_of(
+        {uint64_t(reinterpret_cast<uintptr_t>(A)), uint64_t(g.lda) * element_bytes(g.at),
+         uint64_t(reinterpret_cast<uintptr_t>(B)), uint64_t(g.ldb) * element_bytes(g.bt),
+         uint64_t(reinterpret_cast<uintptr_t>(D)), uint64_t(g.ldd) * 4});
+    const MatmulDesc& desc = this->desc(g.ta, g.tb);
     if (layouts_.size() + 3 > kMaxLayouts) layouts_.clear();  // bounded: shapes vary with M
-    const Layout &la = layout(wt, K, N, K), &lb = layout(xt, K, M, ldx),
-                 &lc = layout(CUDA_R_32F, N, M, o.ldy);
-    const float alpha = 1.0f, beta = o.accumulate ? 1.0f : 0.0f;
+    const Layout &la = layout(g.at, g.a_rows(), g.a_cols(), g.lda),
+                 &lb = layout(g.bt, g.b_rows(g.n), g.b_cols(g.n), g.ldb),
+                 &lc = layout(CUDA_R_32F, g.m, g.n, g.ldd);
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     if (heuristic_) {  // the benchmark's yardstick: cuBLASLt's own choice for this very M
-      const Heuristic& h = heuristic_algo(desc, la, lb, lc, wt, xt, N, K, M, ldx, o.ldy);
-      check_blas(cublasLtMatmul(blas_, desc.h, &alpha, w, la.h, x, lb.h, &beta, o.y, lc.h, o.y,
-                                lc.h, &h.algo, h.workspace ? scratch(2, h.workspace) : nullptr,
-                                h.workspace, stream_),
-                 "matmul");
+      const Heuristic& h = heuristic_algo(desc, la, lb, lc, g);
+      check_blas(
+          cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h, &h.algo,
+                         h.workspace ? scratch(2, h.workspace) : nullptr, h.workspace, stream_),
+          "matmul");
       return;
     }
-    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, wt, xt, N, K, ldx, o.ldy, align);
-    check_blas(cublasLtMatmul(blas_, desc.h, &alpha, w, la.h, x, lb.h, &beta, o.y, lc.h, o.y, lc.h,
+    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin);
+    check_blas(cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h,
                               &algo, nullptr, 0, stream_),
                "matmul");
   }
 
+  static size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+  // The descriptor of (op(A), op(B)), made once per pair.
+  const MatmulDesc& desc(cublasOperation_t ta, cublasOperation_t tb) const {
+    auto& d = descs_[size_t(ta == CUBLAS_OP_T) * 2 + size_t(tb == CUBLAS_OP_T)];
+    if (!d) d = std::make_unique<MatmulDesc>(ta, tb);
+    return *d;
+  }
+
   // The cuBLASLt layout of a [cols, rows] column-major matrix (kept: creating one per call
   // costs host time on every GEMM of a decode step). Callers hold mu_; the cache only grows
-  // here (matmul empties it between GEMMs when it is full, never while references are held).
+  // here (run_gemm empties it between GEMMs when it is full, never while references are held).
   static constexpr size_t kMaxLayouts = 4096;
   const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const {
     const auto key = std::make_tuple(int(t), rows, cols, ld);
@@ -1093,9 +1174,8 @@ class CudaOps final : public Ops {
   // cuBLASLt's first choice for exactly this problem, M included, with up to 64 MiB of workspace
   // and any reduction (split-K, stream-K): what a batch-variant engine would run.
   const Heuristic& heuristic_algo(const MatmulDesc& desc, const Layout& la, const Layout& lb,
-                                  const Layout& lc, cudaDataType wt, cudaDataType xt, int64_t N,
-                                  int64_t K, int64_t M, int64_t ldx, int64_t ldy) const {
-    const auto key = std::make_tuple(int(wt), int(xt), N, K, M, ldx, ldy);
+                                  const Layout& lc, const LtGemm& g) const {
+    const GemmKey key = g.key(g.n, 0);
     if (auto it = heuristics_.find(key); it != heuristics_.end()) return it->second;
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
@@ -1120,23 +1200,52 @@ class CudaOps final : public Ops {
   }
 
  private:
-  // The algorithm of every GEMM of this weight shape, dtype, strides and alignment, whatever its
-  // M: the heuristic's first choice for M = 1024 without workspace and without split-K reduction
-  // (neither stream-K fix-ups nor split-K sums, whose order would depend on M).
-  const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, cudaDataType wt, cudaDataType xt,
-                                          int64_t N, int64_t K, int64_t ldx, int64_t ldy,
-                                          int align) const {
-    const auto key = std::make_tuple(int(wt), int(xt), N, K, ldx, ldy, align);
-    if (auto it = algos_.find(key); it != algos_.end()) return it->second;
-    constexpr int64_t kProbeM = 1024;
-    const size_t we = wt == CUDA_R_32F ? 4 : 2;
-    Layout la(wt, uint64_t(K), uint64_t(N), K), lb(xt, uint64_t(K), uint64_t(kProbeM), ldx),
-        lc(CUDA_R_32F, uint64_t(N), uint64_t(kProbeM), ldy);
+  // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
+  // and without split-K reduction (neither stream-K fix-ups nor split-K sums, whose order would
+  // depend on n). Pin::every_n: one for every n — the heuristic's first choice for n = 1024 that
+  // also runs n = 1, else its first choice for n = 1 that also runs n = 1024. Pin::this_n: one
+  // for this very n. Pin::every_n_or_this_n: every_n where cuBLASLt has one, else this_n.
+  const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
+                                          Pin pin) const {
+    const GemmKey every = g.key(-1, align), exact = g.key(g.n, align);
+    if (pin != Pin::this_n) {
+      auto it = algos_.find(every);
+      if (it == algos_.end()) {
+        constexpr int64_t kProbeN = 1024;
+        std::optional<cublasLtMatmulAlgo_t> a = first_running(desc, g, align, kProbeN, 1);
+        if (!a) a = first_running(desc, g, align, 1, kProbeN);
+        it = algos_.emplace(every, a).first;
+      }
+      if (it->second) return *it->second;
+      if (pin == Pin::every_n) no_algorithm(g, align, "for every n");
+    }
+    auto it = algos_.find(exact);
+    if (it == algos_.end())
+      it = algos_.emplace(exact, first_running(desc, g, align, g.n, g.n)).first;
+    if (!it->second) no_algorithm(g, align, "for this n");
+    return *it->second;
+  }
+
+  [[noreturn]] static void no_algorithm(const LtGemm& g, int align, const char* which) {
+    throw Error(ErrorKind::unsupported,
+                fmt::format("cuBLASLt has no algorithm without workspace and split-K {} for a [{}, "
+                            "{}] x [{}, {}] product at {}-byte alignment",
+                            which, g.m, g.k, g.k, g.n, align));
+  }
+
+  // The first of the heuristic's candidates for g at n = probe (no workspace, no reduction) that
+  // also runs n = check without workspace; none when there is no such candidate.
+  std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
+                                                    int align, int64_t probe, int64_t check) const {
+    Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
+        lb(g.bt, uint64_t(g.b_rows(probe)), uint64_t(g.b_cols(probe)), g.ldb),
+        lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const uint64_t no_workspace = 0;
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-    const uint32_t a_align = uint32_t(std::min<int>(align, int(we) * 8)), c_align = uint32_t(align);
+    const uint32_t a_align = uint32_t(std::min<int>(align, int(element_bytes(g.at)) * 8)),
+                   c_align = uint32_t(align);
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                          &no_workspace, sizeof(no_workspace));
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -1147,29 +1256,28 @@ class CudaOps final : public Ops {
       const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
       cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
     }
-    // The heuristic's candidates in its order; the first that also runs a single row.
     cublasLtMatmulHeuristicResult_t results[8] = {};
     int found = 0;
     const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
                                                             pref, 8, results, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    Layout lb1(xt, uint64_t(K), 1, ldx), lc1(CUDA_R_32F, uint64_t(N), 1, ldy);
-    const cublasLtMatmulHeuristicResult_t* chosen = nullptr;
-    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS && !chosen; ++i) {
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo,
-                                  &check) == CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize == 0) {
-        chosen = &results[i];
+    Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
+        lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
+    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS; ++i) {
+      // At the probe's own n the heuristic's answer stands without AlgoCheck (which, on an H200,
+      // left no candidate for [50304, 768] bf16 at n = 320 standing, or the heuristic found none:
+      // the message did not say which).
+      if (check == probe) {
+        if (results[i].workspaceSize == 0) return results[i].algo;
+        continue;
       }
+      cublasLtMatmulHeuristicResult_t r{};
+      if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo, &r) ==
+              CUBLAS_STATUS_SUCCESS &&
+          r.workspaceSize == 0)
+        return results[i].algo;
     }
-    if (!chosen) {
-      throw Error(ErrorKind::unsupported,
-                  fmt::format("cuBLASLt has no algorithm for a [{}, {}] weight at {}-byte "
-                              "alignment (status {}, {} candidates)",
-                              N, K, align, int(s), found));
-    }
-    return algos_.emplace(key, chosen->algo).first->second;
+    return std::nullopt;
   }
 
   struct Scratch {
@@ -1180,16 +1288,15 @@ class CudaOps final : public Ops {
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
-  MatmulDesc desc_;  // every GEMM's: W transposed, x plain, f32 compute
+  mutable std::array<std::unique_ptr<MatmulDesc>, 4> descs_;  // by (op(A), op(B))
   mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
   mutable std::recursive_mutex mu_;
-  mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int>,
-                   cublasLtMatmulAlgo_t>
-      algos_;
-  mutable std::array<Scratch, 4> scratch_;  // x in bf16, widened W, GEMM and attention work
+  mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
+  // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
+  // bf16, dz in bf16 and widened W.
+  mutable std::array<Scratch, 8> scratch_;
   mutable bool heuristic_ = false;
-  mutable std::map<std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t>, Heuristic>
-      heuristics_;
+  mutable std::map<GemmKey, Heuristic> heuristics_;
 };
 
 // The backend as cuda_ops() hands it out: while a profile is on, each op is bracketed by CUDA
