@@ -27,14 +27,6 @@ double dot_f64(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-float term_coef(const CombineTerm& t, int64_t r, int64_t g) {
-  if (!t.lane) return t.s;
-  float c = t.s * t.lane[r * t.ldl + g * t.gl];
-  if (t.add) c += t.add[r * t.lda + g * t.ga];
-  if (t.offset != 0.0f) c = t.offset + c;
-  return c;
-}
-
 float activation_slope(const ActivationBackwardArgs& a, float x) {
   switch (a.act) {
     case Activation::relu_squared: return x > 0 ? 2.0f * x : 0.0f;

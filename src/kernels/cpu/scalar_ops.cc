@@ -56,14 +56,6 @@ float activate(const ActivationArgs& a, float x) {
   return x;
 }
 
-float term_coef(const CombineTerm& t, int64_t r, int64_t g) {
-  if (!t.lane) return t.s;
-  float c = t.s * t.lane[r * t.ldl + g * t.gl];
-  if (t.add) c += t.add[r * t.lda + g * t.ga];
-  if (t.offset != 0.0f) c = t.offset + c;
-  return c;
-}
-
 // y[j] = c[0] x[0][j] + ... + c[K-1] x[K-1][j] over [0, n), summed left to right.
 template <int K>
 void combine_span(float* y, const float* const* x, const float* c, int64_t n) {
@@ -75,6 +67,14 @@ void combine_span(float* y, const float* const* x, const float* c, int64_t n) {
 }
 
 }  // namespace
+
+float term_coef(const CombineTerm& t, int64_t r, int64_t g) {
+  if (!t.lane) return t.s;
+  float c = t.s * t.lane[r * t.ldl + g * t.gl];
+  if (t.add) c += t.add[r * t.lda + g * t.ga];
+  if (t.offset != 0.0f) c = t.offset + c;
+  return c;
+}
 
 void activation_range(const ActivationArgs& a, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; ++r) {

@@ -14,6 +14,9 @@
 
 namespace deg {
 
+// A combination term's coefficient for row r, column group g (CombineTerm's rule).
+float term_coef(const CombineTerm& t, int64_t r, int64_t g);
+
 void activation_range(const ActivationArgs& a, int64_t r0, int64_t r1);
 void bias_scale_range(const BiasScaleArgs& a, int64_t r0, int64_t r1);
 void combine_range(const CombineArgs& a, int64_t r0, int64_t r1);

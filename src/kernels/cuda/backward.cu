@@ -11,26 +11,7 @@ namespace deg::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
-}
-
-#define DEG_GRID_LOOP(i, n)                                                 \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += int64_t(gridDim.x) * blockDim.x)
-
-__device__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
-
-__device__ double dot_f64(const float* a, const float* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(b[i]);
-  return s;
-}
+#include "kernels/cuda/grid.cuh"
 
 __global__ void rms_norm_backward_kernel(NormBackwardLaunch a) {
   const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hd = a.hdx ? a.hdx : a.dim;
@@ -338,10 +319,6 @@ __global__ void attention_f64_backward_kernel(AttentionF64BackwardLaunch a) {
       }
     }
   }
-}
-
-cudaError_t launched() {
-  return cudaGetLastError();
 }
 
 }  // namespace

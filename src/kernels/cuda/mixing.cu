@@ -13,20 +13,7 @@ namespace deg::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
-}
-
-#define DEG_GRID_LOOP(i, n)                                                 \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += int64_t(gridDim.x) * blockDim.x)
-
-__device__ float sigmoid(float x) {
-  return 1.0f / (1.0f + expf(-x));
-}
+#include "kernels/cuda/grid.cuh"
 
 __device__ float activate(const ActivationLaunch& a, float x) {
   switch (a.act) {
@@ -86,19 +73,12 @@ __global__ void combine_kernel(CombineLaunch a) {
   }
 }
 
-// f64-accumulated dot product rounded to f32.
-__device__ float dot_f64(const float* a, const float* b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += double(a[i]) * double(b[i]);
-  return float(s);
-}
-
 __global__ void sigmoid_gates_kernel(SigmoidGatesLaunch a) {
   DEG_GRID_LOOP(e, a.rows * a.heads) {
     const int64_t r = e / a.heads, h = e % a.heads;
     const float* w = a.w + h * a.ldw;
-    float z = dot_f64(w, a.x + r * a.ldx, a.n);
-    if (a.x2) z += dot_f64(w + a.n, a.x2 + r * a.ldx2, a.n);
+    float z = float(dot_f64(w, a.x + r * a.ldx, a.n));
+    if (a.x2) z += float(dot_f64(w + a.n, a.x2 + r * a.ldx2, a.n));
     a.out[r * a.ldo + h] = a.s * sigmoid(z);
   }
 }
@@ -131,9 +111,9 @@ __global__ void subtract_projection_kernel(ProjectionLaunch a) {
     const int64_t tok = row0 + e / a.heads, h = e % a.heads;
     float* y = a.y + tok * a.ldy + h * a.hy;
     const float* v = a.v + tok * a.ldv + h * a.hv;
-    const float vv = dot_f64(v, v, a.dim);
+    const float vv = float(dot_f64(v, v, a.dim));
     const float den = vv > a.eps ? vv : a.eps;
-    const float coef = tanhf(a.strength[tok * a.lds + h]) * dot_f64(y, v, a.dim) / den;
+    const float coef = tanhf(a.strength[tok * a.lds + h]) * float(dot_f64(y, v, a.dim)) / den;
     const float m = -coef;
     for (int64_t d = 0; d < a.dim; ++d) y[d] += m * v[d];
   }
@@ -207,10 +187,6 @@ int64_t longest(const Rows& r) {
   int64_t most = 0;
   for (int i = 0; i < r.count; ++i) most = r.length[i] > most ? r.length[i] : most;
   return most;
-}
-
-cudaError_t launched() {
-  return cudaGetLastError();
 }
 
 }  // namespace

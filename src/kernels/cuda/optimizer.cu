@@ -10,16 +10,7 @@ namespace deg::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return unsigned(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
-}
-
-#define DEG_GRID_LOOP(i, n)                                                 \
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += int64_t(gridDim.x) * blockDim.x)
+#include "kernels/cuda/grid.cuh"
 
 __global__ void adam_kernel(AdamLaunch a) {
   DEG_GRID_LOOP(i, a.n) {
@@ -95,10 +86,6 @@ __global__ void normuon_update_kernel(NorMuonLaunch a) {
     const float decay = (v * a.p[e] >= 0.0f) ? a.p[e] * a.wd * a.lr : 0.0f;
     a.p[e] = a.p[e] - decay - v * a.lr;
   }
-}
-
-cudaError_t launched() {
-  return cudaGetLastError();
 }
 
 }  // namespace
