@@ -1,6 +1,7 @@
-// Finite-difference checks of every backward in the training core (src/train/): linear,
-// RMS norm, ReLU^2 MLP, the MUDD heads, attention core and sublayer in every mode, the
-// soft-capped multi-token loss, and the whole gpt model on the `tiny` preset.
+// Finite-difference checks of the training core (src/train/): linear, RMS norm, the soft-capped
+// multi-token loss, the head losses, and the whole gpt model (its one definition, model/gpt.cc,
+// over the ops' backward) on the `tiny` preset, in the packed-stream and the fork layouts. Each
+// op's backward has its own check in tests/ops_backward_test.cc.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -8,7 +9,6 @@
 
 #include "model/gpt_config.h"
 #include "model/heads.h"
-#include "train/attention.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
 #include "train/head_loss.h"
@@ -79,185 +79,6 @@ TEST(TrainGradcheck, LinearAndNorm) {
   rmsnorm_backward(y.data(), rs.data(), rn.data(), dxn.data(), N, K);
   expect_grad("rmsnorm dx", g, x.data(), N * K, dxn.data());
 }
-
-TEST(TrainGradcheck, MlpAndHeads) {
-  Rng rng(2);
-  const int64_t T = 4, C = 6, F = 10;
-  Buf x = random_buf(rng, T * C), fc = random_buf(rng, F * C, 0.5),
-      proj = random_buf(rng, F * C, 0.5);
-  Buf r = random_buf(rng, T * C);
-  auto f = [&] {
-    MlpActs a;
-    mlp_forward(x.data(), fc.data(), proj.data(), T, C, F, a);
-    return weighted(a.out, r);
-  };
-  MlpActs a;
-  mlp_forward(x.data(), fc.data(), proj.data(), T, C, F, a);
-  Buf dx = zeros(T * C), dfc = zeros(F * C), dproj = zeros(F * C);
-  mlp_backward(x.data(), fc.data(), proj.data(), T, C, F, a, r.data(), dx.data(), dfc.data(),
-               dproj.data());
-  expect_grad("mlp dx", f, x.data(), T * C, dx.data());
-  expect_grad("mlp dfc", f, fc.data(), F * C, dfc.data());
-  expect_grad("mlp dproj", f, proj.data(), F * C, dproj.data());
-
-  const int64_t M = 5, n = 4, G = 3;
-  Buf w1 = random_buf(rng, M * C, 0.5), w2 = random_buf(rng, n * M), b2 = random_buf(rng, n);
-  Buf w2g = random_buf(rng, n * G * M);
-  float scale = 0.7f;
-  Buf ro = random_buf(rng, T * n), rd = random_buf(rng, T * n * G);
-  auto hw = [&] {
-    return HeadWeights{.w1 = w1.data(),
-                       .w2 = w2.data(),
-                       .b2 = b2.data(),
-                       .w2g = w2g.data(),
-                       .M = M,
-                       .n = n,
-                       .G = G,
-                       .scale = scale};
-  };
-  auto h = [&] {
-    HeadActs ha;
-    head_forward(hw(), x.data(), T, C, ha);
-    return weighted(ha.out, ro) + weighted(ha.deltas, rd);
-  };
-  HeadActs ha;
-  head_forward(hw(), x.data(), T, C, ha);
-  Buf hdx = zeros(T * C), dw1 = zeros(M * C), dw2 = zeros(n * M), db2 = zeros(n),
-      dw2g = zeros(n * G * M);
-  head_backward(hw(), x.data(), T, C, ha, ro.data(), rd.data(), hdx.data(),
-                {.w1 = dw1.data(), .w2 = dw2.data(), .b2 = db2.data(), .w2g = dw2g.data()});
-  expect_grad("head dx", h, x.data(), T * C, hdx.data());
-  expect_grad("head dw1", h, w1.data(), M * C, dw1.data());
-  expect_grad("head dw2", h, w2.data(), n * M, dw2.data());
-  expect_grad("head db2", h, b2.data(), n, db2.data());
-  expect_grad("head dw2g", h, w2g.data(), n * G * M, dw2g.data());
-  // A learned scale (the MUDD gates) on a head without deltas.
-  auto gate_w = [&] {
-    return HeadWeights{
-        .w1 = w1.data(), .w2 = w2.data(), .b2 = b2.data(), .M = M, .n = n, .scale = scale};
-  };
-  auto hg = [&] {
-    HeadActs ga;
-    head_forward(gate_w(), x.data(), T, C, ga);
-    return weighted(ga.out, ro);
-  };
-  HeadActs ga;
-  head_forward(gate_w(), x.data(), T, C, ga);
-  Buf gdx = zeros(T * C), gw1 = zeros(M * C), gw2 = zeros(n * M), gb2 = zeros(n);
-  float dscale = 0;
-  head_backward(gate_w(), x.data(), T, C, ga, ro.data(), nullptr, gdx.data(),
-                {.w1 = gw1.data(), .w2 = gw2.data(), .b2 = gb2.data(), .scale = &dscale});
-  expect_grad("gate dx", hg, x.data(), T * C, gdx.data());
-  expect_grad("gate dscale", hg, &scale, 1, &dscale);
-}
-
-TEST(TrainGradcheck, AttentionCore) {
-  Rng rng(3);
-  const int64_t N = 12, S = 2, dq = 4, dv = 3;
-  std::vector<int32_t> seg = {0, 0, 0, 0, 0, 5, 5, 5, 5, 5, 5, 5};
-  const AttnCore a{
-      .N = N, .S = S, .dq = dq, .dv = dv, .seg_start = seg.data(), .window = 3, .scale = 0.6f};
-  Buf q = random_buf(rng, N * S * dq), k = random_buf(rng, N * S * dq),
-      v = random_buf(rng, N * S * dv);
-  Buf r = random_buf(rng, N * S * dv);
-  auto f = [&] {
-    Buf o = zeros(N * S * dv), l = zeros(N * S);
-    attention_core_forward(a, q.data(), k.data(), v.data(), o.data(), l.data());
-    return weighted(o, r);
-  };
-  Buf o = zeros(N * S * dv), l = zeros(N * S);
-  attention_core_forward(a, q.data(), k.data(), v.data(), o.data(), l.data());
-  Buf dq_ = zeros(N * S * dq), dk = zeros(N * S * dq), dvv = zeros(N * S * dv);
-  attention_core_backward(a, q.data(), k.data(), v.data(), o.data(), l.data(), r.data(), dq_.data(),
-                          dk.data(), dvv.data());
-  expect_grad("core dq", f, q.data(), N * S * dq, dq_.data(), 40);
-  expect_grad("core dk", f, k.data(), N * S * dq, dk.data(), 40);
-  expect_grad("core dv", f, v.data(), N * S * dv, dvv.data(), 40);
-}
-
-struct AttnMode {
-  const char* name;
-  bool paired, key_offset, xsa, gate, aux;
-  int64_t dq, dv;
-};
-
-class TrainGradcheckAttn : public ::testing::TestWithParam<AttnMode> {};
-
-TEST_P(TrainGradcheckAttn, Layer) {
-  const AttnMode m = GetParam();
-  Rng rng(4);
-  const int64_t T = 10, H = 4, hd = 4, C = 16;
-  std::vector<int32_t> seg = {0, 0, 0, 0, 4, 4, 4, 4, 4, 4};
-  RotaryState rot = rotary_initial(m.dq, 2, 0.5f);
-  for (auto& f : rot.freq) f *= 3.0f;  // visible rotation at these short positions
-  const AttnLayerShape s{.T = T,
-                         .C = C,
-                         .H = H,
-                         .dq = m.dq,
-                         .dv = m.dv,
-                         .aux_width = hd,
-                         .rotary_dim = 2,
-                         .paired = m.paired,
-                         .key_offset = m.key_offset,
-                         .window = 3,
-                         .attn_scale = 0.7f,
-                         .eps = 1e-6f,
-                         .freq = rot.freq.data(),
-                         .seg_start = seg.data()};
-  Buf xn = random_buf(rng, T * C), wqk = random_buf(rng, 2 * H * m.dq * C, 0.4),
-      wv = random_buf(rng, H * m.dv * C, 0.4), wo = random_buf(rng, C * H * m.dv, 0.4);
-  Buf aux = random_buf(rng, T * C), lanes = random_buf(rng, T * 2 * H, 0.8);
-  for (int64_t i = T * H; i < T * 2 * H; ++i) lanes[size_t(i)] = 0.5f + 0.3f * lanes[size_t(i)];
-  float sa0 = 0.8f, osc = 1.3f;
-  Buf r = random_buf(rng, T * C);
-  auto inputs = [&] {
-    AttnLayerInputs in{.xn = xn.data(),
-                       .w_qk = wqk.data(),
-                       .w_v = wv.data(),
-                       .w_o = wo.data(),
-                       .sa0 = sa0,
-                       .o_scale = osc,
-                       .aux_v = m.aux ? aux.data() : nullptr};
-    if (m.xsa) in.xsa = {lanes.data(), 2 * H};
-    if (m.gate) in.gate = {lanes.data() + H, 2 * H};
-    return in;
-  };
-  auto f = [&] {
-    AttnSaved sv;
-    Buf out = zeros(T * C);
-    attention_layer_forward(s, inputs(), sv, out.data());
-    return weighted(out, r);
-  };
-  AttnSaved sv;
-  Buf out = zeros(T * C);
-  attention_layer_forward(s, inputs(), sv, out.data());
-  Buf dxn = zeros(T * C), dqk = zeros(wqk.size()), dwv = zeros(wv.size()), dwo = zeros(wo.size()),
-      daux = zeros(T * C), dlanes = zeros(T * 2 * H);
-  AttnLayerGrads g{.dxn = dxn.data(),
-                   .dw_qk = dqk.data(),
-                   .dw_v = dwv.data(),
-                   .dw_o = dwo.data(),
-                   .daux_v = daux.data(),
-                   .dxsa = {dlanes.data(), 2 * H},
-                   .dgate = {dlanes.data() + H, 2 * H}};
-  attention_layer_backward(s, inputs(), sv, r.data(), g);
-  expect_grad("attn dxn", f, xn.data(), T * C, dxn.data(), 32);
-  expect_grad("attn dwqk", f, wqk.data(), int64_t(wqk.size()), dqk.data(), 32);
-  expect_grad("attn dwv", f, wv.data(), int64_t(wv.size()), dwv.data(), 32);
-  expect_grad("attn dwo", f, wo.data(), int64_t(wo.size()), dwo.data(), 32);
-  expect_grad("attn dsa0", f, &sa0, 1, &g.dsa0);
-  expect_grad("attn do_scale", f, &osc, 1, &g.do_scale);
-  if (m.aux) expect_grad("attn daux", f, aux.data(), T * C, daux.data(), 32);
-  if (m.xsa || m.gate) expect_grad("attn dlanes", f, lanes.data(), T * 2 * H, dlanes.data(), 40);
-}
-
-INSTANTIATE_TEST_SUITE_P(
-    Modes, TrainGradcheckAttn,
-    ::testing::Values(AttnMode{"plain", false, false, false, false, false, 2, 4},
-                      AttnMode{"paired_aux", true, false, false, false, true, 2, 4},
-                      AttnMode{"wide_key_offset_gate", false, true, false, true, true, 4, 4},
-                      AttnMode{"xsa_half_v", false, false, true, true, true, 2, 2}),
-    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(TrainGradcheck, SoftcapLoss) {
   Rng rng(5);

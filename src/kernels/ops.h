@@ -421,7 +421,11 @@ struct RopePairsArgs {
 // paired_heads: a token holds two attention positions, 2p (heads [0, H/2)) and 2p + 1 (heads
 // [H/2, H)); query head h sits at 2p + h / (H/2) and attends, per position j, K/V head
 // h % (H/2) + (j % 2) (H/2) of token j / 2. key_offset: a key's dims [offset_from, qk_dim) come
-// from the previous position's key (position 0 keeps its own). Padded outputs are zeroed.
+// from the previous position's key (position 0 keeps its own). segment non-null: token i (of
+// the call's N = B L) sees no key before position segment[i] of its row (the first position of
+// its packed document; prefix keys too), as a packed training stream's documents attend only
+// inside themselves (a key offset still reads across the boundary, as the seed's shifted keys
+// do). Padded outputs are zeroed.
 struct AttendF64Args {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -436,6 +440,7 @@ struct AttendF64Args {
   bool paired_heads = false;
   bool key_offset = false;
   int64_t offset_from = 0;
+  const int32_t* segment = nullptr;  // [N] positions, on the backend's device, or null
 };
 
 // Per head of each real token: y_h -= tanh(strength_h) (y_h . v_h / max(v_h . v_h, eps)) v_h

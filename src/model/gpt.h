@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,43 @@ std::vector<std::pair<std::string, Shape>> gpt_tensor_table(const GptConfig& cfg
 // or mis-shaped tensor.
 using TensorMap = std::map<std::string, Tensor>;
 std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights, const Ops& ops);
+
+// ---- training: the same forward, kept for its backward (src/model/gpt_backward.cc) ----
+
+// One call of a training pass, laid out as the family's calls: rows right-padded to L tokens,
+// row b's first token at position positions[b]. segment non-null: token i sees keys from position
+// segment[i] of its row on (documents packed in one row, as the pretraining stream). prefix_call
+// >= 0 (an earlier call of the pass): row b continues row prefix_rows[b] of that call, reading
+// its keys [0, positions[b]) as its prefix (deg train's fork rows); its history is the caller's.
+struct GptTrainCall {
+  RowTable rows;                     // host tables
+  const int32_t* ids = nullptr;      // [B, L] on the backend's device (padding: valid ids)
+  const int32_t* history = nullptr;  // [B, 2] ids before each row, oldest first (-1: none)
+  const int32_t* segment = nullptr;  // [B L] or null
+  int prefix_call = -1;
+  std::vector<int64_t> prefix_rows;  // [B] when prefix_call >= 0
+};
+
+// What a training forward keeps for its backward (memory of the forward's arena).
+struct GptTape;
+struct GptTapeDeleter {
+  void operator()(GptTape* t) const;
+};
+using GptTapePtr = std::unique_ptr<GptTape, GptTapeDeleter>;
+
+// Runs `family` (a gpt_family with f32 weights) over the calls in order, layer by layer, and
+// returns each call's final normed hidden state [B L, C] in x's arena; `tape` receives what
+// gpt_train_backward reads. The arena must not be reset until the backward has run.
+std::vector<float*> gpt_train_forward(const Family& family, const Exec& x,
+                                      std::span<const GptTrainCall> calls, GptTapePtr& tape);
+
+// Gradient buffers of the trained tensors by table name (f32, laid out as the tensors, on the
+// backend's device); the backward adds into them. Every trained tensor needs one.
+using GptGrads = std::map<std::string, float*>;
+
+// The backward of gpt_train_forward from the gradient of each call's final normed hidden state
+// (dfinal[c]: [B L, C], zero at padded positions).
+void gpt_train_backward(const Family& family, const Exec& x, const GptTape& tape,
+                        std::span<const float* const> dfinal, const GptGrads& grads);
 
 }  // namespace deg

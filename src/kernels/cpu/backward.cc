@@ -299,7 +299,9 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
       for (int64_t t = 0; t < r.lengths[b]; ++t) {
         const int64_t n = b * L + t, pos = r.positions[b] + t;
         const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
-        const int64_t j0 = std::max<int64_t>(0, qpos - f.window), nk = qpos - j0 + 1;
+        const int64_t j0 = std::max<int64_t>(
+            {0, qpos - f.window, f.segment ? segment_start(f.segment[n], f.paired_heads) : 0});
+        const int64_t nk = qpos - j0 + 1;
         auto token_of = [&](int64_t j) { return f.paired_heads ? j / 2 : j; };
         auto head_of = [&](int64_t j) { return f.paired_heads ? slot + (j % 2) * half : slot; };
         const float* q = f.q + n * f.ldq + h * f.hq;

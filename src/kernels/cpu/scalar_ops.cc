@@ -267,7 +267,8 @@ void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t
     const int64_t n = b * L + t, pos = a.rows.positions[b] + t;
     const int64_t qpos = a.paired_heads ? 2 * pos + h / half : pos;
     const int64_t slot = a.paired_heads ? h % half : h;
-    const int64_t j0 = std::max<int64_t>(0, qpos - a.window);
+    const int64_t j0 = std::max<int64_t>(
+        {0, qpos - a.window, a.segment ? segment_start(a.segment[n], a.paired_heads) : 0});
     auto token_of = [&](int64_t j) { return a.paired_heads ? j / 2 : j; };
     auto head_of = [&](int64_t j) { return a.paired_heads ? slot + (j % 2) * half : slot; };
     const float* qh = a.q + n * a.ldq + h * a.hq;

@@ -28,6 +28,10 @@ void subtract_projection_range(const ProjectionArgs& a, int64_t i0, int64_t i1);
 
 // attention_f64: zero the padded outputs, then queries [t0, t1) of row b, head h; `scores` holds
 // attention_f64_scores(a) floats.
+// The first attention position a token of segment start `start` (a token position) may see.
+inline int64_t segment_start(int32_t start, bool paired_heads) {
+  return paired_heads ? 2 * int64_t(start) : int64_t(start);
+}
 void attention_f64_zero_padded(const AttendF64Args& a);
 int64_t attention_f64_scores(const AttendF64Args& a);
 void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t0, int64_t t1,

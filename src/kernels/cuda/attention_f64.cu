@@ -69,7 +69,11 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
   }
   const int64_t pos = a.rows.position[i] + t, half = a.heads / 2;
   const int64_t qpos = a.paired_heads ? 2 * pos + h / half : pos;
-  const int64_t j0 = qpos - a.window > 0 ? qpos - a.window : 0;
+  int64_t j0 = qpos - a.window > 0 ? qpos - a.window : 0;
+  if (a.segment) {  // keys before the token's packed document are hidden
+    const int64_t s = a.paired_heads ? 2 * int64_t(a.segment[n]) : int64_t(a.segment[n]);
+    j0 = s > j0 ? s : j0;
+  }
   const Query q{&a, &a.kv[i], a.paired_heads ? h % half : h, half};
 
   __shared__ float qs[kMaxDim];

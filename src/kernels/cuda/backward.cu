@@ -228,7 +228,12 @@ __global__ void attention_f64_backward_kernel(AttentionF64BackwardLaunch a) {
         const int64_t n = (f.rows.first + i) * f.rows.tokens + t;
         const int64_t pos = f.rows.position[i] + t;
         const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
-        const int64_t j0 = qpos - f.window > 0 ? qpos - f.window : 0, nk = qpos - j0 + 1;
+        int64_t j0 = qpos - f.window > 0 ? qpos - f.window : 0;
+        if (f.segment) {  // keys before the token's packed document are hidden
+          const int64_t s = f.paired_heads ? 2 * int64_t(f.segment[n]) : int64_t(f.segment[n]);
+          j0 = s > j0 ? s : j0;
+        }
+        const int64_t nk = qpos - j0 + 1;
         const float* q = f.q + n * f.ldq + h * f.hq;
         const float* go = a.dout + n * a.lddo + h * a.hdo;
         // Scores and their maximum.

@@ -322,6 +322,7 @@ struct AttentionF64Launch {
   int64_t window;
   bool paired_heads, key_offset;
   int64_t offset_from;
+  const int32_t* segment;  // [N] first visible token position per token, or null
 };
 cudaError_t launch_attention_f64(const AttentionF64Launch& a, cudaStream_t stream);
 

@@ -623,7 +623,8 @@ class CudaOps final : public Ops {
                                  .window = a.window,
                                  .paired_heads = a.paired_heads,
                                  .key_offset = a.key_offset,
-                                 .offset_from = a.offset_from};
+                                 .offset_from = a.offset_from,
+                                 .segment = a.segment};
       for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
       check(cuda::launch_attention_f64(l, stream_), "attention_f64");
     });
@@ -890,7 +891,8 @@ class CudaOps final : public Ops {
                                                      .window = f.window,
                                                      .paired_heads = f.paired_heads,
                                                      .key_offset = f.key_offset,
-                                                     .offset_from = f.offset_from},
+                                                     .offset_from = f.offset_from,
+                                                     .segment = f.segment},
                                          .dout = a.dout,
                                          .lddo = a.lddo,
                                          .hdo = a.hdo,
