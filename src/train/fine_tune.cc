@@ -256,7 +256,7 @@ class Trainer {
       for (size_t i : batch) exs.push_back(&ds_.train[i]);
       const Packed p = pack_examples(exs);
       const GptStepOptions so = step_options();
-      GptActs acts;
+      GptActs& acts = acts_;
       gpt_forward(*params_, p.batch, so, acts);
       const int64_t C = params_->config().model_dim;
       Buf dfinal = zeros(p.batch.size() * C);
@@ -466,12 +466,13 @@ class Trainer {
         exs.push_back(&ds_.dev[i++]);
       }
       const Packed p = pack_examples(exs);
-      GptActs acts;
+      GptActs& acts = acts_;
       gpt_forward(*params_, p.batch, step_options(), acts);
       f(p, exs, acts.final_xn.data(), C);
     }
   }
 
+  GptActs acts_;  // the trunk passes' memory, step after step
   const FineTuneOptions& o_;
   const engine::DegModel& model_;
   Dataset& ds_;

@@ -4,6 +4,7 @@
 // state for the loss. The model runs on the CPU backend here, over views of the parameters.
 #include "train/gpt_step.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -52,9 +53,24 @@ struct GptPass {
   std::vector<std::vector<int32_t>> ids, history, segment;  // per call
   std::vector<std::vector<int64_t>> lengths, positions;     // per call
   std::vector<GptTrainCall> calls;
-  std::vector<Segment> segments;  // in stream order
+  std::vector<Segment> segments;  // every segment of the stream, where it lives
   std::vector<float*> finals;     // per call [B L, C]
   GptTapePtr tape;
+
+  // Everything but the arena's memory.
+  void clear() {
+    tape.reset();
+    model.reset();
+    arena.reset();
+    ids.clear();
+    history.clear();
+    segment.clear();
+    lengths.clear();
+    positions.clear();
+    calls.clear();
+    segments.clear();
+    finals.clear();
+  }
 };
 
 GptActs::GptActs() = default;
@@ -66,7 +82,8 @@ namespace {
 
 // The batch's segments as rows of calls: the plain stream is one row (documents apart by
 // attention segments); with the fork layout, segments without a context range are the rows of
-// call 0 and the others rows of call 1, each continuing the call-0 row of its context.
+// call 0 and the others rows of later calls (by length), each continuing the call-0 row of its
+// context.
 void lay_out(const GptBatch& b, GptPass& pass) {
   const int64_t T = b.size();
   const bool fork = !b.prev.empty();
@@ -82,13 +99,9 @@ void lay_out(const GptBatch& b, GptPass& pass) {
     pass.positions = {{0}};
     pass.segments = {{.start = 0, .length = T}};
   } else {
-    pass.ids.assign(2, {});
-    pass.history.assign(2, {});
-    pass.segment.assign(2, {});
-    pass.lengths.assign(2, {});
-    pass.positions.assign(2, {});
-    std::map<int64_t, int64_t> row_of_start;  // call-0 rows by their stream start
-    std::vector<int64_t> prefix_rows;
+    // Documents: the rows of call 0.
+    std::map<int64_t, int64_t> row_of_start;  // their rows by stream start
+    std::vector<Segment> forks;               // the queries, placed below
     for (int64_t t = 0; t < T;) {
       int64_t e = t + 1;
       while (e < T && b.seg_start[size_t(e)] == b.seg_start[size_t(t)]) ++e;
@@ -98,43 +111,52 @@ void lay_out(const GptBatch& b, GptPass& pass) {
                       b.ctx_lo[size_t(u)] == b.ctx_lo[size_t(t)] &&
                       b.ctx_hi[size_t(u)] == b.ctx_hi[size_t(t)],
                   "segment at {}: tokens must follow each other", t);
-      const int64_t lo = b.ctx_lo[size_t(t)], hi = b.ctx_hi[size_t(t)];
       Segment s{.start = t, .length = e - t};
-      if (hi <= lo) {
+      if (b.ctx_hi[size_t(t)] <= b.ctx_lo[size_t(t)]) {
         DEG_CHECK(b.pos[size_t(t)] == 0 && b.prev[size_t(t)] == -1,
                   "segment at {} without context must start a sequence", t);
-        s.call = 0;
-        s.row = int64_t(pass.lengths[0].size());
+        s.row = int64_t(row_of_start.size());
         row_of_start[t] = s.row;
-        pass.lengths[0].push_back(s.length);
-        pass.positions[0].push_back(0);
+        pass.segments.push_back(s);
       } else {
-        auto it = row_of_start.find(lo);
-        DEG_CHECK(it != row_of_start.end() && pass.lengths[0][size_t(it->second)] == hi - lo &&
-                      b.pos[size_t(t)] == hi - lo && b.prev[size_t(t)] == hi - 1,
-                  "segment at {} must continue a whole earlier segment", t);
-        s.call = 1;
-        s.row = int64_t(pass.lengths[1].size());
-        prefix_rows.push_back(it->second);
-        pass.lengths[1].push_back(s.length);
-        pass.positions[1].push_back(hi - lo);
-        for (int64_t k = kHistory; k > 0; --k)
-          pass.history[1].push_back(hi - k >= lo ? b.inputs[size_t(hi - k)] : -1);
+        forks.push_back(s);
       }
-      pass.segments.push_back(s);
       t = e;
     }
-    pass.history[0].assign(size_t(kHistory) * pass.lengths[0].size(), -1);
-    if (pass.lengths[1].empty()) {
-      for (auto* v : {&pass.ids, &pass.history, &pass.segment}) v->resize(1);
-      pass.lengths.resize(1);
-      pass.positions.resize(1);
+    pass.lengths.emplace_back();
+    for (const Segment& s : pass.segments) pass.lengths[0].push_back(s.length);
+    pass.positions.emplace_back(pass.lengths[0].size(), 0);
+    pass.history.emplace_back(size_t(kHistory) * pass.lengths[0].size(), -1);
+    pass.calls.emplace_back();
+    // Queries: rows of calls that continue call 0, one call per band of lengths (within 1.5x of
+    // each other) so that padding stays small.
+    std::stable_sort(forks.begin(), forks.end(),
+                     [](const Segment& x, const Segment& y) { return x.length < y.length; });
+    for (size_t f = 0; f < forks.size(); ++f) {
+      Segment s = forks[f];
+      const int64_t lo = b.ctx_lo[size_t(s.start)], hi = b.ctx_hi[size_t(s.start)];
+      auto it = row_of_start.find(lo);
+      DEG_CHECK(it != row_of_start.end() && pass.lengths[0][size_t(it->second)] == hi - lo &&
+                    b.pos[size_t(s.start)] == hi - lo && b.prev[size_t(s.start)] == hi - 1,
+                "segment at {} must continue a whole earlier segment", s.start);
+      const bool fresh = f == 0 || 2 * s.length > 3 * pass.lengths.back().front();
+      if (fresh) {
+        pass.lengths.emplace_back();
+        pass.positions.emplace_back();
+        pass.history.emplace_back();
+        pass.calls.push_back({.prefix_call = 0});
+      }
+      s.call = int(pass.calls.size()) - 1;
+      s.row = int64_t(pass.lengths.back().size());
+      pass.calls.back().prefix_rows.push_back(it->second);
+      pass.lengths.back().push_back(s.length);
+      pass.positions.back().push_back(hi - lo);
+      for (int64_t k = kHistory; k > 0; --k)
+        pass.history.back().push_back(hi - k >= lo ? b.inputs[size_t(hi - k)] : -1);
+      pass.segments.push_back(s);
     }
-    pass.calls.resize(pass.lengths.size());
-    if (pass.calls.size() == 2) {
-      pass.calls[1].prefix_call = 0;
-      pass.calls[1].prefix_rows = prefix_rows;
-    }
+    pass.ids.assign(pass.calls.size(), {});
+    pass.segment.assign(pass.calls.size(), {});
   }
   pass.calls.resize(pass.lengths.size());
   // Rows right-padded to each call's longest (padding: id 0).
@@ -200,7 +222,11 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
       throw Error(ErrorKind::invalid_argument,
                   fmt::format("token id {} at position {} is outside the vocabulary [0, {})",
                               b.inputs[size_t(t)], t, c.vocab_size));
-  a.pass = std::make_unique<GptPass>();
+  if (a.pass) {
+    a.pass->clear();  // the last pass's memory serves this one
+  } else {
+    a.pass = std::make_unique<GptPass>();
+  }
   GptPass& pass = *a.pass;
   pass.model = model_of(p, o);
   lay_out(b, pass);
@@ -217,7 +243,7 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
                   const float* dfinal, std::vector<ParamTensor>& grads) {
   (void)b;
   (void)o;
-  DEG_CHECK(a.pass, "gpt_backward needs the forward's GptActs");
+  DEG_CHECK(a.pass && a.pass->tape, "gpt_backward needs the forward's GptActs");
   GptPass& pass = *a.pass;
   const int64_t C = p.config().model_dim;
   std::vector<Buf> dcall;
@@ -231,18 +257,20 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
   for (ParamTensor& t : grads) g[t.name] = t.data.data();
   const Exec x{cpu_ops(), pass.arena};
   gpt_train_backward(*pass.model, x, *pass.tape, dptr, g);
-  a.pass.reset();
+  pass.tape.reset();
 }
 
-double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o) {
-  GptActs a;
+double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs* work) {
+  GptActs own;
+  GptActs& a = work ? *work : own;
   gpt_forward(p, b, o, a);
   return softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, a), nullptr, nullptr);
 }
 
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
-                         std::vector<ParamTensor>& grads) {
-  GptActs a;
+                         std::vector<ParamTensor>& grads, GptActs* work) {
+  GptActs own;
+  GptActs& a = work ? *work : own;
   gpt_forward(p, b, o, a);
   Buf dfinal = zeros(b.size() * p.config().model_dim);
   float* dlm = nullptr;

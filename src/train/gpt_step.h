@@ -49,6 +49,7 @@ struct GptStepOptions {
 };
 
 // A forward kept for its backward: the model over the parameters, the pass's memory and tape.
+// Reusing one GptActs for every step reuses its memory.
 struct GptPass;
 struct GptActs {
   GptActs();
@@ -61,15 +62,17 @@ struct GptActs {
 
 // The forward up to the final normed hidden state (acts.final_xn).
 void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs& acts);
-// Mean loss of a batch (forward only).
-double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o);
+// Mean loss of a batch (forward only); `work` (optional) is the pass's memory, kept for the next.
+double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
+                GptActs* work = nullptr);
 // Mean loss, and its gradients added into `grads` (GptParams::zeros_like layout).
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
-                         std::vector<ParamTensor>& grads);
+                         std::vector<ParamTensor>& grads, GptActs* work = nullptr);
 // Soft-capped logits [T, V] of a batch's inputs (the inference conformance door).
 Buf gpt_logits(const GptParams& p, const GptBatch& b, const GptStepOptions& o);
 
-// The backward of gpt_forward given d(final_xn) [T, C]; adds into grads. `acts` is spent.
+// The backward of gpt_forward given d(final_xn) [T, C]; adds into grads. `acts` is spent (its
+// memory stays for the next gpt_forward).
 void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs& acts,
                   const float* dfinal, std::vector<ParamTensor>& grads);
 

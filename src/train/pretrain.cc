@@ -41,9 +41,10 @@ double validate(const GptParams& p, const PretrainOptions& o, const DataInfo& in
   const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
   double sum = 0;
   int64_t n = 0;
+  GptActs work;
   for (int64_t done = 0; done < o.val_tokens; done += chunk) {
     GptBatch b = val.next(chunk, o.max_seq_len);
-    sum += gpt_loss(p, b, so) * double(b.size());
+    sum += gpt_loss(p, b, so, &work) * double(b.size());
     n += b.size();
     if (val.position().epoch > 0) break;  // the validation set is smaller than val_tokens
   }
@@ -148,12 +149,13 @@ PretrainResult pretrain(const PretrainOptions& o,
   auto grads = params.zeros_like();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
     GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
     const GptStepOptions so{.mtp_weights = mtp_weights(step, o.steps),
                             .window_short = params.config().window_short,
                             .window_long = params.config().window_long};
-    const double loss = gpt_loss_and_grad(params, b, so, grads);
+    const double loss = gpt_loss_and_grad(params, b, so, grads, &work);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
     opt.step(params, grads, sched.lr_scale(step), sched.momentum(step), step % 2 == 1,

@@ -347,12 +347,16 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
           const float* kprev = shifted ? kbuf(kp - 1) + at(g, kp - 1) : nullptr;
           float* dk = dkbuf(kp) ? dkbuf(kp) + at(g, kp) : nullptr;
           float* dkprev = shifted && dkbuf(kp - 1) ? dkbuf(kp - 1) + at(g, kp - 1) : nullptr;
-          for (int64_t d = 0; d < dq; ++d) {
-            const bool from_prev = shifted && d >= rot;
-            if (gq) gq[d] += ds * (from_prev ? kprev[d] : kj[d]);
-            float* target = from_prev ? dkprev : dk;
-            if (target) target[d] += ds * q[d];
+          // Dims [0, own) come from this key, the rest (key offset) from the previous one.
+          const int64_t own = shifted ? rot : dq;
+          if (gq) {
+            for (int64_t d = 0; d < own; ++d) gq[d] += ds * kj[d];
+            for (int64_t d = own; d < dq; ++d) gq[d] += ds * kprev[d];
           }
+          if (dk)
+            for (int64_t d = 0; d < own; ++d) dk[d] += ds * q[d];
+          if (dkprev)
+            for (int64_t d = own; d < dq; ++d) dkprev[d] += ds * q[d];
           if (float* dvb = dvbuf(kp)) {
             float* dvj = dvb + at(g, kp);
             for (int64_t d = 0; d < dv; ++d) dvj[d] += pj * go[d];
