@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "deg/engine.h"
 #include "deg/input.h"
+#include "deg/train.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "model/gpt.h"
@@ -24,7 +25,6 @@
 #include "train/data.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
-#include "train/pretrain.h"
 
 namespace deg {
 namespace {
@@ -140,7 +140,7 @@ TEST(GptInference, PretrainedCheckpointLogitsEqualTrainer) {
   fs::create_directories(dir / "data");
   train::shard_write(dir / "data" / "train_000000.bin", tokens);
   train::data_info_write(dir / "data", {.bos_id = 0, .vocab_size = 29});
-  train::pretrain({.config = gpt_preset("tiny"),
+  train::pretrain({.config = "tiny",
                    .data_dir = dir / "data",
                    .out_dir = dir / "ckpt",
                    .steps = 10,

@@ -407,6 +407,12 @@ TEST_F(ServerTest, LimitsAnswer413) {
   EXPECT_EQ(chat->status, 413);
   EXPECT_EQ(error_of(chat)["code"], "document_too_large");
   EXPECT_EQ(client(small).Get("/healthz")->status, 200);
+  // A schema over kMaxSchemaBytes, in a body within the default limit.
+  OrderedJson huge = invoice_schema();
+  huge["description"] = std::string(size_t(kMaxSchemaBytes), 'd');
+  auto big = post("/v1/fill", OrderedJson({{"schema", huge}, {"documents", {"x"}}}).dump());
+  EXPECT_EQ(big->status, 413);
+  EXPECT_EQ(error_of(big)["code"], "schema_too_large");
 }
 
 TEST_F(ServerTest, ApiKeysGuardEveryRouteButHealthz) {
@@ -644,7 +650,8 @@ TEST_F(ServerTest, PlaygroundHighlightsTheReportsSpans) {
 }
 
 // More fills than the queue holds: each gets exactly one answer — 200 (and then the same answer
-// it gets alone) or 429 with Retry-After — and the server keeps serving.
+// it gets alone) or 429 with Retry-After — and the server keeps serving; a fill that comes while
+// the queue is full is answered 429.
 TEST_F(ServerTest, OverloadAnswers429AndNoRequestIsLost) {
   Server tight(*engine_, {.port = 0, .max_queue = 0});
   const OrderedJson schema = invoice_schema();
@@ -678,6 +685,22 @@ TEST_F(ServerTest, OverloadAnswers429AndNoRequestIsLost) {
   }
   EXPECT_GE(ok, 1);
   EXPECT_EQ(post("/v1/fill", body, tight)->status, 200);
+  // Whatever the timing of the flood: while a long fill has the engine, a fill is refused at once.
+  const std::string long_body =
+      OrderedJson({{"schema", schema},
+                   {"documents", {std::string(6000, 'x') + " Invoice INV-9, total 12.50 EUR."}}})
+          .dump();
+  int long_status = 0;
+  std::thread running([&] { long_status = post("/v1/fill", long_body, tight)->status; });
+  for (bool busy = false; !busy;) {
+    busy =
+        client(tight).Get("/metrics")->body.find("\ndeg_fill_queue_depth 1\n") != std::string::npos;
+  }
+  auto refused = post("/v1/fill", body, tight);
+  running.join();
+  EXPECT_EQ(long_status, 200);
+  ASSERT_EQ(refused->status, 429) << refused->body;
+  EXPECT_EQ(refused->get_header_value("Retry-After"), "1");
 }
 
 // A raw TCP connection to the server, for clients that misbehave.

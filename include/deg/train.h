@@ -1,5 +1,8 @@
-// `deg train` (public API): fine-tunes a deg model on labeled documents (shared/data's format, one
-// task per schema; several tasks train together). Each record becomes the engine's own queries with
+// Training, part of the public API: `deg shard` (text -> token shards), `deg pretrain` (a gpt
+// trunk trained from those shards) and `deg train` (a model fine-tuned on labeled documents).
+//
+// `deg train` fine-tunes a deg model on labeled documents (shared/data's format, one task per
+// schema; several tasks train together). Each record becomes the engine's own queries with
 // their heads' targets (train/tasks.h); the losses are the heads' (train/head_loss.h).
 //
 // A `gpt` trunk trains with its heads: documents and their queries are packed into one stream
@@ -29,6 +32,8 @@
 #include <vector>
 
 namespace deg::train {
+
+// ---- `deg train` ----------------------------------------------------------------------------
 
 struct TaskFiles {
   std::filesystem::path schema, train, dev;  // dev may be empty
@@ -93,5 +98,75 @@ struct FineTuneResult {
 
 FineTuneResult fine_tune(const FineTuneOptions& options,
                          const std::function<void(const FineTuneProgress&)>& on_progress = {});
+
+// ---- `deg shard` ----------------------------------------------------------------------------
+
+// Tokenizes text files into token shards in the modded-nanogpt format (train_000000.bin ...,
+// val_000000.bin) plus data.json and a copy of the tokenizer.json, for `deg pretrain`. A file
+// holds one document, or several separated by the end-of-text token's text (e.g.
+// "<|endoftext|>"); every document is written after that token's id (the document start the
+// loader looks for).
+struct ShardTextOptions {
+  std::filesystem::path tokenizer;  // tokenizer.json or a directory holding one
+  std::filesystem::path out_dir;
+  std::vector<std::filesystem::path> train_files;
+  std::vector<std::filesystem::path> val_files;
+  std::string separator;  // the end-of-text token; empty: the first known one found
+  int64_t shard_tokens = 100'000'000;
+};
+
+struct ShardTextResult {
+  int64_t train_tokens = 0, val_tokens = 0, documents = 0;
+  int32_t bos_id = 0;
+  std::string separator;
+};
+
+// Throws deg::Error naming the file: an unreadable tokenizer or text, a vocabulary too large for
+// 16-bit ids, no end-of-text token.
+ShardTextResult shard_text_files(const ShardTextOptions& options);
+
+// ---- `deg pretrain` -------------------------------------------------------------------------
+
+// Trains a gpt trunk from token shards on the CPU with NorMuon + Adam and the speedrun's
+// schedules; validates every val_every steps, logs out_dir/metrics.jsonl, writes a checkpoint
+// (config.json with family "gpt", model.safetensors, tokenizer.json when the data directory has
+// one, optimizer and trainer state) and resumes from it.
+struct PretrainOptions {
+  // A preset (speedrun-124m, speedrun-124m-1gpu, small, tiny), whose vocab_size becomes the
+  // data's (data.json) rounded up to a multiple of 128; or the path of a config JSON (a
+  // config.json or a bare config), whose vocab_size must hold the data's.
+  std::string config;
+  std::filesystem::path data_dir;  // train_*.bin, val_*.bin, data.json [, tokenizer.json]
+  std::filesystem::path out_dir;
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  int64_t batch_tokens = 1024;  // tokens per step (one packed stream)
+  int64_t max_seq_len = 256;    // documents are cut to this many tokens
+  int64_t val_every = 0;        // 0: only at the end
+  int64_t val_tokens = 4096;
+  int64_t save_every = 0;  // 0: only at the end
+  int64_t warmup_steps = 0;
+  int64_t stop_at = 0;  // stop (and checkpoint) after this many steps; 0: steps
+  bool resume = false;  // continue from out_dir's checkpoint
+};
+
+struct PretrainProgress {
+  int64_t step = 0, steps = 0;
+  double train_loss = 0;
+  std::optional<double> val_loss;
+  double tokens_per_s = 0;
+  double eta_s = 0;
+};
+
+struct PretrainResult {
+  double first_val_loss = 0, last_val_loss = 0;
+  double unigram_entropy = 0;  // of the validation tokens, nats
+  int64_t steps_run = 0;
+};
+
+// Throws deg::Error: an unknown preset or unreadable config, invalid options, data that is
+// missing or does not fit the config.
+PretrainResult pretrain(const PretrainOptions& options,
+                        const std::function<void(const PretrainProgress&)>& on_progress = {});
 
 }  // namespace deg::train

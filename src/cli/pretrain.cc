@@ -1,18 +1,15 @@
 // deg pretrain --config PRESET|FILE --data DIR --steps N --out DIR [--seed S]: train a gpt trunk
-// on the CPU from token shards (see src/train/pretrain.h); a progress bar with the loss,
+// on the CPU from token shards (see include/deg/train.h); a progress bar with the loss,
 // tokens/s and the ETA goes to stderr.
-#include "train/pretrain.h"
-
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/error.h"
-#include "model/gpt_config.h"
+#include "deg/error.h"
+#include "deg/train.h"
 
 namespace deg::cli {
 void add_pretrain_command(CLI::App& app) {
@@ -22,10 +19,9 @@ void add_pretrain_command(CLI::App& app) {
       "`deg shard`. Writes DIR/metrics.jsonl and a checkpoint (config.json, model.safetensors, "
       "tokenizer.json) that --resume continues.");
   auto o = std::make_shared<train::PretrainOptions>();
-  auto config = std::make_shared<std::string>();
   auto device = std::make_shared<std::string>("cpu");
   auto quiet = std::make_shared<bool>(false);
-  cmd->add_option("--config", *config,
+  cmd->add_option("--config", o->config,
                   "Preset (speedrun-124m, speedrun-124m-1gpu, small, tiny; its vocab_size becomes "
                   "the data's, rounded up to a multiple of 128) or a config JSON")
       ->required();
@@ -48,11 +44,8 @@ void add_pretrain_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in --out");
   cmd->add_flag("--quiet", *quiet, "No progress bar");
-  cmd->callback([o, config, device, quiet] {
+  cmd->callback([o, device, quiet] {
     if (*device != "cpu") throw Error(ErrorKind::unsupported, "only --device cpu trains for now");
-    o->config = gpt_config_resolve(*config);
-    const auto presets = gpt_preset_names();
-    o->vocab_from_data = std::find(presets.begin(), presets.end(), *config) != presets.end();
     const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
       if (*quiet) return;
       std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";

@@ -1,11 +1,11 @@
 // deg shard --tokenizer DIR --out DIR [--val FILE] FILE...: tokenize text files into
-// modded-nanogpt token shards for `deg pretrain` (see src/train/data.h).
+// modded-nanogpt token shards for `deg pretrain` (see include/deg/train.h).
 #include <fmt/format.h>
 
 #include <memory>
 
 #include "cli/commands.h"
-#include "train/data.h"
+#include "deg/train.h"
 
 namespace deg::cli {
 

@@ -1,5 +1,5 @@
 // deg tokenizer: commands that make tokenizers. `deg tokenizer train --vocab N --out DIR FILE...`
-// learns a GPT-2 style byte-level BPE from text files (src/text/bpe_train.h) and writes
+// learns a GPT-2 style byte-level BPE from text files (include/deg/tokenizer_train.h) and writes
 // DIR/tokenizer.json; a progress line goes to stderr, a JSON summary to stdout.
 #include <fmt/format.h>
 
@@ -7,15 +7,12 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 #include "cli/commands.h"
 #include "cli/progress.h"
-#include "core/buffer.h"
-#include "core/error.h"
-#include "io/json.h"
-#include "text/bpe_train.h"
+#include "deg/json.h"
+#include "deg/tokenizer_train.h"
 
 namespace deg::cli {
 namespace {
@@ -23,7 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct TrainArgs {
-  text::BpeTrainOptions options;
+  TokenizerTrainOptions options;
   std::vector<std::string> specials;
   fs::path out_dir;
   std::vector<fs::path> files;
@@ -44,28 +41,9 @@ class Throttle {
   std::chrono::steady_clock::time_point shown_{};
 };
 
-void write_tokenizer(const fs::path& dir, const std::string& json) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw Error(ErrorKind::io, fmt::format("cannot create the output directory: {}", ec.message()),
-                {.path = dir.string()});
-  const fs::path path = dir / "tokenizer.json", tmp = dir / "tokenizer.json.tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << json;
-    if (!out.flush())
-      throw Error(ErrorKind::io, "cannot write the tokenizer", {.path = tmp.string()});
-  }
-  fs::rename(tmp, path, ec);  // never a half-written tokenizer.json
-  if (ec)
-    throw Error(ErrorKind::io, fmt::format("cannot write the tokenizer: {}", ec.message()),
-                {.path = path.string()});
-}
-
 void train(TrainArgs& a) {
   if (!a.specials.empty()) a.options.special_tokens = a.specials;
-  text::BpeTrainer trainer(a.options);  // checks the options before any file is read
+  TokenizerTrainer trainer(a.options);  // checks the options before any file is read
   const auto t0 = std::chrono::steady_clock::now();
   auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -75,14 +53,12 @@ void train(TrainArgs& a) {
     if (!a.quiet)
       std::fprintf(stderr, "\r\033[Kcounting words: file %zu of %zu, %s", i + 1, a.files.size(),
                    a.files[i].filename().string().c_str());
-    const std::string text = read_file(a.files[i], kMaxReadFileBytes, "training text");
-    bytes += int64_t(text.size());
-    trainer.add_text(text);
+    bytes += trainer.add_file(a.files[i]);
   }
   const double count_s = seconds();
   Throttle throttle;
   double first_s = 0;  // when the first merge was done (setting up the pair counts comes before)
-  const text::BpeVocabulary v = trainer.train([&](const text::BpeTrainProgress& p) {
+  const TrainedTokenizer v = trainer.train([&](const TokenizerTrainProgress& p) {
     if (p.merges == 1) first_s = seconds();
     if (a.quiet || !throttle.due(p.merges == p.max_merges)) return;
     const double s = seconds() - first_s;
@@ -94,21 +70,20 @@ void train(TrainArgs& a) {
                  (long long)p.max_merges, rate, eta.c_str());
   });
   if (!a.quiet) std::fprintf(stderr, "\r\033[K");
-  const auto vocab_size = int64_t(v.tokens.size());
-  if (vocab_size < a.options.vocab_size)
+  if (v.vocab_size < a.options.vocab_size)
     std::fprintf(stderr,
                  "deg: stopped at %lld tokens of the %lld asked for: no pair of tokens is left "
                  "that occurs at least %lld times (--min-frequency); give more text or a smaller "
                  "--vocab\n",
-                 (long long)vocab_size, (long long)a.options.vocab_size,
+                 (long long)v.vocab_size, (long long)a.options.vocab_size,
                  (long long)a.options.min_frequency);
   const double merge_s = seconds() - count_s;
-  write_tokenizer(a.out_dir, text::bpe_tokenizer_json(v));
+  const fs::path path = tokenizer_json_write(a.out_dir, v.json);
   auto round3 = [](double x) { return std::round(x * 1000) / 1000; };
-  const OrderedJson summary = {{"tokenizer", (a.out_dir / "tokenizer.json").string()},
-                               {"vocab_size", vocab_size},
-                               {"merges", v.merges.size()},
-                               {"special_tokens", v.special_ids.size()},
+  const OrderedJson summary = {{"tokenizer", path.string()},
+                               {"vocab_size", v.vocab_size},
+                               {"merges", v.merges},
+                               {"special_tokens", v.special_tokens},
                                {"bytes", bytes},
                                {"words", trainer.word_count()},
                                {"unique_words", trainer.unique_words()},

@@ -58,25 +58,3 @@ class ShardLoader {
 };
 
 }  // namespace deg::train
-
-namespace deg::train {
-
-// `deg shard`: tokenizes text files into shards. A file holds one document, or several separated
-// by the end-of-text token's text (e.g. "<|endoftext|>"); every document is written after that
-// token's id (the document start the loader looks for).
-struct ShardTextOptions {
-  std::filesystem::path tokenizer;  // tokenizer.json or a directory holding one
-  std::filesystem::path out_dir;
-  std::vector<std::filesystem::path> train_files;
-  std::vector<std::filesystem::path> val_files;
-  std::string separator;  // the end-of-text token; empty: the first known one found
-  int64_t shard_tokens = 100'000'000;
-};
-struct ShardTextResult {
-  int64_t train_tokens = 0, val_tokens = 0, documents = 0;
-  int32_t bos_id = 0;
-  std::string separator;
-};
-ShardTextResult shard_text_files(const ShardTextOptions& options);
-
-}  // namespace deg::train

@@ -1,15 +1,17 @@
-// The pretraining loop (see pretrain.h). Multi-token-prediction weights follow the seed's stage
-// table over thirds of the run ([1, .5, .25 -> 0], [1, .5 -> 0], [1]); Adam steps on odd steps;
-// embed is tied to lm_head for the first two thirds (split at the extension stage in the seed).
-#include "train/pretrain.h"
-
+// `deg pretrain` (see include/deg/train.h): the pretraining loop over the training core
+// (gpt_step). Multi-token-prediction weights follow the seed's stage table over thirds of the run
+// ([1, .5, .25 -> 0], [1, .5 -> 0], [1]); Adam steps on odd steps; embed is tied to lm_head for
+// the first two thirds (split at the extension stage in the seed).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
 
 #include "core/error.h"
+#include "deg/train.h"
 #include "io/json.h"
+#include "model/gpt_config.h"
 #include "train/data.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
@@ -18,6 +20,9 @@
 namespace deg::train {
 namespace fs = std::filesystem;
 namespace {
+
+// Preset vocabularies are padded to a multiple of this (GPT-2's 50257 -> 50304).
+constexpr int64_t kVocabMultiple = 128;
 
 std::vector<float> mtp_weights(int64_t step, int64_t steps) {
   const double f = steps > 0 ? double(step) / double(steps) : 1.0;
@@ -84,10 +89,9 @@ void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const Pretrain
                   fs::copy_options::overwrite_existing);
 }
 
-}  // namespace
-
-PretrainResult pretrain(const PretrainOptions& o,
-                        const std::function<void(const PretrainProgress&)>& on_progress) {
+// The loop on o.config resolved; a preset's vocabulary (vocab_from_data) becomes the data's.
+PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const PretrainOptions& o,
+                            const std::function<void(const PretrainProgress&)>& on_progress) {
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
   // Checkpoints sit right after an Adam step (odd step index), so no Adam gradient is pending
   // and a resume continues exactly.
@@ -97,8 +101,7 @@ PretrainResult pretrain(const PretrainOptions& o,
   if (o.batch_tokens < 2 || o.max_seq_len < 2)
     throw Error(ErrorKind::invalid_argument, "batch tokens and max_seq_len must be >= 2");
   const DataInfo info = data_info_read(o.data_dir);
-  GptConfig config = o.config;
-  if (o.vocab_from_data) {
+  if (vocab_from_data) {
     if (info.vocab_size <= 0)
       throw Error(ErrorKind::invalid_argument,
                   "data.json gives no vocab_size, so the preset cannot size its vocabulary; "
@@ -182,6 +185,15 @@ PretrainResult pretrain(const PretrainOptions& o,
       save_checkpoint(params, opt, o, step + 1, loader);
   }
   return result;
+}
+
+}  // namespace
+
+PretrainResult pretrain(const PretrainOptions& options,
+                        const std::function<void(const PretrainProgress&)>& on_progress) {
+  const auto presets = gpt_preset_names();
+  const bool preset = std::find(presets.begin(), presets.end(), options.config) != presets.end();
+  return pretrain_gpt(gpt_config_resolve(options.config), preset, options, on_progress);
 }
 
 }  // namespace deg::train

@@ -1,9 +1,10 @@
-// `deg shard`'s library side: text files -> modded-nanogpt token shards + data.json, with the
-// tokenizer.json copied next to them (pretrain copies it into its checkpoint).
+// `deg shard`'s library side (include/deg/train.h): text files -> modded-nanogpt token shards +
+// data.json, with the tokenizer.json copied next to them (pretrain copies it into its checkpoint).
 #include <fstream>
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "deg/train.h"
 #include "text/tokenizer.h"
 #include "train/data.h"
 
