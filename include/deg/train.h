@@ -148,6 +148,8 @@ struct PretrainOptions {
   int64_t warmup_steps = 0;
   int64_t stop_at = 0;  // stop (and checkpoint) after this many steps; 0: steps
   bool resume = false;  // continue from out_dir's checkpoint
+  // cpu, cuda or auto (as EngineOptions::device): where each step's forward and backward run.
+  std::string device = "auto";
 };
 
 struct PretrainProgress {

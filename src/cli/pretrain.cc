@@ -15,11 +15,11 @@ namespace deg::cli {
 void add_pretrain_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "pretrain",
-      "Train a `gpt` trunk (seed 003's speedrun GPT) on the CPU from token shards made by "
-      "`deg shard`. Writes DIR/metrics.jsonl and a checkpoint (config.json, model.safetensors, "
-      "tokenizer.json) that --resume continues.");
+      "Train a `gpt` trunk (seed 003's speedrun GPT) from token shards made by `deg shard`, on "
+      "the CPU or a GPU (each step's forward and backward; the optimizer runs on the CPU). Writes "
+      "DIR/metrics.jsonl and a checkpoint (config.json, model.safetensors, tokenizer.json) that "
+      "--resume continues.");
   auto o = std::make_shared<train::PretrainOptions>();
-  auto device = std::make_shared<std::string>("cpu");
   auto quiet = std::make_shared<bool>(false);
   cmd->add_option("--config", o->config,
                   "Preset (speedrun-124m, speedrun-124m-1gpu, small, tiny; its vocab_size becomes "
@@ -30,7 +30,7 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--steps", o->steps, "Optimizer steps")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--out", o->out_dir, "Checkpoint directory")->required();
   cmd->add_option("--seed", o->seed, "Initialisation seed")->capture_default_str();
-  cmd->add_option("--device", *device, "cpu (GPU training comes later)")->capture_default_str();
+  add_device_option(cmd, o->device);
   cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-seq-len", o->max_seq_len, "Documents are cut to this many tokens")
       ->capture_default_str();
@@ -44,8 +44,7 @@ void add_pretrain_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in --out");
   cmd->add_flag("--quiet", *quiet, "No progress bar");
-  cmd->callback([o, device, quiet] {
-    if (*device != "cpu") throw Error(ErrorKind::unsupported, "only --device cpu trains for now");
+  cmd->callback([o, quiet] {
     const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
       if (*quiet) return;
       std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";

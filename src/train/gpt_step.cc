@@ -1,13 +1,15 @@
 // The gpt training step over the model's one definition (model/gpt.h): a GptBatch's packed
 // stream as calls of the model (one row for the plain stream; documents and their fork queries
-// as two calls otherwise), the forward kept for the backward, the stream-ordered final hidden
-// state for the loss. The model runs on the CPU backend here, over views of the parameters.
+// as calls otherwise), the forward kept for the backward, the stream-ordered final hidden state
+// for the loss. On the CPU the model runs over views of the parameters; on a GPU each step copies
+// the parameters in and the gradients out (the parameters and the optimizer stay on the host).
 #include "train/gpt_step.h"
 
 #include <algorithm>
 #include <map>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 #include "model/gpt.h"
 
 namespace deg::train {
@@ -18,7 +20,7 @@ constexpr int64_t kHistory = 2;
 
 // The model over the parameters (views, no copies but the family's own transposes) with the
 // step's windows.
-std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o) {
+std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o, const Ops& ops) {
   GptConfig cfg = p.config();
   cfg.window_short = o.window_short;
   cfg.window_long = o.window_long;
@@ -35,7 +37,7 @@ std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o) {
     view(pre + ".freq", r->freq.data(), {int64_t(r->freq.size())});
     view(pre + ".attn_scale", &r->attn_scale, {1});
   }
-  return gpt_family(cfg, w, cpu_ops());
+  return gpt_family(cfg, w, ops);
 }
 
 // Where a segment of the stream lives in the calls.
@@ -48,8 +50,10 @@ struct Segment {
 }  // namespace
 
 struct GptPass {
+  explicit GptPass(Device device) : ops(ops_for(device)), arena(device) {}
+  const Ops& ops;
   std::unique_ptr<Family> model;
-  Arena arena{Device::cpu};
+  Arena arena;
   std::vector<std::vector<int32_t>> ids, history, segment;  // per call
   std::vector<std::vector<int64_t>> lengths, positions;     // per call
   std::vector<GptTrainCall> calls;
@@ -222,20 +226,34 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
       throw Error(ErrorKind::invalid_argument,
                   fmt::format("token id {} at position {} is outside the vocabulary [0, {})",
                               b.inputs[size_t(t)], t, c.vocab_size));
-  if (a.pass) {
+  if (a.pass && a.pass->arena.device() == o.device) {
     a.pass->clear();  // the last pass's memory serves this one
   } else {
-    a.pass = std::make_unique<GptPass>();
+    a.pass = std::make_unique<GptPass>(o.device);
   }
   GptPass& pass = *a.pass;
-  pass.model = model_of(p, o);
+  pass.model = model_of(p, o, pass.ops);
   lay_out(b, pass);
-  const Exec x{cpu_ops(), pass.arena};
-  pass.finals = gpt_train_forward(*pass.model, x, pass.calls, pass.tape);
+  const Exec x{pass.ops, pass.arena};
+  std::vector<GptTrainCall> calls = pass.calls;
+  if (o.device != Device::cpu) {  // the calls' id tables where the GPU reads them
+    auto upload = [&](const int32_t* host, int64_t n) -> const int32_t* {
+      if (!host) return nullptr;
+      int32_t* d = x.arena.ints(n);
+      pass.ops.to_device(d, host, size_t(n) * sizeof(int32_t));
+      return d;
+    };
+    for (GptTrainCall& c : calls) {
+      c.ids = upload(c.ids, c.rows.n());
+      c.history = upload(c.history, 2 * c.rows.rows);
+      c.segment = upload(c.segment, c.rows.n());
+    }
+  }
+  pass.finals = gpt_train_forward(*pass.model, x, calls, pass.tape);
   a.final_xn = zeros(T * C);
   each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
-    std::copy(pass.finals[size_t(k)] + from, pass.finals[size_t(k)] + from + n,
-              a.final_xn.begin() + to);
+    pass.ops.to_host(a.final_xn.data() + to, pass.finals[size_t(k)] + from,
+                     size_t(n) * sizeof(float));
   });
 }
 
@@ -246,17 +264,27 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
   DEG_CHECK(a.pass && a.pass->tape, "gpt_backward needs the forward's GptActs");
   GptPass& pass = *a.pass;
   const int64_t C = p.config().model_dim;
+  const bool host = pass.ops.device() == Device::cpu;
+  const Exec x{pass.ops, pass.arena};
+  // Each call's d(final) [B L, C], zero at padded positions.
   std::vector<Buf> dcall;
   for (const GptTrainCall& c : pass.calls) dcall.push_back(zeros(c.rows.n() * C));
   each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
     std::copy(dfinal + to, dfinal + to + n, dcall[size_t(k)].begin() + from);
   });
+  auto on_device = [&](const Buf& v) -> float* {
+    float* d = x.arena.floats(int64_t(v.size()));
+    pass.ops.to_device(d, v.data(), v.size() * sizeof(float));
+    return d;
+  };
   std::vector<const float*> dptr;
-  for (const Buf& d : dcall) dptr.push_back(d.data());
+  for (const Buf& d : dcall) dptr.push_back(host ? d.data() : on_device(d));
   GptGrads g;
-  for (ParamTensor& t : grads) g[t.name] = t.data.data();
-  const Exec x{cpu_ops(), pass.arena};
+  for (ParamTensor& t : grads) g[t.name] = host ? t.data.data() : on_device(t.data);
   gpt_train_backward(*pass.model, x, *pass.tape, dptr, g);
+  if (!host)
+    for (ParamTensor& t : grads)
+      pass.ops.to_host(t.data.data(), g[t.name], t.data.size() * sizeof(float));
   pass.tape.reset();
 }
 

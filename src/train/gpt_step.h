@@ -46,6 +46,9 @@ struct GptStepOptions {
   float prefix_weight = 0.0f;
   int64_t window_short = 0;  // attention windows (tokens)
   int64_t window_long = 0;
+  // Where the model runs: on a GPU the step copies the parameters in and the gradients (added
+  // to the host's) out.
+  Device device = Device::cpu;
 };
 
 // A forward kept for its backward: the model over the parameters, the pass's memory and tape.

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "deg/train.h"
 #include "io/json.h"
+#include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
 #include "train/data.h"
 #include "train/gpt_params.h"
@@ -42,7 +43,8 @@ double validate(const GptParams& p, const PretrainOptions& o, const DataInfo& in
   ShardLoader val(val_files, info.bos_id);
   const GptStepOptions so{.mtp_weights = {1.0f},
                           .window_short = p.config().window_short,
-                          .window_long = p.config().window_long};
+                          .window_long = p.config().window_long,
+                          .device = pick_device(o.device).device};
   const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
   double sum = 0;
   int64_t n = 0;
@@ -152,12 +154,14 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   auto grads = params.zeros_like();
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  const Device device = pick_device(o.device).device;
   GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
     GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
     const GptStepOptions so{.mtp_weights = mtp_weights(step, o.steps),
                             .window_short = params.config().window_short,
-                            .window_long = params.config().window_long};
+                            .window_long = params.config().window_long,
+                            .device = device};
     const double loss = gpt_loss_and_grad(params, b, so, grads, &work);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
