@@ -1,8 +1,7 @@
-// The `gpt` family for inference (seed 003, the modded-nanogpt "track 1 short" GPT that
-// `deg pretrain` trains): the tensor-name table of a gpt checkpoint and the Family that runs it,
-// so `deg forward`, `deg init` and `deg fill` serve a trained trunk. The math is the trainer's
-// forward (src/train/gpt_step.cc, itself checked against PyTorch autograd) for one row given its
-// prefix; docs/training.md lists the components.
+// The `gpt` family (seed 003, the modded-nanogpt "track 1 short" GPT that `deg pretrain` trains):
+// the tensor-name table of a gpt checkpoint, the Family that runs it (`deg forward`, `deg init`,
+// `deg fill`), and training over that same definition — its forward kept for a backward over the
+// op interface (checked against PyTorch autograd); docs/training.md lists the components.
 #pragma once
 
 #include <map>
