@@ -171,16 +171,7 @@ class GradOps {
     const int64_t C = n_.cfg_.model_dim, F = n_.cfg_.mlp_hidden;
     // out = act proj_t^T with proj_t [C, F]; the checkpoint's proj is [F, C]: dproj = act^T dmo.
     float* dact = zeros(N * F);
-    x_.ops.matmul({.a = dmo,
-                   .lda = C,
-                   .b = proj_t.data<float>(),
-                   .ldb = F,
-                   .c = dact,
-                   .ldc = F,
-                   .m = N,
-                   .n = F,
-                   .k = C,
-                   .accumulate = true});
+    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr);
     x_.ops.matmul({.a = act,
                    .lda = F,
                    .ta = true,
