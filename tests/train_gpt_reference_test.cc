@@ -5,10 +5,10 @@
 
 #include <cmath>
 
+#include "backbone_test_util.h"
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "model/gpt_config.h"
-#include "backbone_test_util.h"
 #include "test_util.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
