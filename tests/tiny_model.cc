@@ -48,8 +48,14 @@ std::string tiny_tokenizer_json(const std::vector<std::string>& specials) {
 }
 
 void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed) {
+  write_tiny_qwen35(dir, seed, "{}", "");
+}
+
+void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed,
+                       const std::string& config_patch, const std::string& tokenizer_json) {
   std::filesystem::create_directories(dir);
   Json config = tiny_config();
+  config.update(Json::parse(config_patch));
   write_text(dir / "config.json", config.dump(2));
   Qwen35Config cfg = Qwen35Config::from_json(JsonConfig(config, (dir / "config.json").string()));
   TensorMap weights = qwen35_random_weights(cfg, DType::bf16, seed);
@@ -58,7 +64,8 @@ void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed) {
     named.push_back({name == "lm_head.weight" ? name : "model." + name, t});
   }
   safetensors_write(dir / "model.safetensors", named);
-  write_text(dir / "tokenizer.json", tiny_tokenizer_json());
+  write_text(dir / "tokenizer.json",
+             tokenizer_json.empty() ? tiny_tokenizer_json() : tokenizer_json);
 }
 
 void write_tiny_lfm2(const std::filesystem::path& dir, uint64_t seed) {

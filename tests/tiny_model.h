@@ -13,6 +13,12 @@ namespace deg::testing {
 // Writes config.json, model.safetensors (bf16) and tokenizer.json into `dir`.
 void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed);
 
+// The same snapshot with `config_patch` (JSON object text) merged over the tiny config (a
+// smaller shape, the vocabulary of another tokenizer) and `tokenizer_json` written in place of
+// the byte-level one when it is not empty.
+void write_tiny_qwen35(const std::filesystem::path& dir, uint64_t seed,
+                       const std::string& config_patch, const std::string& tokenizer_json);
+
 // A tiny random LFM2 snapshot (conv, conv, attention, conv, attention; GQA 2; bf16 weights) whose
 // tokenizer carries LFM2's specials (<|pad|>, <|startoftext|>, <|endoftext|>, <|im_start|>,
 // <|im_end|>): the lfm chat layout's tokens.

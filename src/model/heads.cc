@@ -1,6 +1,7 @@
 // Head weights (init, load, save) and head math. See heads.h for the formulas.
 #include "model/heads.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -75,11 +76,14 @@ void dots(const float* x, int64_t n, const Tensor& w, float* y, int64_t ldy) {
 
 }  // namespace
 
+// The bias rows are written first and the product added to them in the kernel's store (one
+// addition, as before: the same bits), so y is not walked a second time.
 void Linear::apply(const float* x, int64_t n, float* y) const {
-  dots(x, n, weight, y, out());
+  const int64_t m = out();
   const float* b = bias.data<float>();
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < out(); ++j) y[i * out() + j] += b[j];
+  for (int64_t i = 0; i < n; ++i) std::copy(b, b + m, y + i * m);
+  GemmOutput o{.w = &weight, .y = y, .ldy = m, .accumulate = true};
+  gemm({.x = x, .m = n, .k = in(), .ldx = in(), .outputs = {&o, 1}});
 }
 
 Heads Heads::init(int64_t hidden, uint64_t seed) {

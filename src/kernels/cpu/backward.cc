@@ -148,7 +148,8 @@ std::vector<int64_t> gather_order(const int32_t* ids, int64_t n, int64_t rows,
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] >= 0 && ids[i] < rows) ++starts[size_t(ids[i]) + 1];
   for (int64_t v = 0; v < rows; ++v) starts[size_t(v + 1)] += starts[size_t(v)];
-  std::vector<int64_t> order(size_t(starts[size_t(rows)])), at(starts.begin(), starts.end() - 1);
+  std::vector<int64_t> order(static_cast<size_t>(starts[size_t(rows)]));
+  std::vector<int64_t> at(starts.begin(), starts.end() - 1);
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] >= 0 && ids[i] < rows) order[size_t(at[size_t(ids[i])]++)] = i;
   return order;  // positions of each table row in increasing order
