@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 #include "deg/report.h"
@@ -135,6 +136,34 @@ TEST_F(EngineTest, FieldsAreIndependent) {
     }
   }
   EXPECT_GE(compared, 3 * 4);
+}
+
+// A multi-select's options share the array's pointer but are decided apart: each keeps its own
+// answer (before, every option's report read one shared answer), and the array holds exactly the
+// options decided true, in order.
+TEST_F(EngineTest, MultiSelectOptionsAreDecidedApart) {
+  const std::vector<std::string> tags = {"urgent",   "billing",   "refund",
+                                         "shipping", "complaint", "other"};
+  const OrderedJson schema = {
+      {"type", "object"},
+      {"properties", {{"tags", {{"type", "array"}, {"items", {{"enum", tags}}}}}}}};
+  for (const FillResult& r : engine_->fill(schema, documents(), {.keep_nulls = true})) {
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    std::vector<const FieldReport*> picks;
+    for (const FieldReport& f : r.fields)
+      if (f.path == "/tags") picks.push_back(&f);
+    ASSERT_EQ(picks.size(), tags.size());
+    OrderedJson want = OrderedJson::array();
+    std::set<double> confidences;
+    for (size_t k = 0; k < tags.size(); ++k) {
+      EXPECT_EQ(picks[k]->kind, "bool");
+      if (picks[k]->value == true) want.push_back(tags[k]);
+      confidences.insert(picks[k]->confidence);
+    }
+    EXPECT_EQ(r.value.value("tags", OrderedJson::array()), want);
+    // Six queries over random weights give six different answers.
+    EXPECT_EQ(confidences.size(), tags.size());
+  }
 }
 
 TEST_F(EngineTest, ReportIsTheSameAloneAndInABatch) {

@@ -5,9 +5,13 @@ namespace deg::engine {
 using schema::Field;
 using schema::FieldKind;
 
-const Answer* Answers::find(const std::string& pointer) const {
-  auto it = by_pointer_.find(pointer);
+const Answer* Answers::find(const std::string& pointer, const std::string& option) const {
+  auto it = by_pointer_.find({pointer, option});
   return it == by_pointer_.end() ? nullptr : &it->second;
+}
+
+std::string option_key(const schema::Field& field) {
+  return field.selects ? field.selects->dump() : std::string();
 }
 
 int64_t Answers::items(const std::string& pointer) const {
@@ -53,7 +57,7 @@ class Builder {
         OrderedJson arr = OrderedJson::array();
         for (const Field& child : f.children) {
           const std::string cptr = schema::field_pointer(child, indices);
-          const Answer* a = answers_.find(cptr);
+          const Answer* a = answers_.find(cptr, option_key(child));
           if (!a) continue;
           const bool keep = add_report(cptr, *a);
           if (keep && a->value == true && child.selects)
@@ -134,8 +138,19 @@ void collect_known(const Field& f, std::vector<int64_t>& indices, const Answers&
     }
     return;
   }
-  if (f.kind == FieldKind::object || f.kind == FieldKind::multi_select) {
+  if (f.kind == FieldKind::object) {
     for (const Field& child : f.children) collect_known(child, indices, answers, out);
+    return;
+  }
+  if (f.kind == FieldKind::multi_select) {  // the chosen options, as the output will hold them
+    Json chosen = Json::array();
+    bool answered = false;
+    for (const Field& child : f.children) {
+      const Answer* a = answers.find(ptr, option_key(child));
+      answered = answered || a;
+      if (a && a->value == true && child.selects) chosen.push_back(*child.selects);
+    }
+    if (answered) out.emplace_back(ptr, std::move(chosen));
     return;
   }
   if (f.kind == FieldKind::generate) return;

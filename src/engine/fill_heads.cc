@@ -44,7 +44,8 @@ void Filler::answer(std::vector<Job>& jobs, std::vector<Job>& next) {
         float two[2] = {l, 0.0f};
         std::vector<double> p = engine::softmax(two, 2, heads.temp(HeadKind::noul));
         const bool yes = p[0] > p[1];
-        doc.answers.set(ptr, {.kind = "bool", .value = yes, .confidence = yes ? p[0] : p[1]});
+        doc.answers.set(ptr, {.kind = "bool", .value = yes, .confidence = yes ? p[0] : p[1]},
+                        engine::option_key(*job.field));
         break;
       }
       case Head::count: {
