@@ -89,6 +89,23 @@ class GradOps {
     x_.ops.combine({.y = dst, .ldy = ldd, .rows = rows, .n = n, .terms = t});
   }
 
+  // The backward of GptNet::add_ngram (h[:, :Dn] += coef n-gram) in place on d: the n-gram
+  // lane's gradient and the coefficient's (dcoef, at stride ldd).
+  void add_ngram(const float* h, float* d, int64_t N, const float* coef, int64_t ldc, float* dcoef,
+                 int64_t ldd) const {
+    const int64_t S = n_.lanes_.width, ng = n_.lanes_.ngram;
+    const CombineTerm t[] = {{}, {.x = h + ng, .ldx = S, .lane = coef, .ldl = ldc}};
+    const CombineGrad g[] = {{}, {.dx = d + ng, .lddx = S, .dcoef = dcoef, .ldc = ldd}};
+    x_.ops.combine_backward({.forward = {.rows = N, .n = n_.cfg_.ngram_dim, .terms = t},
+                             .dy = d,
+                             .ldy = S,
+                             .y_before = d,
+                             .ldb = S,
+                             .dy_before = d,
+                             .lddb = S,
+                             .grads = g});
+  }
+
   // The unit-weight RMS norm's backward: dx += from x and dy.
   void norm(const float* in, int64_t ldx, const float* dy, int64_t ldy, float* dx, int64_t lddx,
             int64_t rows) const {
@@ -315,7 +332,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
                             std::span<const float* const> dfinal, const GptGrads& grads) const {
   const GradOps go(*this, x, grads);
   const GptConfig& cfg = cfg_;
-  const int64_t S = lanes_.width, C = cfg.model_dim, H = cfg.num_heads, Dn = cfg.ngram_dim;
+  const int64_t S = lanes_.width, C = cfg.model_dim, H = cfg.num_heads;
   const int L = cfg.num_layers;
   const size_t K = tape.calls.size();
   DEG_CHECK(dfinal.size() == K, "gpt training: {} final gradients for {} calls", dfinal.size(), K);
@@ -462,20 +479,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
           go.norm(lt.x_attn, C, d_mlp_xn, C, d, S, N);
         }
         // x[:, :Dn] += mu11 n-gram
-        {
-          const CombineTerm t[] = {
-              {}, {.x = h + lanes_.ngram, .ldx = S, .lane = lt.mu + 11, .ldl = nm}};
-          const CombineGrad g[] = {
-              {}, {.dx = d + lanes_.ngram, .lddx = S, .dcoef = dmu + 11, .ldc = nm}};
-          x.ops.combine_backward({.forward = {.rows = N, .n = Dn, .terms = t},
-                                  .dy = d,
-                                  .ldy = S,
-                                  .y_before = d,
-                                  .ldb = S,
-                                  .dy_before = d,
-                                  .lddb = S,
-                                  .grads = g});
-        }
+        go.add_ngram(h, d, N, lt.mu + 11, nm, dmu + 11, nm);
         // x = mu8 recomb + mu9 sa1 out + mu10 c0: the old x reaches it only through recomb.
         float* drecomb = go.zeros(N * C);
         float* dscaled = go.zeros(N * C);
@@ -582,18 +586,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
           // x = r x (+ o_scale out) (+ x0 gate x0), then x[:, :Dn] += n-gram gate n-gram
           if (gl_.ngram[size_t(i)] >= 0 && i != 0) {
             const int lane = gl_.ngram[size_t(i)];
-            const CombineTerm t[] = {{},
-                                     {.x = h + lanes_.ngram, .ldx = S, .lane = g + lane, .ldl = S}};
-            const CombineGrad gr[] = {
-                {}, {.dx = d + lanes_.ngram, .lddx = S, .dcoef = dg + lane, .ldc = S}};
-            x.ops.combine_backward({.forward = {.rows = N, .n = Dn, .terms = t},
-                                    .dy = d,
-                                    .ldy = S,
-                                    .y_before = d,
-                                    .ldb = S,
-                                    .dy_before = d,
-                                    .lddb = S,
-                                    .grads = gr});
+            go.add_ngram(h, d, N, g + lane, S, dg + lane, S);
           }
           const float r = resid_[size_t(2 * i)];
           go.add_dot(d, S, lt.x_in, C, N, C, go.scalar("resid_lambdas", 2 * i), 1.0f);
@@ -687,21 +680,8 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
     // cache 0 = x = x0 (+ gate n-gram)
     go.add_rows(d + lanes_.c0, S, d, S, N, C);
     if (gl_.ngram[0] >= 0) {
-      const float* g = h + lanes_.gate[0] + gl_.ngram[0];
-      const CombineTerm t[] = {{}, {.x = h + lanes_.ngram, .ldx = S, .lane = g, .ldl = S}};
-      const CombineGrad gr[] = {{},
-                                {.dx = d + lanes_.ngram,
-                                 .lddx = S,
-                                 .dcoef = d + lanes_.gate[0] + gl_.ngram[0],
-                                 .ldc = S}};
-      x.ops.combine_backward({.forward = {.rows = N, .n = Dn, .terms = t},
-                              .dy = d,
-                              .ldy = S,
-                              .y_before = d,
-                              .ldb = S,
-                              .dy_before = d,
-                              .lddb = S,
-                              .grads = gr});
+      const int64_t lane = lanes_.gate[0] + gl_.ngram[0];
+      go.add_ngram(h, d, N, h + lane, S, d + lane, S);
     }
     go.add_rows(d, S, d + lanes_.x0, S, N, C);
     go.head(gate_[0], ct.pre_gate, h + lanes_.x0, S, N, d + lanes_.gate[0], S, nullptr,
