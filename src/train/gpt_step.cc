@@ -295,17 +295,22 @@ double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, 
   return softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, a), nullptr, nullptr);
 }
 
+double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
+                           const GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
+  dfinal = zeros(b.size() * p.config().model_dim);
+  float* dlm = nullptr;
+  for (auto& g : grads)
+    if (g.name == "lm_head") dlm = g.data.data();
+  return softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, acts), dfinal.data(), dlm);
+}
+
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                          std::vector<ParamTensor>& grads, GptActs* work) {
   GptActs own;
   GptActs& a = work ? *work : own;
   gpt_forward(p, b, o, a);
-  Buf dfinal = zeros(b.size() * p.config().model_dim);
-  float* dlm = nullptr;
-  for (auto& g : grads)
-    if (g.name == "lm_head") dlm = g.data.data();
-  const double loss =
-      softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, a), dfinal.data(), dlm);
+  Buf dfinal;
+  const double loss = gpt_loss_of_forward(p, b, o, a, dfinal, grads);
   gpt_backward(p, b, o, a, dfinal.data(), grads);
   return loss;
 }

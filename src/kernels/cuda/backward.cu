@@ -303,18 +303,31 @@ __global__ void attention_f64_backward_kernel(AttentionF64BackwardLaunch a) {
             a.dq[n * a.lddq + h * a.hdq + d] += acc;
           }
         }
-        // dK, dV: one thread per (key, dim); each is touched once per query.
+        // dK, dV: one thread per (key, dim). With the key offset, key 0's dims from `rot` on are
+        // read twice (by key 0 itself and, shifted, by key 1): key 0's own share is added first,
+        // alone, so that no two threads add into one element at once (and in the CPU's order).
         const int64_t width = dq > dv ? dq : dv;
+        auto dk_of = [&](int64_t jj, int64_t d, int64_t kp, int64_t g) {
+          const float ds = p[jj] * (dp[jj] - D_sum) * f.scale;
+          const bool from_prev = f.key_offset && kp > 0 && d >= rot;
+          float* dk = grad_at(gk, false, g, from_prev ? kp - 1 : kp, D);
+          if (dk) dk[d] += ds * q[d];
+        };
+        const int64_t first_keys = (f.paired_heads ? 2 : 1) - j0;  // of key 0, in view
+        const bool shared_first = f.key_offset && first_keys > 0;
+        if (shared_first) {
+          for (int64_t e = tid; e < first_keys * dq; e += kAttnThreads) {
+            const int64_t jj = e / dq, d = e % dq, j = j0 + jj;
+            const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
+            if (d >= rot && jj < nk) dk_of(jj, d, 0, g);
+          }
+          __syncthreads();
+        }
         for (int64_t e = tid; e < nk * width; e += kAttnThreads) {
           const int64_t jj = e / width, d = e % width;
           const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
           const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-          const float ds = p[jj] * (dp[jj] - D_sum) * f.scale;
-          if (d < dq) {
-            const bool from_prev = f.key_offset && kp > 0 && d >= rot;
-            float* dk = grad_at(gk, false, g, from_prev ? kp - 1 : kp, D);
-            if (dk) dk[d] += ds * q[d];
-          }
+          if (d < dq && !(shared_first && kp == 0 && d >= rot)) dk_of(jj, d, kp, g);
           if (d < dv) {
             float* dvv = grad_at(gk, true, g, kp, D);
             if (dvv) dvv[d] += p[jj] * go[d];

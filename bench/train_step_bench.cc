@@ -1,0 +1,165 @@
+// One `gpt` training step's speed on a backend: the forward, the loss (host) and the backward of
+// a preset over a packed stream of random tokens (a document every --max-seq-len), split into
+// those three parts, then the optimizer step on the host — what `deg pretrain` does per step. On
+// CUDA, one more step runs with every op's device time taken (CUDA events), so the table says
+// which ops stand in the way; the gap between the ops' sum and the wall time is host work and
+// copies. Each figure the median of `--repeats` steps after a warm-up. Not a test.
+//
+// usage: train_step_bench [--device cpu|cuda] [--config tiny|small|...] [--tokens T]
+//                         [--max-seq-len L] [--vocab V] [--repeats N]
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
+#include "model/gpt_config.h"
+#include "train/gpt_params.h"
+#include "train/gpt_step.h"
+#include "train/optim.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace deg;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Options {
+  std::string device = "cuda";
+  std::string config = "tiny";
+  int64_t tokens = 4096, max_seq_len = 512, vocab = 8192;
+  int repeats = 5;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) throw Error(ErrorKind::invalid_argument, "missing value after " + a);
+    const std::string v = argv[++i];
+    if (a == "--device") {
+      o.device = v;
+    } else if (a == "--config") {
+      o.config = v;
+    } else if (a == "--tokens") {
+      o.tokens = std::stoll(v);
+    } else if (a == "--max-seq-len") {
+      o.max_seq_len = std::stoll(v);
+    } else if (a == "--vocab") {
+      o.vocab = std::stoll(v);
+    } else if (a == "--repeats") {
+      o.repeats = std::max(1, std::stoi(v));
+    } else {
+      throw Error(ErrorKind::invalid_argument, "unknown option " + a);
+    }
+  }
+  return o;
+}
+
+train::GptBatch random_batch(const Options& o, uint32_t seed) {
+  std::mt19937 rng(seed);
+  train::GptBatch b;
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    b.inputs.push_back(int32_t(rng() % uint32_t(o.vocab)));
+    b.seg_start.push_back(int32_t(t / o.max_seq_len * o.max_seq_len));
+  }
+  for (int64_t t = 0; t < o.tokens; ++t)
+    b.targets.push_back(t + 1 < o.tokens ? b.inputs[size_t(t + 1)] : -1);
+  return b;
+}
+
+int run(const Options& o) {
+  GptConfig config = gpt_preset(o.config);
+  config.vocab_size = o.vocab;
+  const Device device = o.device == "cpu" ? Device::cpu : Device::cuda;
+  if (device == Device::cuda && !cuda_available())
+    throw Error(ErrorKind::unsupported, "no CUDA device here (--device cpu)");
+  train::GptParams params = train::GptParams::create(config);
+  params.init(1);
+  train::GptOptimizer opt(params, {});
+  auto grads = params.zeros_like();
+  const train::GptStepOptions so{.mtp_weights = {1.0f, 0.5f, 0.25f},
+                                 .window_short = config.window_short,
+                                 .window_long = config.window_long,
+                                 .device = device};
+  fmt::print(
+      "train_step_bench: {} preset ({} parameters, vocab {}), {} tokens a step ({} a "
+      "document), {}\n",
+      o.config, config.parameter_count(), o.vocab, o.tokens, o.max_seq_len,
+      device == Device::cuda ? cuda_devices().at(0).name : std::string("the CPU"));
+  train::GptActs work;
+  std::vector<double> fwd, loss, bwd, step_ms, total;
+  for (int r = 0; r <= o.repeats; ++r) {  // r == 0: warm-up
+    const train::GptBatch b = random_batch(o, uint32_t(r));
+    const auto t0 = Clock::now();
+    train::gpt_forward(params, b, so, work);
+    const double f = ms_since(t0);
+    const auto t1 = Clock::now();
+    train::Buf dfinal;
+    const double l = train::gpt_loss_of_forward(params, b, so, work, dfinal, grads);
+    const double lm = ms_since(t1);
+    const auto t2 = Clock::now();
+    train::gpt_backward(params, b, so, work, dfinal.data(), grads);
+    const double bw = ms_since(t2);
+    const auto t3 = Clock::now();
+    opt.step(params, grads, 1.0, 0.9, r % 2 == 1, true);
+    const double st = ms_since(t3);
+    if (r == 0) {
+      fmt::print("  warm-up step: loss {:.4f}, {:.1f} ms\n", l, ms_since(t0));
+      continue;
+    }
+    fwd.push_back(f), loss.push_back(lm), bwd.push_back(bw), step_ms.push_back(st);
+    total.push_back(f + lm + bw + st);
+  }
+  const double t = median(total);
+  fmt::print("  median of {} steps: {:.1f} ms a step, {:.0f} tokens/s\n", o.repeats, t,
+             1e3 * double(o.tokens) / t);
+  fmt::print(
+      "    forward {:.1f} ms, loss (host) {:.1f} ms, backward {:.1f} ms, optimizer (host) "
+      "{:.1f} ms\n",
+      median(fwd), median(loss), median(bwd), median(step_ms));
+  if (device != Device::cuda) return 0;
+  const train::GptBatch b = random_batch(o, 99);
+  cuda_profile_start();
+  const auto t0 = Clock::now();
+  train::gpt_forward(params, b, so, work);
+  train::Buf dfinal;
+  train::gpt_loss_of_forward(params, b, so, work, dfinal, grads);
+  train::gpt_backward(params, b, so, work, dfinal.data(), grads);
+  const double wall = ms_since(t0);
+  const std::vector<OpTime> times = cuda_profile_stop();
+  double sum = 0;
+  for (const OpTime& x : times) sum += x.ms;
+  fmt::print("  profile of forward + loss + backward: {:.1f} ms in ops of {:.1f} ms wall\n", sum,
+             wall);
+  for (const OpTime& x : times)
+    fmt::print("    {:<28} {:9.2f} ms {:6.1f}%  {:6d} calls\n", x.op, x.ms, 100 * x.ms / wall,
+               x.calls);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train_step_bench: {}\n", e.what());
+    return 1;
+  }
+}
