@@ -52,6 +52,24 @@ inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>&
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Where two [n, width] float arrays first differ bitwise, for a failure message: "vector i,
+// element j: a vs b (largest difference d)", or "equal".
+inline std::string first_difference(const std::vector<float>& a, const std::vector<float>& b,
+                                    int64_t width) {
+  if (a.size() != b.size()) return "sizes differ";
+  size_t first = a.size();
+  double most = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) == 0) continue;
+    first = std::min(first, i);
+    most = std::max(most, std::fabs(double(a[i]) - double(b[i])));
+  }
+  if (first == a.size()) return "equal";
+  return "vector " + std::to_string(int64_t(first) / width) + ", element " +
+         std::to_string(int64_t(first) % width) + ": " + std::to_string(a[first]) + " vs " +
+         std::to_string(b[first]) + " (largest difference " + std::to_string(most) + ")";
+}
+
 // Row b, positions [0, n) of a [B, L, C] hidden tensor.
 inline std::vector<float> row_of(const Tensor& h, int64_t b, int64_t n) {
   const int64_t L = h.dim(1), C = h.dim(2);

@@ -284,8 +284,10 @@ TEST_P(GptProperty, ForkRowsEqualFullForward) {
     Tensor full = full_hidden(*bb_, concat(d.prefix, rows_[r]));
     const int64_t n = int64_t(rows_[r].size());
     // Same per-token arithmetic, same keys in the same order: bitwise.
-    EXPECT_TRUE(bitwise_equal(row_of(h, int64_t(r), n), span_of(full, int64_t(d.prefix.size()), n)))
-        << "row " << r;
+    const std::vector<float> fork = row_of(h, int64_t(r), n),
+                             whole = span_of(full, int64_t(d.prefix.size()), n);
+    EXPECT_TRUE(bitwise_equal(fork, whole))
+        << "row " << r << ", token " << testing::first_difference(fork, whole, h.dim(2));
   }
 }
 

@@ -61,7 +61,9 @@ __global__ void combine_kernel(CombineLaunch a) {
   DEG_GRID_LOOP(e, a.rows * a.n) {
     const int64_t r = e / a.n, j = e % a.n, g = j / a.group;
     float* y = a.y + r * a.ldy + j;
-    const float before = *y;
+    bool reads_y = false;  // y is read only for a term that is the output row itself
+    for (int k = 0; k < a.terms; ++k) reads_y |= a.term[k].x == nullptr;
+    const float before = reads_y ? *y : 0.0f;
     float acc = 0.0f;
     for (int k = 0; k < a.terms; ++k) {
       const CombineTermLaunch& t = a.term[k];
