@@ -149,8 +149,8 @@ struct PretrainOptions {
   int64_t stop_at = 0;  // stop (and checkpoint) after this many steps; 0: steps
   bool resume = false;  // continue from out_dir's checkpoint
   // cpu, cuda or auto (as EngineOptions::device): where each step's forward and backward run.
-  // cpu by default: on CUDA the loss matches the CPU's but some gradients do not yet
-  // (docs/training.md, "The trainer on the GPU").
+  // cpu by default: on CUDA the loss and gradients match the CPU's, but the step is not yet
+  // faster (docs/training.md, "The trainer on the GPU").
   std::string device = "cpu";
 };
 
