@@ -1,0 +1,333 @@
+// The CUDA backend's class (kernels/ops.h), shared by its two files: ops.cc (memory, GEMMs through
+// cuBLASLt, the forward ops, the profile decorator) and ops_train.cc (the training ops: backward,
+// optimizer steps, the fused loss). Internal to src/kernels/cuda.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/stream.h"
+#include "kernels/cuda_runtime.h"
+#include "kernels/ops.h"
+
+namespace deg::cuda_backend {
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorKind::internal, fmt::format("CUDA {}: {}", what, cudaGetErrorString(e)));
+  }
+}
+
+inline void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    throw Error(ErrorKind::internal, fmt::format("cuBLASLt {}: status {}", what, int(s)));
+  }
+}
+
+[[noreturn]] inline void not_on_cuda(const char* op) {
+  throw Error(
+      ErrorKind::unsupported,
+      fmt::format("the CUDA backend has no {} op yet; run this model with --device cpu", op));
+}
+
+// The largest power of two (up to 16) dividing every address and byte stride: what vector
+// widths a GEMM kernel may assume.
+inline int alignment_of(std::initializer_list<uint64_t> values) {
+  int a = 16;
+  for (uint64_t v : values)
+    while (a > 1 && v % uint64_t(a)) a /= 2;
+  return a;
+}
+
+// One cuBLASLt matrix layout, released with the object.
+struct Layout {
+  cublasLtMatrixLayout_t h = nullptr;
+  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
+    check_blas(cublasLtMatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
+  }
+  ~Layout() { cublasLtMatrixLayoutDestroy(h); }
+  Layout(const Layout&) = delete;
+  Layout& operator=(const Layout&) = delete;
+};
+
+// f32 compute (no TF32) with op(A), op(B) as given.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t h = nullptr;
+  MatmulDesc(cublasOperation_t ta, cublasOperation_t tb) {
+    check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+               "transa");
+    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+               "transb");
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+};
+
+// How a GEMM's algorithm is pinned (CudaOps::pinned_algo): one for every n (a row's output never
+// depends on the rows beside it: the projections), that where cuBLASLt has one and else one for
+// this n, or one for this very n. Pinned algorithms take no workspace and no split-K.
+enum class Pin : uint8_t { every_n, every_n_or_this_n, this_n };
+
+// What the pinned and heuristic algorithm caches are keyed by (LtGemm::key).
+using GemmKey = std::array<int64_t, 11>;
+
+// One GEMM in cuBLASLt's column-major terms: D [m, n] (+)= op(A) · op(B) with f32 output, A
+// stored m x k (ta N) or k x m (ta T) at lda, B k x n (tb N) or n x k (tb T) at ldb. The
+// defaults are the forward projection's: A = W [N, K] read transposed, B = Xᵀ.
+struct LtGemm {
+  cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cudaDataType at = CUDA_R_32F, bt = CUDA_R_32F;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+
+  int64_t a_rows() const { return ta == CUBLAS_OP_N ? m : k; }
+  int64_t a_cols() const { return ta == CUBLAS_OP_N ? k : m; }
+  int64_t b_rows(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? k : cols_of_d; }
+  int64_t b_cols(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? cols_of_d : k; }
+  GemmKey key(int64_t n_key, int align) const {
+    return {int64_t(ta), int64_t(tb), int64_t(at), int64_t(bt), m, n_key, k, lda, ldb, ldd, align};
+  }
+};
+
+// Row tables by value, one launch per chunk of cuda::kRows rows.
+template <class F>
+inline void for_row_chunks(const RowTable& t, F&& launch) {
+  for (int64_t first = 0; first < t.rows; first += cuda::kRows) {
+    cuda::Rows r;
+    r.count = int(std::min<int64_t>(cuda::kRows, t.rows - first));
+    r.tokens = t.tokens;
+    r.first = first;
+    for (int i = 0; i < r.count; ++i) {
+      r.length[i] = t.lengths[first + i];
+      r.position[i] = t.positions[first + i];
+    }
+    launch(r, first);
+  }
+}
+
+inline cuda::KvRow kv_row(const RowView& v) {
+  return {v.prefix_k, v.prefix_v, v.prefix_len, v.prefix_stride,
+          v.own_k,    v.own_v,    v.own_before, v.own_stride};
+}
+
+inline cuda::StateRow state_row(const RowView& v) {
+  return {v.rec_in, v.rec_out, v.tail_in, v.tail_out};
+}
+
+class CudaOps final : public Ops {
+ public:
+  CudaOps() {
+    const std::vector<CudaDeviceInfo> devices = cuda_devices();
+    if (devices.empty()) {
+      throw Error(ErrorKind::unsupported,
+                  "no CUDA GPU is visible (no driver, or CUDA_VISIBLE_DEVICES hides them); use "
+                  "--device cpu");
+    }
+    if (devices[0].compute_capability != 90) {
+      throw Error(ErrorKind::unsupported,
+                  fmt::format("deg's CUDA kernels are built for Hopper (sm_90a); GPU 0 is {} "
+                              "(compute capability {}.{}); use --device cpu",
+                              devices[0].name, devices[0].compute_capability / 10,
+                              devices[0].compute_capability % 10));
+    }
+    name_ = "cuda (" + devices[0].name + ")";
+    stream_ = cuda::stream();
+    check_blas(cublasLtCreate(&blas_), "create");
+  }
+
+  Device device() const override { return Device::cuda; }
+  const char* name() const override { return name_.c_str(); }
+
+  Tensor alloc(const Shape& shape, DType dtype) const override;
+  Tensor upload(const Tensor& host) const override;
+  void to_device(void* dst, const void* src, size_t bytes) const override;
+  void to_host(void* dst, const void* src, size_t bytes) const override;
+  void synchronize() const override { check(cudaStreamSynchronize(stream_), "synchronize"); }
+  cudaStream_t stream() const { return stream_; }
+
+  // ---- GEMM ----
+
+  void gemm(const GemmArgs& a) const override;
+
+  // y [M, N] at o (y, ldy, accumulate) from the weight rows at w ([N, K] of dtype dt).
+  void gemm_one(const GemmArgs& a, const std::byte* w, DType dt, int64_t N, const void* xb,
+                const GemmOutput& o) const;
+
+  // ---- row-wise ops ----
+
+  void rms_norm(const NormArgs& a) const override;
+  void l2_norm(const L2NormArgs& a) const override;
+  void rope(const RopeArgs& a) const override;
+  void kv_write(const KvWriteArgs& a) const override;
+  void attention(const AttendArgs& a) const override;
+  void causal_conv(const ConvArgs& a) const override;
+  void delta_gates(const DeltaGatesArgs& a) const override;
+  void delta_rule(const DeltaRuleOpArgs& a) const override;
+
+  // ---- elementwise ----
+
+  void glu(const GluArgs& a) const override;
+  void binary(const BinaryArgs& a) const override;
+  void scale(const ScaleArgs& a) const override;
+  void gather(const GatherArgs& a) const override;
+  void softcap(const SoftcapArgs& a) const override;
+  void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t n) const override;
+
+  // ---- the f32 row ops with f64 dot products, hashes and combinations (mixing.cu) ----
+
+  void activation(const ActivationArgs& a) const override;
+  void bias_scale(const BiasScaleArgs& a) const override;
+  void combine(const CombineArgs& a) const override;
+  void shift_ids(const ShiftIdsArgs& a) const override;
+  void ngram_embed(const NgramEmbedArgs& a) const override;
+  void sigmoid_gates(const SigmoidGateArgs& a) const override;
+  void rope_pairs(const RopePairsArgs& a) const override;
+  void attention_f64(const AttendF64Args& a) const override;
+  void subtract_projection(const ProjectionArgs& a) const override;
+
+  // ---- training (backward.cu; the product through cuBLASLt) ----
+
+  void matmul(const MatmulOpArgs& a) const override;
+  void rms_norm_backward(const NormBackwardArgs& a) const override;
+  void activation_backward(const ActivationBackwardArgs& a) const override;
+  void column_sum(const ColumnSumArgs& a) const override;
+  void combine_backward(const CombineBackwardArgs& a) const override;
+  void gather_backward(const GatherBackwardArgs& a) const override;
+  void sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const override;
+  void subtract_projection_backward(const ProjectionBackwardArgs& a) const override;
+  void ngram_embed_backward(const NgramBackwardArgs& a) const override;
+  void attention_f64_backward(const AttendF64BackwardArgs& a) const override;
+
+  // ---- optimizer steps (optimizer.cu) ----
+
+  void adam_step(const AdamStepArgs& a) const override;
+  void nesterov(const NesterovArgs& a) const override;
+  void normuon_step(const NorMuonStepArgs& a) const override;
+  double sum_squares(const float* x, int64_t n) const override;
+
+  // ---- softcap_cross_entropy: per chunk of rows, the logits GEMM (the projection's pinned
+  // algorithm), the loss kernel (dz over the logits, or as bf16), then dxn += dz W and dw += dzᵀ
+  // xn as pinned GEMMs without split-K: dw adds the chunks' products in chunk order. ----
+  void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override;
+
+ private:
+  static cuda::CombineLaunch combine_launch(const CombineArgs& a);
+
+  // Device memory for one op's work, freed once the stream has finished with it.
+  class DeviceTemp {
+   public:
+    DeviceTemp(const CudaOps& ops, size_t bytes)
+        : ops_(ops), data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
+    ~DeviceTemp() {
+      cudaStreamSynchronize(ops_.stream_);
+      cuda_free(data_);
+    }
+    DeviceTemp(const DeviceTemp&) = delete;
+    DeviceTemp& operator=(const DeviceTemp&) = delete;
+    void* get() const { return data_; }
+    template <class T>
+    T* as() const {
+      return static_cast<T*>(data_);
+    }
+
+   private:
+    const CudaOps& ops_;
+    void* data_;
+  };
+
+  // dtable rows [0, rows) += their positions' terms (order / starts of gather_order).
+  void scatter(const std::vector<int64_t>& order, const std::vector<int64_t>& starts, int64_t rows,
+               int64_t cols, cuda::ScatterRowsLaunch l) const;
+
+  // Device scratch `slot` of at least `bytes` (kept and grown; stream order makes reuse safe).
+  // Callers hold mu_.
+  void* scratch(int slot, size_t bytes) const;
+
+  // y[M, N] (+)= x[M, K] · W[N, K]ᵀ in cuBLASLt's column-major terms: Yᵀ = W · Xᵀ, with W read
+  // as a K x N matrix transposed and Xᵀ as K x M (n = M).
+  void matmul(const void* w, cudaDataType wt, int64_t N, const void* x, cudaDataType xt,
+              int64_t ldx, int64_t M, int64_t K, const GemmOutput& o, Pin pin = Pin::every_n) const;
+
+  // D (+)= op(A) · op(B) for g (LtGemm) with a pinned algorithm (pinned_algo).
+  void run_gemm(const LtGemm& g, const void* A, const void* B, float* D, bool accumulate,
+                Pin pin) const;
+
+  static size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
+
+  // The descriptor of (op(A), op(B)), made once per pair.
+  const MatmulDesc& desc(cublasOperation_t ta, cublasOperation_t tb) const;
+
+  // The cuBLASLt layout of a [cols, rows] column-major matrix (kept: creating one per call
+  // costs host time on every GEMM of a decode step). Callers hold mu_; the cache only grows
+  // here (run_gemm empties it between GEMMs when it is full, never while references are held).
+  static constexpr size_t kMaxLayouts = 4096;
+  const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const;
+
+  struct Heuristic {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace = 0;
+  };
+
+  // cuBLASLt's first choice for exactly this problem, M included, with up to 64 MiB of workspace
+  // and any reduction (split-K, stream-K): what a batch-variant engine would run.
+  const Heuristic& heuristic_algo(const MatmulDesc& desc, const Layout& la, const Layout& lb,
+                                  const Layout& lc, const LtGemm& g) const;
+
+ public:
+  // The benchmark's switch between pinned (batch-invariant) and heuristic algorithms.
+  void set_heuristic(bool on) const;
+
+ private:
+  // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
+  // and without split-K reduction (neither stream-K fix-ups nor split-K sums, whose order would
+  // depend on n). Pin::every_n: one for every n — the heuristic's first choice for n = 1024 that
+  // also runs n = 1, else its first choice for n = 1 that also runs n = 1024. Pin::this_n: one
+  // for this very n. Pin::every_n_or_this_n: every_n where cuBLASLt has one, else this_n.
+  const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
+                                          Pin pin) const;
+
+  [[noreturn]] static void no_algorithm(const LtGemm& g, int align, const char* which);
+
+  // The first of the heuristic's candidates for g at n = probe (no workspace, no reduction) that
+  // also runs n = check without workspace; none when there is no such candidate.
+  std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
+                                                    int align, int64_t probe, int64_t check) const;
+
+  struct Scratch {
+    std::shared_ptr<void> data;
+    size_t size = 0;
+  };
+
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t blas_ = nullptr;
+  mutable std::array<std::unique_ptr<MatmulDesc>, 4> descs_;  // by (op(A), op(B))
+  mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
+  mutable std::recursive_mutex mu_;
+  mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
+  // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
+  // bf16, dz in bf16 and widened W.
+  mutable std::array<Scratch, 8> scratch_;
+  mutable bool heuristic_ = false;
+  mutable std::map<GemmKey, Heuristic> heuristics_;
+};
+
+}  // namespace deg::cuda_backend
