@@ -1,5 +1,5 @@
-// One `gpt` training step's speed on a backend: the forward, the loss (host) and the backward of
-// a preset over a packed stream of random tokens (a document every --max-seq-len), split into
+// One `gpt` training step's speed on a backend: the forward, the loss and the backward of a
+// preset over a packed stream of random tokens (a document every --max-seq-len), split into
 // those three parts, then the optimizer step on the host — what `deg pretrain` does per step. On
 // CUDA, one more step runs with every op's device time taken (CUDA events), so the table says
 // which ops stand in the way; the gap between the ops' sum and the wall time is host work and
@@ -130,7 +130,7 @@ int run(const Options& o) {
   fmt::print("  median of {} steps: {:.1f} ms a step, {:.0f} tokens/s\n", o.repeats, t,
              1e3 * double(o.tokens) / t);
   fmt::print(
-      "    forward {:.1f} ms, loss (host) {:.1f} ms, backward {:.1f} ms, optimizer (host) "
+      "    forward {:.1f} ms, loss {:.1f} ms, backward {:.1f} ms, optimizer (host) "
       "{:.1f} ms\n",
       median(fwd), median(loss), median(bwd), median(step_ms));
   if (device != Device::cuda) return 0;

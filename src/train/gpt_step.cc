@@ -1,8 +1,9 @@
 // The gpt training step over the model's one definition (model/gpt.h): a GptBatch's packed
 // stream as calls of the model (one row for the plain stream; documents and their fork queries
 // as calls otherwise), the forward kept for the backward, the stream-ordered final hidden state
-// for the loss. On the CPU the model runs over views of the parameters; on a GPU each step copies
-// the parameters in and the gradients out (the parameters and the optimizer stay on the host).
+// for the loss, which runs on the same backend. On the CPU the model runs over views of the
+// parameters; on a GPU each step copies the parameters in and the gradients out (the parameters
+// and the optimizer stay on the host).
 #include "train/gpt_step.h"
 
 #include <algorithm>
@@ -205,15 +206,62 @@ SoftcapLoss loss_of(const GptConfig& c, const GptStepOptions& o) {
           .prefix_weight = o.prefix_weight};
 }
 
-LossInputs loss_inputs(const GptParams& p, const GptBatch& b, const GptActs& a) {
+// The mean loss of a forward, by the pass's backend (softcap_cross_entropy, where the final
+// hidden state already is: on a GPU only the per-row losses, d(final) and lm_head's gradient come
+// back): d(final) [T, C] in stream order into dfinal and lm_head's gradient added into dlm, when
+// given. The rows' losses are summed in f64 in stream order, as softcap_loss sums them.
+double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptPass& pass,
+                 float* dfinal, float* dlm) {
   const GptConfig& c = p.config();
-  return {.xn = a.final_xn.data(),
-          .w = p.data("lm_head"),
-          .targets = b.targets.data(),
-          .prefix = b.prefix.empty() ? nullptr : b.prefix.data(),
-          .T = b.size(),
-          .C = c.model_dim,
-          .V = c.vocab_size};
+  const int64_t T = b.size(), C = c.model_dim, V = c.vocab_size;
+  const Ops& ops = pass.ops;
+  const SoftcapLoss l = loss_of(c, o);
+  DEG_CHECK(l.mtp_weights.size() <= size_t(kMaxMtpWeights),
+            "gpt loss: {} multi-token weights (at most {})", l.mtp_weights.size(), kMaxMtpWeights);
+  if (T == 0) return 0.0;
+  // The final hidden state in stream order, and the targets, where the backend reads them.
+  float* xn = pass.arena.floats(T * C);
+  each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
+    ops.copy_rows(pass.finals[size_t(k)] + from, C, xn + to, C, n / C, C);
+  });
+  auto ids_on = [&](const std::vector<int32_t>& v) -> const int32_t* {
+    if (v.empty()) return nullptr;
+    if (ops.device() == Device::cpu) return v.data();
+    int32_t* d = pass.arena.ints(int64_t(v.size()));
+    ops.to_device(d, v.data(), v.size() * sizeof(int32_t));
+    return d;
+  };
+  float* rows = pass.arena.floats(T);
+  Tensor dxn = dfinal ? ops.alloc({T, C}, DType::f32) : Tensor();  // zero-filled
+  Tensor dw = dlm ? ops.alloc({V, C}, DType::f32) : Tensor();
+  SoftcapCrossEntropyArgs args{.xn = xn,
+                               .ldx = C,
+                               .w = &pass.model->lm_head(),
+                               .targets = ids_on(b.targets),
+                               .prefix = ids_on(b.prefix),
+                               .rows = T,
+                               .a = l.a,
+                               .b = l.b,
+                               .c = l.c,
+                               .mtp = int64_t(l.mtp_weights.size()),
+                               .prefix_weight = l.prefix_weight,
+                               .loss = rows,
+                               .dxn = dfinal ? dxn.mutable_data<float>() : nullptr,
+                               .lddx = C,
+                               .dw = dlm ? dw.mutable_data<float>() : nullptr};
+  std::copy(l.mtp_weights.begin(), l.mtp_weights.end(), args.mtp_weights.begin());
+  ops.softcap_cross_entropy(args);
+  std::vector<float> row_loss(static_cast<size_t>(T));
+  ops.to_host(row_loss.data(), rows, size_t(T) * sizeof(float));
+  if (dfinal) ops.to_host(dfinal, dxn.data<float>(), size_t(T * C) * sizeof(float));
+  if (dlm) {
+    std::vector<float> g(size_t(V * C));
+    ops.to_host(g.data(), dw.data<float>(), g.size() * sizeof(float));
+    for (size_t i = 0; i < g.size(); ++i) dlm[i] += g[i];
+  }
+  double total = 0;
+  for (float r : row_loss) total += r;
+  return total / double(T);
 }
 
 }  // namespace
@@ -292,16 +340,17 @@ double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, 
   GptActs own;
   GptActs& a = work ? *work : own;
   gpt_forward(p, b, o, a);
-  return softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, a), nullptr, nullptr);
+  return pass_loss(p, b, o, *a.pass, nullptr, nullptr);
 }
 
 double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
-                           const GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
+                           GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
+  DEG_CHECK(acts.pass && acts.pass->tape, "gpt_loss_of_forward needs the forward's GptActs");
   dfinal = zeros(b.size() * p.config().model_dim);
   float* dlm = nullptr;
   for (auto& g : grads)
     if (g.name == "lm_head") dlm = g.data.data();
-  return softcap_loss(loss_of(p.config(), o), loss_inputs(p, b, acts), dfinal.data(), dlm);
+  return pass_loss(p, b, o, *acts.pass, dfinal.data(), dlm);
 }
 
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,

@@ -69,9 +69,10 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
 double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                 GptActs* work = nullptr);
 // The mean loss of a forward (`acts` from gpt_forward) with d(final_xn) into `dfinal` [T, C]
-// and lm_head's gradient added into `grads`: the step between gpt_forward and gpt_backward.
+// and lm_head's gradient added into `grads`: the step between gpt_forward and gpt_backward. The
+// loss runs on the forward's backend (softcap_cross_entropy), where its hidden state is.
 double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
-                           const GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads);
+                           GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads);
 // Mean loss, and its gradients added into `grads` (GptParams::zeros_like layout).
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                          std::vector<ParamTensor>& grads, GptActs* work = nullptr);
