@@ -215,9 +215,6 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   const GptConfig& c = p.config();
   const int64_t T = b.size(), C = c.model_dim, V = c.vocab_size;
   const Ops& ops = pass.ops;
-  const SoftcapLoss l = loss_of(c, o);
-  DEG_CHECK(l.mtp_weights.size() <= size_t(kMaxMtpWeights),
-            "gpt loss: {} multi-token weights (at most {})", l.mtp_weights.size(), kMaxMtpWeights);
   if (T == 0) return 0.0;
   // The final hidden state in stream order, and the targets, where the backend reads them.
   float* xn = pass.arena.floats(T * C);
@@ -234,22 +231,11 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   float* rows = pass.arena.floats(T);
   Tensor dxn = dfinal ? ops.alloc({T, C}, DType::f32) : Tensor();  // zero-filled
   Tensor dw = dlm ? ops.alloc({V, C}, DType::f32) : Tensor();
-  SoftcapCrossEntropyArgs args{.xn = xn,
-                               .ldx = C,
-                               .w = &pass.model->lm_head(),
-                               .targets = ids_on(b.targets),
-                               .prefix = ids_on(b.prefix),
-                               .rows = T,
-                               .a = l.a,
-                               .b = l.b,
-                               .c = l.c,
-                               .mtp = int64_t(l.mtp_weights.size()),
-                               .prefix_weight = l.prefix_weight,
-                               .loss = rows,
-                               .dxn = dfinal ? dxn.mutable_data<float>() : nullptr,
-                               .lddx = C,
-                               .dw = dlm ? dw.mutable_data<float>() : nullptr};
-  std::copy(l.mtp_weights.begin(), l.mtp_weights.end(), args.mtp_weights.begin());
+  SoftcapCrossEntropyArgs args = softcap_op_args(loss_of(c, o), xn, &pass.model->lm_head(),
+                                                 ids_on(b.targets), ids_on(b.prefix), T, C);
+  args.loss = rows;
+  args.dxn = dfinal ? dxn.mutable_data<float>() : nullptr;
+  args.dw = dlm ? dw.mutable_data<float>() : nullptr;
   ops.softcap_cross_entropy(args);
   std::vector<float> row_loss(static_cast<size_t>(T));
   ops.to_host(row_loss.data(), rows, size_t(T) * sizeof(float));

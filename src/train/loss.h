@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/ops.h"
+
 namespace deg::train {
 
 struct SoftcapLoss {
@@ -24,6 +26,13 @@ struct LossInputs {
   const int32_t* prefix = nullptr;   // [T] prefix targets (-1: none) or null
   int64_t T = 0, C = 0, V = 0;
 };
+
+// softcap_cross_entropy's arguments for `loss` over T rows of xn [T, C] (contiguous, where the
+// backend reads them) with lm_head w; the caller sets loss, dxn and dw. Throws when there are
+// more multi-token weights than the op takes.
+SoftcapCrossEntropyArgs softcap_op_args(const SoftcapLoss& loss, const float* xn, const Tensor* w,
+                                        const int32_t* targets, const int32_t* prefix, int64_t T,
+                                        int64_t C);
 
 // Returns the mean loss; when dxn / dw are given, adds the mean loss's gradients to them.
 // per_row (optional) receives each row's loss.
