@@ -22,7 +22,7 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true);
   }
   start_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -33,32 +33,48 @@ void chunk_bounds(int64_t n, int chunks, int index, int64_t* begin, int64_t* end
   *begin = n * index / chunks;
   *end = n * (index + 1) / chunks;
 }
+
+// Polls `ready` for up to about 50 microseconds; true as soon as it holds.
+template <typename Ready>
+bool spin_until(const Ready& ready) {
+  for (int i = 0; i < 2048; ++i) {
+    if (ready()) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  for (int i = 0; i < 64; ++i) {
+    if (ready()) return true;
+    std::this_thread::yield();
+  }
+  return ready();
+}
 }  // namespace
 
 void ThreadPool::worker_loop(int index) {
   t_inside_worker = true;
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n;
-    int chunks;
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mutex_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunks = job_chunks_;
+      ++sleepers_;
+      start_cv_.wait(lock, ready);
+      --sleepers_;
     }
-    if (index < chunks) {
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    if (index < job_chunks_) {
       int64_t b, e;
-      chunk_bounds(n, chunks, index, &b, &e);
-      if (b < e) (*job)(b, e);
+      chunk_bounds(job_n_, job_chunks_, index, &b, &e);
+      if (b < e) (*job_)(b, e);
     }
-    {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (done_waiting_) done_cv_.notify_one();
     }
   }
 }
@@ -73,22 +89,29 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     return;
   }
   std::lock_guard<std::mutex> run(run_mutex_);
+  job_ = &fn;
+  job_n_ = n;
+  job_chunks_ = chunks;
+  pending_.store(int(workers_.size()), std::memory_order_relaxed);
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunks_ = chunks;
-    pending_ = int(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
+    wake = sleepers_ > 0;
   }
-  start_cv_.notify_all();
+  if (wake) start_cv_.notify_all();
   int64_t b, e;
   chunk_bounds(n, chunks, 0, &b, &e);
   t_inside_worker = true;
   fn(b, e);
   t_inside_worker = false;
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_waiting_ = true;
+    done_cv_.wait(lock, done);
+    done_waiting_ = false;
+  }
   job_ = nullptr;
 }
 
