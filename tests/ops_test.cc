@@ -2283,5 +2283,28 @@ TEST(OpsGptFormulas, AttentionF64MatchesSoftmax) {
   }
 }
 
+// Packing many rows to the front of their own buffer (Backbone drops the residual stream's side
+// lanes this way before the final norm: 359 lanes to 48): every row keeps its values on every
+// backend. A CUDA launch runs its rows in no particular order, so a later row's write must not
+// land on an earlier row before that row is read (it did when x == y, 1 run in 3 of the gpt
+// fork tests: row 0's hidden states came back partly overwritten).
+TEST(OpsCopyRows, PackingManyRowsInPlaceKeepsEveryRow) {
+  const int64_t rows = 2048, ldx = 359, n = 48;
+  const std::vector<float> x = randn_seeded(size_t(rows * ldx), 31);
+  for (const Backend& b : backends_under_test()) {
+    for (int rep = 0; rep < 20; ++rep) {
+      Floats buf(x.begin(), x.end());
+      b.ops->copy_rows(buf.data(), ldx, buf.data(), n, rows, n);
+      int64_t wrong = 0, first = -1;
+      for (int64_t i = 0; i < rows * n; ++i) {
+        if (buf[size_t(i)] == x[size_t(i / n * ldx + i % n)]) continue;
+        if (first < 0) first = i / n;
+        ++wrong;
+      }
+      ASSERT_EQ(wrong, 0) << b.name << ", launch " << rep << ": first wrong row " << first;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deg

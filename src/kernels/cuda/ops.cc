@@ -327,14 +327,14 @@ void CudaOps::copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int6
   // run in no particular order.
   const float* x_end = x + (rows - 1) * ldx + n;
   const float* y_end = y + (rows - 1) * ldy + n;
-  if (x < y_end && y < x_end && x != y) {
+  if (x == y && ldx == ldy) return;
+  if (x < y_end && y < x_end) {
     std::lock_guard lock(mu_);
     float* tmp = static_cast<float*>(scratch(0, size_t(rows * n) * sizeof(float)));
     check(cuda::launch_copy_rows(x, ldx, tmp, n, rows, n, stream_), "copy_rows");
     check(cuda::launch_copy_rows(tmp, n, y, ldy, rows, n, stream_), "copy_rows");
     return;
   }
-  if (x == y && ldx == ldy) return;
   check(cuda::launch_copy_rows(x, ldx, y, ldy, rows, n, stream_), "copy_rows");
 }
 
