@@ -573,7 +573,9 @@ TEST(OpsBackward, RopePairsInverseUndoesTheRotation) {
 }
 
 // attention_f64 over a prefix and own keys, with a window, paired heads or the key offset, and
-// packed segments: dq, and dK / dV into both the prefix's and the own buffers' gradient views.
+// packed segments: dq, and dK / dV into both the prefix's and the own buffers' gradient views;
+// also with both rows reading one prefix (fork rows of one document: the prefix's gradient sums
+// both rows' shares).
 TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
   const int64_t H = 4, dq = 6, dv = 5, D = 6, P = 5, cap = 8, L = 4, rot = 2;
   const int64_t lengths[] = {3, 4}, positions[] = {P, P};
@@ -586,90 +588,95 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
   for (bool paired : {false, true})
     for (bool offset : {false, true})
       for (bool segmented : {false, true})
-        for (bool long_window : {false, true}) {
-          if (paired && offset) continue;
-          SCOPED_TRACE(std::string(paired ? "paired" : "plain") + (offset ? " key offset" : "") +
-                       (segmented ? " segments" : "") + (long_window ? " long window" : ""));
-          std::mt19937 rng(11);
-          // Two rows with their own prefixes and own keys (own keys at 0: as a fresh fork).
-          Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
-          Floats ok = randn(size_t(2 * H * cap * D), rng), ov = randn(size_t(2 * H * cap * D), rng);
-          Floats q = randn(size_t(2 * L * H * dq), rng);
-          const Floats g = randn(size_t(2 * L * H * dv), rng);
-          const int64_t window = long_window ? 64 : paired ? 7 : 4;
-          across_backends(
-              [&](const Ops& ops) {
-                auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
-                  std::vector<RowView> vs;
-                  for (int64_t b = 0; b < 2; ++b)
-                    vs.push_back({.prefix_k = k1.data() + b * H * P * D,
-                                  .prefix_v = v1.data() + b * H * P * D,
-                                  .prefix_len = P,
-                                  .prefix_stride = P * D,
-                                  .own_k = k2.data() + b * H * cap * D,
-                                  .own_v = v2.data() + b * H * cap * D,
-                                  .own_stride = cap * D});
-                  return vs;
-                };
-                auto args = [&](const std::vector<RowView>& vs, float* out) {
-                  return AttendF64Args{.rows = rows,
-                                       .views = vs.data(),
-                                       .q = q.data(),
-                                       .ldq = H * dq,
-                                       .hq = dq,
-                                       .out = out,
-                                       .ldo = H * dv,
-                                       .ho = dv,
-                                       .heads = H,
-                                       .qk_dim = dq,
-                                       .v_dim = dv,
-                                       .kv_dim = D,
-                                       .scale = 0.5f,
-                                       .window = window,
-                                       .paired_heads = paired,
-                                       .key_offset = offset,
-                                       .offset_from = rot,
-                                       .segment = segmented ? segment.data() : nullptr};
-                };
-                auto forward = [&] {
+        for (bool long_window : {false, true})
+          for (bool shared : {false, true}) {
+            if (paired && offset) continue;
+            SCOPED_TRACE(std::string(paired ? "paired" : "plain") + (offset ? " key offset" : "") +
+                         (segmented ? " segments" : "") + (long_window ? " long window" : "") +
+                         (shared ? " shared prefix" : ""));
+            std::mt19937 rng(11);
+            // Two rows with their own prefixes and own keys (own keys at 0: as a fresh fork).
+            Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
+            Floats ok = randn(size_t(2 * H * cap * D), rng),
+                   ov = randn(size_t(2 * H * cap * D), rng);
+            Floats q = randn(size_t(2 * L * H * dq), rng);
+            const Floats g = randn(size_t(2 * L * H * dv), rng);
+            const int64_t window = long_window ? 64 : paired ? 7 : 4;
+            across_backends(
+                [&](const Ops& ops) {
+                  auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
+                    std::vector<RowView> vs;
+                    for (int64_t b = 0; b < 2; ++b) {
+                      const int64_t pb = shared ? 0 : b;
+                      vs.push_back({.prefix_k = k1.data() + pb * H * P * D,
+                                    .prefix_v = v1.data() + pb * H * P * D,
+                                    .prefix_len = P,
+                                    .prefix_stride = P * D,
+                                    .own_k = k2.data() + b * H * cap * D,
+                                    .own_v = v2.data() + b * H * cap * D,
+                                    .own_stride = cap * D});
+                    }
+                    return vs;
+                  };
+                  auto args = [&](const std::vector<RowView>& vs, float* out) {
+                    return AttendF64Args{.rows = rows,
+                                         .views = vs.data(),
+                                         .q = q.data(),
+                                         .ldq = H * dq,
+                                         .hq = dq,
+                                         .out = out,
+                                         .ldo = H * dv,
+                                         .ho = dv,
+                                         .heads = H,
+                                         .qk_dim = dq,
+                                         .v_dim = dv,
+                                         .kv_dim = D,
+                                         .scale = 0.5f,
+                                         .window = window,
+                                         .paired_heads = paired,
+                                         .key_offset = offset,
+                                         .offset_from = rot,
+                                         .segment = segmented ? segment.data() : nullptr};
+                  };
+                  auto forward = [&] {
+                    const std::vector<RowView> vs = views(pk, pv, ok, ov);
+                    Floats out(size_t(2 * L * H * dv), 0.0f);
+                    ops.attention_f64(args(vs, out.data()));
+                    return std::vector<Floats>{out};
+                  };
+                  Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
+                      dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
                   const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                  Floats out(size_t(2 * L * H * dv), 0.0f);
-                  ops.attention_f64(args(vs, out.data()));
-                  return std::vector<Floats>{out};
-                };
-                Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
-                    dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
-                const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
-                ops.attention_f64_backward({.forward = args(vs, nullptr),
-                                            .dout = g.data(),
-                                            .lddo = H * dv,
-                                            .hdo = dv,
-                                            .dq = dqq.data(),
-                                            .lddq = H * dq,
-                                            .hdq = dq,
-                                            .dviews = dvs.data()});
-                Floats gm = g;  // padded outputs are zeros, not functions of the inputs
-                for (int64_t t = lengths[0]; t < L; ++t)
-                  for (int64_t e = 0; e < H * dv; ++e) gm[size_t(t * H * dv + e)] = 0.0f;
-                expect_directional(forward, {gm},
-                                   {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}},
-                                   rng, 1e-3);
-                // Row 0's prefix values at positions 0 and 1: inside the window, before its
-                // segment.
-                double hidden = 0;
-                for (int64_t h = 0; h < H; ++h)
-                  for (int64_t e = 0; e < 2 * D; ++e)
-                    hidden += std::fabs(dpv[size_t(h * P * D + e)]);
-                if (segmented) {
-                  EXPECT_EQ(hidden, 0.0);
-                } else {
-                  EXPECT_GT(hidden, 0.0);
-                }
-                return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
-              },
-              1e-5);
-        }
+                  const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
+                  ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                              .dout = g.data(),
+                                              .lddo = H * dv,
+                                              .hdo = dv,
+                                              .dq = dqq.data(),
+                                              .lddq = H * dq,
+                                              .hdq = dq,
+                                              .dviews = dvs.data()});
+                  Floats gm = g;  // padded outputs are zeros, not functions of the inputs
+                  for (int64_t t = lengths[0]; t < L; ++t)
+                    for (int64_t e = 0; e < H * dv; ++e) gm[size_t(t * H * dv + e)] = 0.0f;
+                  expect_directional(
+                      forward, {gm},
+                      {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng, 1e-3);
+                  // Row 0's prefix values at positions 0 and 1: inside the window, before its
+                  // segment.
+                  double hidden = 0;
+                  for (int64_t h = 0; h < H; ++h)
+                    for (int64_t e = 0; e < 2 * D; ++e)
+                      hidden += std::fabs(dpv[size_t(h * P * D + e)]);
+                  if (segmented && !shared) {  // (row 1's first segment starts at 0)
+                    EXPECT_EQ(hidden, 0.0);
+                  } else {
+                    EXPECT_GT(hidden, 0.0);
+                  }
+                  return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
+                },
+                1e-5);
+          }
 }
 
 // ---- optimizer steps: CUDA against the CPU (the CPU's formulas: tests/train_optim_test.cc) ----

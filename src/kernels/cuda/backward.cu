@@ -2,7 +2,7 @@
 // in the CPU's formulas (kernels/cpu/backward.cc). Every output element is computed by one
 // thread summing its terms in order (rows, table positions, keys), so no result depends on the
 // launch shape and none needs atomics. These are the plain first versions: one thread per vector
-// for the norms, one block per head for attention.
+// for the norms (attention's backward is in attention_f64_backward.cu).
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
@@ -192,153 +192,6 @@ __global__ void subtract_projection_backward_kernel(ProjectionBackwardLaunch a) 
   }
 }
 
-// ---- attention_f64 backward: one block per slot ----
-
-constexpr int kAttnThreads = 128;
-
-__device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
-  if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
-  return (v ? kv.own_v : kv.own_k) + g * kv.own_stride + (p - kv.prefix_len) * D;
-}
-
-__device__ float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
-  float* base = p < kv.prefix_len ? const_cast<float*>(v ? kv.prefix_v : kv.prefix_k)
-                                  : (v ? kv.own_v : kv.own_k);
-  if (!base) return nullptr;
-  return base + (p < kv.prefix_len ? g * kv.prefix_stride + p * D
-                                   : g * kv.own_stride + (p - kv.prefix_len) * D);
-}
-
-__global__ void attention_f64_backward_kernel(AttentionF64BackwardLaunch a) {
-  const AttentionF64Launch& f = a.forward;
-  const int64_t slot = blockIdx.x, tid = threadIdx.x;
-  const int64_t half = f.heads / 2, D = f.kv_dim, dq = f.qk_dim, dv = f.v_dim;
-  const int64_t rot = f.offset_from;
-  float* p = a.scratch + slot * 2 * a.max_keys;
-  float* dp = p + a.max_keys;
-  __shared__ float red[kAttnThreads];
-  __shared__ double redd[kAttnThreads];
-  const int nh = f.paired_heads ? 2 : 1;
-  for (int i = 0; i < f.rows.count; ++i) {
-    const KvRow& kv = f.kv[i];
-    const KvRow& gk = a.grad[i];
-    for (int hi = 0; hi < nh; ++hi) {
-      const int64_t h = hi == 0 ? slot : slot + half;
-      for (int64_t t = 0; t < f.rows.length[i]; ++t) {
-        const int64_t n = (f.rows.first + i) * f.rows.tokens + t;
-        const int64_t pos = f.rows.position[i] + t;
-        const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
-        int64_t j0 = qpos - f.window > 0 ? qpos - f.window : 0;
-        if (f.segment) {  // keys before the token's packed document are hidden
-          const int64_t s = f.paired_heads ? 2 * int64_t(f.segment[n]) : int64_t(f.segment[n]);
-          j0 = s > j0 ? s : j0;
-        }
-        const int64_t nk = qpos - j0 + 1;
-        const float* q = f.q + n * f.ldq + h * f.hq;
-        const float* go = a.dout + n * a.lddo + h * a.hdo;
-        // Scores and their maximum.
-        float mx = -INFINITY;
-        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
-          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-          const float* kj = kv_at(kv, false, g, kp, D);
-          double s = 0;
-          if (f.key_offset && kp > 0) {
-            const float* kprev = kv_at(kv, false, g, kp - 1, D);
-            for (int64_t d = 0; d < rot; ++d) s += double(q[d]) * double(kj[d]);
-            for (int64_t d = rot; d < dq; ++d) s += double(q[d]) * double(kprev[d]);
-          } else {
-            for (int64_t d = 0; d < dq; ++d) s += double(q[d]) * double(kj[d]);
-          }
-          p[jj] = f.scale * float(s);
-          mx = fmaxf(mx, p[jj]);
-        }
-        red[tid] = mx;
-        __syncthreads();
-        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
-          if (tid < s) red[tid] = fmaxf(red[tid], red[tid + s]);
-          __syncthreads();
-        }
-        mx = red[0];
-        double sum = 0;
-        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-          p[jj] = expf(p[jj] - mx);
-          sum += p[jj];
-        }
-        redd[tid] = sum;
-        __syncthreads();
-        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
-          if (tid < s) redd[tid] += redd[tid + s];
-          __syncthreads();
-        }
-        const float inv = float(1.0 / redd[0]);
-        __syncthreads();
-        double dsum = 0;
-        for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
-          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-          p[jj] *= inv;
-          dp[jj] = float(dot_f64(go, kv_at(kv, true, g, kp, D), dv));
-          dsum += double(p[jj]) * dp[jj];
-        }
-        redd[tid] = dsum;
-        __syncthreads();
-        for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
-          if (tid < s) redd[tid] += redd[tid + s];
-          __syncthreads();
-        }
-        const float D_sum = float(redd[0]);
-        __syncthreads();
-        // dq: one thread per dim, keys in order.
-        if (a.dq) {
-          for (int64_t d = tid; d < dq; d += kAttnThreads) {
-            float acc = 0.0f;
-            for (int64_t jj = 0; jj < nk; ++jj) {
-              const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
-              const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-              const bool from_prev = f.key_offset && kp > 0 && d >= rot;
-              const float* k = kv_at(kv, false, g, from_prev ? kp - 1 : kp, D);
-              acc += p[jj] * (dp[jj] - D_sum) * f.scale * k[d];
-            }
-            a.dq[n * a.lddq + h * a.hdq + d] += acc;
-          }
-        }
-        // dK, dV: one thread per (key, dim). With the key offset, key 0's dims from `rot` on are
-        // read twice (by key 0 itself and, shifted, by key 1): key 0's own share is added first,
-        // alone, so that no two threads add into one element at once (and in the CPU's order).
-        const int64_t width = dq > dv ? dq : dv;
-        auto dk_of = [&](int64_t jj, int64_t d, int64_t kp, int64_t g) {
-          const float ds = p[jj] * (dp[jj] - D_sum) * f.scale;
-          const bool from_prev = f.key_offset && kp > 0 && d >= rot;
-          float* dk = grad_at(gk, false, g, from_prev ? kp - 1 : kp, D);
-          if (dk) dk[d] += ds * q[d];
-        };
-        const int64_t first_keys = (f.paired_heads ? 2 : 1) - j0;  // of key 0, in view
-        const bool shared_first = f.key_offset && first_keys > 0;
-        if (shared_first) {
-          for (int64_t e = tid; e < first_keys * dq; e += kAttnThreads) {
-            const int64_t jj = e / dq, d = e % dq, j = j0 + jj;
-            const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-            if (d >= rot && jj < nk) dk_of(jj, d, 0, g);
-          }
-          __syncthreads();
-        }
-        for (int64_t e = tid; e < nk * width; e += kAttnThreads) {
-          const int64_t jj = e / width, d = e % width;
-          const int64_t j = j0 + jj, kp = f.paired_heads ? j / 2 : j;
-          const int64_t g = f.paired_heads ? slot + (j % 2) * half : slot;
-          if (d < dq && !(shared_first && kp == 0 && d >= rot)) dk_of(jj, d, kp, g);
-          if (d < dv) {
-            float* dvv = grad_at(gk, true, g, kp, D);
-            if (dvv) dvv[d] += p[jj] * go[d];
-          }
-        }
-        __syncthreads();
-      }
-    }
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t stream) {
@@ -405,16 +258,6 @@ cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& 
   if (most == 0 || a.forward.heads == 0) return cudaSuccess;
   subtract_projection_backward_kernel<<<dim3(grid_for(most * a.forward.heads), unsigned(r.count)),
                                         kThreads, 0, stream>>>(a);
-  return launched();
-}
-
-cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
-                                          cudaStream_t stream) {
-  const AttentionF64Launch& f = a.forward;
-  if (f.rows.count == 0 || f.heads == 0) return cudaSuccess;
-  if (f.paired_heads && f.heads % 2) return cudaErrorInvalidValue;
-  const int64_t slots = f.paired_heads ? f.heads / 2 : f.heads;
-  attention_f64_backward_kernel<<<unsigned(slots), kAttnThreads, 0, stream>>>(a);
   return launched();
 }
 

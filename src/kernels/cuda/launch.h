@@ -439,8 +439,8 @@ struct ProjectionBackwardLaunch {
 cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& a,
                                                 cudaStream_t stream);
 
-// attention_f64's backward for the rows of one chunk: one block per slot (a head, or the
-// paired query heads slot and slot + H/2), rows and queries in order.
+// ---- attention_f64_backward.cu: attention_f64's backward for the rows of one chunk: one block
+// per (token, head) for dq, one per (key, K/V head) for dK / dV ----
 struct AttentionF64BackwardLaunch {
   AttentionF64Launch forward;
   KvRow grad[kRows];  // dK / dV views
@@ -448,8 +448,7 @@ struct AttentionF64BackwardLaunch {
   int64_t lddo, hdo;
   float* dq;
   int64_t lddq, hdq;
-  float* scratch;  // [slots, 2, max_keys]
-  int64_t max_keys;
+  float* stats;  // [N, heads, 3] scratch: each query's softmax max, 1 / sum and sum_j p_j dp_j
 };
 cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a, cudaStream_t stream);
 

@@ -233,13 +233,7 @@ void CudaOps::ngram_embed_backward(const NgramBackwardArgs& a) const {
 
 void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
   const AttendF64Args& f = a.forward;
-  int64_t last = 0;
-  for (int64_t b = 0; b < f.rows.rows; ++b)
-    last = std::max(last, f.rows.positions[b] + f.rows.lengths[b]);
-  if (f.paired_heads) last = 2 * last + 1;
-  const int64_t max_keys = std::min(f.window, last) + 2;
-  const int64_t slots = f.paired_heads ? f.heads / 2 : f.heads;
-  DeviceTemp work(*this, size_t(std::max<int64_t>(slots * 2 * max_keys, 1)) * sizeof(float));
+  DeviceTemp stats(*this, size_t(std::max<int64_t>(f.rows.n() * f.heads * 3, 1)) * sizeof(float));
   for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t first) {
     cuda::AttentionF64BackwardLaunch l{.forward = {.rows = r,
                                                    .q = f.q,
@@ -261,8 +255,7 @@ void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
                                        .dq = a.dq,
                                        .lddq = a.lddq,
                                        .hdq = a.hdq,
-                                       .scratch = work.as<float>(),
-                                       .max_keys = max_keys};
+                                       .stats = stats.as<float>()};
     for (int i = 0; i < r.count; ++i) {
       l.forward.kv[i] = kv_row(f.views[first + i]);
       l.grad[i] = kv_row(a.dviews[first + i]);
