@@ -3,7 +3,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <string>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -115,11 +119,34 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   job_ = nullptr;
 }
 
+namespace {
+// The CPU quota of this process's cgroup in whole cores (rounded up), or 0 when there is none:
+// cgroup v2's cpu.max ("max 100000" or "QUOTA PERIOD"), else v1's cfs quota and period. A
+// container may see every core of its host through sched_getaffinity yet run on a few.
+int cgroup_cpu_quota() {
+  auto ratio = [](double quota, double period) {
+    return quota > 0 && period > 0 ? int(std::ceil(quota / period)) : 0;
+  };
+  if (std::ifstream v2("/sys/fs/cgroup/cpu.max"); v2) {
+    std::string quota;
+    double period = 0;
+    if (v2 >> quota >> period && quota != "max") return ratio(std::atof(quota.c_str()), period);
+    return 0;
+  }
+  std::ifstream q("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), p("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  double quota = 0, period = 0;
+  if (q >> quota && p >> period) return ratio(quota, period);
+  return 0;
+}
+}  // namespace
+
 int available_cores() {
+  int cores = int(std::max(1u, std::thread::hardware_concurrency()));
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  const int quota = cgroup_cpu_quota();
+  return quota > 0 ? std::min(cores, quota) : cores;
 }
 
 namespace {

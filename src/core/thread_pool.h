@@ -50,7 +50,8 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
 };
 
-// Number of cores this process may run on (sched affinity), at least 1.
+// Number of cores this process may run on (sched affinity, capped by its cgroup's CPU quota),
+// at least 1.
 int available_cores();
 
 // The process pool; created on first use with set_thread_count's value, else DEG_THREADS, else
