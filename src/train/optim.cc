@@ -115,101 +115,133 @@ ParamRule gpt_param_rule(const GptConfig& c, const std::string& name) {
   return {};
 }
 
-GptOptimizer::GptOptimizer(const GptParams& params, OptimizerHyper hyper) : hyper_(hyper) {
+namespace {
+constexpr int64_t kZeroRow = 4096;  // floats cleared per copy_rows row
+}  // namespace
+
+GptOptimizer::GptOptimizer(const GptParams& params, OptimizerHyper hyper, const Ops& ops)
+    : ops_(&ops), hyper_(hyper) {
   const GptConfig& c = params.config();
+  int64_t most = 1;
   for (const auto& t : params.tensors()) {
     ParamRule rule = gpt_param_rule(c, t.name);
     if (rule.kind == ParamRule::Kind::normuon && ends_with(t.name, ".attn.qk"))
       rule.group_rows = t.shape[0] / c.num_heads;  // 2 heads of this layer's q/k width
     rules_.push_back(rule);
     names_.push_back(t.name);
-    m_.emplace_back(t.data.size(), 0.0f);
+    shapes_.push_back(t.shape);
+    m_.push_back(ops.alloc({t.numel()}, DType::f32));
     if (rule.kind == ParamRule::Kind::adam) {
-      v_.emplace_back(t.data.size(), 0.0f);
+      v_.push_back(ops.alloc({t.numel()}, DType::f32));
     } else {
       const int64_t rows = rule.group_rows ? rule.group_rows : t.shape[0], cols = t.shape[1];
       const int64_t groups = t.shape[0] / rows;
-      v_.emplace_back(size_t(groups * (rows >= cols ? rows : cols)), 0.0f);
+      v_.push_back(ops.alloc({groups * (rows >= cols ? rows : cols)}, DType::f32));
+      most = std::max(most, rows * cols);
     }
   }
+  u_ = ops.alloc({most}, DType::f32);
+  zero_row_ = ops.alloc({kZeroRow}, DType::f32);
 }
 
-void GptOptimizer::normuon(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale,
-                           float momentum) {
-  const Ops& ops = cpu_ops();
+void GptOptimizer::clear(float* x, int64_t n) const {
+  const int64_t rows = n / kZeroRow, rest = n % kZeroRow;
+  const float* z = zero_row_.data<float>();
+  if (rows) ops_->copy_rows(z, 0, x, kZeroRow, rows, kZeroRow);
+  if (rest) ops_->copy_rows(z, 0, x + rows * kZeroRow, rest, 1, rest);
+}
+
+void GptOptimizer::normuon(float* p, float* g, size_t k, float lr_scale, float momentum) {
+  const Ops& ops = *ops_;
   const ParamRule& rule = rules_[k];
-  const int64_t rows = rule.group_rows ? rule.group_rows : p.shape[0], cols = p.shape[1];
-  const int64_t groups = p.shape[0] / rows, n = rows * cols;
+  const Shape& shape = shapes_[k];
+  const int64_t rows = rule.group_rows ? rule.group_rows : shape[0], cols = shape[1];
+  const int64_t groups = shape[0] / rows, n = rows * cols;
   const int64_t nsec = rows >= cols ? rows : cols;
   const float lr = hyper_.muon_lr * lr_scale;
   const float lr_eff =
       lr * std::sqrt(std::max(1.0f, float(rows) / float(cols))) * rule.matrix_lr_mul;
-  Buf u = zeros(n);
+  float* u = u_.mutable_data<float>();
   for (int64_t gi = 0; gi < groups; ++gi) {
-    ops.nesterov({.g = g.data.data() + gi * n,
-                  .buf = m_[k].data() + gi * n,
-                  .u = u.data(),
+    ops.nesterov({.g = g + gi * n,
+                  .buf = m_[k].mutable_data<float>() + gi * n,
+                  .u = u,
                   .n = n,
                   .momentum = momentum});
-    polar_express(ops, u.data(), rows, cols);
-    ops.normuon_step({.u = u.data(),
-                      .p = p.data.data() + gi * n,
-                      .second = v_[k].data() + gi * nsec,
+    polar_express(ops, u, rows, cols);
+    ops.normuon_step({.u = u,
+                      .p = p + gi * n,
+                      .second = v_[k].mutable_data<float>() + gi * nsec,
                       .rows = rows,
                       .cols = cols,
                       .beta2 = hyper_.muon_beta2,
                       .lr = lr_eff,
                       .wd = hyper_.muon_wd * lr});
   }
-  std::fill(g.data.begin(), g.data.end(), 0.0f);
+  clear(g, groups * n);
 }
 
-void GptOptimizer::adam(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale) {
+void GptOptimizer::adam(float* p, float* g, size_t k, float lr_scale) {
   const AdamHyper& h = rules_[k].adam;
   const double lr = double(hyper_.adam_lr) * lr_scale * h.lr_mul;
   const double bias1 = 1.0 - std::pow(double(h.beta1), double(adam_t_));
   const double bias2 = 1.0 - std::pow(double(h.beta2), double(adam_t_));
-  cpu_ops().adam_step({.p = p.data.data(),
-                       .g = g.data.data(),
-                       .m = m_[k].data(),
-                       .v = v_[k].data(),
-                       .n = int64_t(p.data.size()),
-                       .beta1 = h.beta1,
-                       .beta2 = h.beta2,
-                       .eps = hyper_.adam_eps,
-                       .step_size = float(lr * std::sqrt(bias2) / bias1),
-                       .wd = float(lr * lr * hyper_.adam_wd * h.wd_mul)});
+  ops_->adam_step({.p = p,
+                   .g = g,
+                   .m = m_[k].mutable_data<float>(),
+                   .v = v_[k].mutable_data<float>(),
+                   .n = m_[k].numel(),
+                   .beta1 = h.beta1,
+                   .beta2 = h.beta2,
+                   .eps = hyper_.adam_eps,
+                   .step_size = float(lr * std::sqrt(bias2) / bias1),
+                   .wd = float(lr * lr * hyper_.adam_wd * h.wd_mul)});
 }
 
 void GptOptimizer::step(GptParams& params, std::vector<ParamTensor>& grads, float lr_scale,
                         float momentum, bool do_adam, bool tied) {
+  DEG_CHECK(ops_->device() == Device::cpu, "a host step needs the CPU's optimizer");
   auto& ps = params.tensors();
-  DEG_CHECK(ps.size() == grads.size() && ps.size() == rules_.size(), "optimizer layout");
+  DEG_CHECK(ps.size() == grads.size(), "optimizer layout");
+  std::vector<float*> p, g;
+  for (size_t k = 0; k < ps.size(); ++k) {
+    p.push_back(ps[k].data.data());
+    g.push_back(grads[k].data.data());
+  }
+  step(p, g, lr_scale, momentum, do_adam, tied);
+}
+
+void GptOptimizer::step(const std::vector<float*>& p, const std::vector<float*>& g, float lr_scale,
+                        float momentum, bool do_adam, bool tied) {
+  const Ops& ops = *ops_;
+  DEG_CHECK(p.size() == rules_.size() && g.size() == rules_.size(), "optimizer layout");
   if (do_adam) ++adam_t_;
-  size_t embed = ps.size(), head = ps.size();
-  for (size_t k = 0; k < ps.size(); ++k) {
-    if (ps[k].name == "embed") embed = k;
-    if (ps[k].name == "lm_head") head = k;
+  size_t embed = p.size(), head = p.size();
+  for (size_t k = 0; k < p.size(); ++k) {
+    if (names_[k] == "embed") embed = k;
+    if (names_[k] == "lm_head") head = k;
   }
-  if (tied && do_adam) {
-    axpy(1.0f, grads[embed].data.data(), grads[head].data.data(), grads[head].numel());
-    std::fill(grads[embed].data.begin(), grads[embed].data.end(), 0.0f);
+  const int64_t tied_n = embed < p.size() ? m_[embed].numel() : 0;
+  if (tied && do_adam) {  // g_head += g_embed; g_embed = 0
+    const CombineTerm t[] = {{.s = 1.0f}, {.x = g[embed], .ldx = tied_n}};
+    ops.combine({.y = g[head], .ldy = tied_n, .rows = 1, .n = tied_n, .terms = t});
+    clear(g[embed], tied_n);
   }
-  for (size_t k = 0; k < ps.size(); ++k) {
+  for (size_t k = 0; k < p.size(); ++k) {
     if (rules_[k].kind == ParamRule::Kind::normuon) {
-      normuon(ps[k], grads[k], k, lr_scale, momentum);
+      normuon(p[k], g[k], k, lr_scale, momentum);
     } else if (do_adam && !(tied && k == embed)) {
-      adam(ps[k], grads[k], k, lr_scale);
+      adam(p[k], g[k], k, lr_scale);
     }
   }
-  if (tied && do_adam) ps[embed].data = ps[head].data;
+  if (tied && do_adam) ops.copy_rows(p[head], tied_n, p[embed], tied_n, 1, tied_n);
 }
 
 void GptOptimizer::save(const std::filesystem::path& path) const {
   std::vector<NamedTensor> out;
   for (size_t k = 0; k < names_.size(); ++k) {
-    out.push_back({"m." + names_[k], Tensor::from_vector(m_[k], {int64_t(m_[k].size())})});
-    out.push_back({"v." + names_[k], Tensor::from_vector(v_[k], {int64_t(v_[k].size())})});
+    out.push_back({"m." + names_[k], host_copy(m_[k])});
+    out.push_back({"v." + names_[k], host_copy(v_[k])});
   }
   safetensors_write(path, out, {{"adam_steps", std::to_string(adam_t_)}});
 }
@@ -218,11 +250,11 @@ void GptOptimizer::load(const std::filesystem::path& path) {
   SafetensorsFile f = SafetensorsFile::open(path);
   for (size_t k = 0; k < names_.size(); ++k) {
     for (auto [prefix, dst] : {std::pair{"m.", &m_[k]}, std::pair{"v.", &v_[k]}}) {
-      std::vector<float> src = f.tensor(prefix + names_[k]).to_f32_vector();
-      if (src.size() != dst->size())
+      const std::vector<float> src = f.tensor(prefix + names_[k]).to_f32_vector();
+      if (int64_t(src.size()) != dst->numel())
         throw Error(ErrorKind::format, "optimizer state does not fit this model",
                     {.path = path.string(), .tensor = prefix + names_[k]});
-      *dst = std::move(src);
+      *dst = ops_->upload(Tensor::from_vector(src, {int64_t(src.size())}));
     }
   }
   adam_t_ = std::stoll(f.metadata().at("adam_steps"));

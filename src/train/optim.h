@@ -43,30 +43,44 @@ struct OptimizerHyper {
   float muon_lr = 0.023f, muon_beta2 = 0.9f, muon_wd = 1.2f;
 };
 
+// The optimizer's state lives in `ops`' memory (the CPU's, or a GPU's with the parameters and
+// gradients it steps), and every update runs as `ops`' ops, so a CPU and a GPU step are the same
+// sequence of operations.
 class GptOptimizer {
  public:
-  GptOptimizer(const GptParams& params, OptimizerHyper hyper);
+  GptOptimizer(const GptParams& params, OptimizerHyper hyper, const Ops& ops = cpu_ops());
 
   // One step: lr_scale multiplies both base rates (the schedule), momentum is NorMuon's.
   // do_adam: Adam parameters step only then (the seed steps them on odd steps, accumulating
   // their gradients over two steps). tied: embed's gradient is added into lm_head's and embed
-  // is set to lm_head after the step. Gradients of stepped parameters are zeroed.
+  // is set to lm_head after the step. Gradients of stepped parameters are zeroed. Host
+  // parameters and gradients: the optimizer's backend must be the CPU's.
   void step(GptParams& params, std::vector<ParamTensor>& grads, float lr_scale, float momentum,
             bool do_adam, bool tied);
+  // The same over parameter k's values p[k] and gradient g[k] (params.tensors()' order) in the
+  // optimizer's backend's memory.
+  void step(const std::vector<float*>& p, const std::vector<float*>& g, float lr_scale,
+            float momentum, bool do_adam, bool tied);
 
+  const Ops& ops() const { return *ops_; }
   int64_t adam_steps() const { return adam_t_; }
   void save(const std::filesystem::path& path) const;
   void load(const std::filesystem::path& path);
 
  private:
-  void normuon(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale, float momentum);
-  void adam(ParamTensor& p, ParamTensor& g, size_t k, float lr_scale);
+  void normuon(float* p, float* g, size_t k, float lr_scale, float momentum);
+  void adam(float* p, float* g, size_t k, float lr_scale);
+  void clear(float* x, int64_t n) const;  // x[0, n) = 0
 
+  const Ops* ops_;
   OptimizerHyper hyper_;
   std::vector<ParamRule> rules_;
-  std::vector<std::vector<float>> m_, v_;  // Adam moments, or NorMuon momentum / 2nd moment
-  int64_t adam_t_ = 0;
   std::vector<std::string> names_;
+  std::vector<Shape> shapes_;
+  std::vector<Tensor> m_, v_;  // Adam moments, or NorMuon momentum / 2nd moment; ops' memory
+  Tensor u_;                   // NorMuon's update of one block (the largest)
+  Tensor zero_row_;            // zeros, read with stride 0 to clear a gradient
+  int64_t adam_t_ = 0;
 };
 
 // The speedrun's schedules (schedule.py, train_gpt.py get_muon_momentum), over `total` steps.
