@@ -1,6 +1,7 @@
 // One `gpt` training step's speed on a backend: the forward, the loss and the backward of a
 // preset over a packed stream of random tokens (a document every --max-seq-len), split into
-// those three parts, then the optimizer step on the host — what `deg pretrain` does per step. On
+// those three parts, then the optimizer step, with the parameters, gradients and optimizer state
+// resident on the backend (train::GptResident) — what `deg pretrain` does per step. On
 // CUDA, one more step runs with every op's device time taken (CUDA events), so the table says
 // which ops stand in the way; the gap between the ops' sum and the wall time is host work and
 // copies. Each figure the median of `--repeats` steps after a warm-up. Not a test.
@@ -91,12 +92,16 @@ int run(const Options& o) {
     throw Error(ErrorKind::unsupported, "no CUDA device here (--device cpu)");
   train::GptParams params = train::GptParams::create(config);
   params.init(1);
-  train::GptOptimizer opt(params, {});
-  auto grads = params.zeros_like();
+  // As `deg pretrain` runs: parameters, gradients and optimizer state resident on the device.
+  const Ops& ops = ops_for(device);
+  train::GptOptimizer opt(params, {}, ops);
+  train::GptResident resident(params, ops);
+  auto grads = params.zeros_like();  // unused: the gradients are the resident ones
   const train::GptStepOptions so{.mtp_weights = {1.0f, 0.5f, 0.25f},
                                  .window_short = config.window_short,
                                  .window_long = config.window_long,
-                                 .device = device};
+                                 .device = device,
+                                 .resident = &resident};
   fmt::print(
       "train_step_bench: {} preset ({} parameters, vocab {}), {} tokens a step ({} a "
       "document), {}\n",
@@ -115,9 +120,11 @@ int run(const Options& o) {
     const double lm = ms_since(t1);
     const auto t2 = Clock::now();
     train::gpt_backward(params, b, so, work, dfinal.data(), grads);
+    ops.synchronize();  // the gradients stay on the device: wait for them
     const double bw = ms_since(t2);
     const auto t3 = Clock::now();
-    opt.step(params, grads, 1.0, 0.9, r % 2 == 1, true);
+    opt.step(resident.value_ptrs(), resident.grad_ptrs(), 1.0, 0.9, r % 2 == 1, true);
+    ops.synchronize();
     const double st = ms_since(t3);
     if (r == 0) {
       fmt::print("  warm-up step: loss {:.4f}, {:.1f} ms\n", l, ms_since(t0));
@@ -129,10 +136,8 @@ int run(const Options& o) {
   const double t = median(total);
   fmt::print("  median of {} steps: {:.1f} ms a step, {:.0f} tokens/s\n", o.repeats, t,
              1e3 * double(o.tokens) / t);
-  fmt::print(
-      "    forward {:.1f} ms, loss {:.1f} ms, backward {:.1f} ms, optimizer (host) "
-      "{:.1f} ms\n",
-      median(fwd), median(loss), median(bwd), median(step_ms));
+  fmt::print("    forward {:.1f} ms, loss {:.1f} ms, backward {:.1f} ms, optimizer {:.1f} ms\n",
+             median(fwd), median(loss), median(bwd), median(step_ms));
   if (device != Device::cuda) return 0;
   const train::GptBatch b = random_batch(o, 99);
   cuda_profile_start();
@@ -141,12 +146,15 @@ int run(const Options& o) {
   train::Buf dfinal;
   train::gpt_loss_of_forward(params, b, so, work, dfinal, grads);
   train::gpt_backward(params, b, so, work, dfinal.data(), grads);
+  opt.step(resident.value_ptrs(), resident.grad_ptrs(), 1.0, 0.9, true, true);
+  ops.synchronize();
   const double wall = ms_since(t0);
   const std::vector<OpTime> times = cuda_profile_stop();
   double sum = 0;
   for (const OpTime& x : times) sum += x.ms;
-  fmt::print("  profile of forward + loss + backward: {:.1f} ms in ops of {:.1f} ms wall\n", sum,
-             wall);
+  fmt::print(
+      "  profile of forward + loss + backward + optimizer: {:.1f} ms in ops of {:.1f} ms wall\n",
+      sum, wall);
   for (const OpTime& x : times)
     fmt::print("    {:<28} {:9.2f} ms {:6.1f}%  {:6d} calls\n", x.op, x.ms, 100 * x.ms / wall,
                x.calls);

@@ -5,8 +5,10 @@
 
 #include <cmath>
 
+#include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
 #include "train/gpt_params.h"
+#include "train/gpt_step.h"
 #include "train/ops.h"
 #include "train/optim.h"
 
@@ -177,6 +179,79 @@ TEST(TrainOptim, Schedules) {
   const TrainSchedule w{.total_steps = 100, .warmup_steps = 10};
   EXPECT_FLOAT_EQ(w.lr_scale(0), 0.1f);
   EXPECT_FLOAT_EQ(w.lr_scale(9), 1.0f);
+}
+
+// Resident training (GptResident, as `deg pretrain` and the step bench run): three steps of loss,
+// gradients and optimizer over a backend's resident copies against the host path (the host's
+// parameters and gradients, the optimizer on the CPU) — bitwise on the CPU, within float
+// rounding on a GPU (its GEMMs and reductions round differently).
+TEST(TrainResident, StepsMatchTheHostPath) {
+  GptConfig c = gpt_preset("tiny");
+  c.vocab_size = 128;
+  GptBatch b;
+  Rng rng(4);
+  for (int64_t t = 0; t < 96; ++t) {
+    b.inputs.push_back(int32_t(rng.next_u64() % 128));
+    b.seg_start.push_back(t < 40 ? 0 : 40);  // two documents
+  }
+  for (int64_t t = 0; t < 96; ++t) b.targets.push_back(t + 1 < 96 ? b.inputs[size_t(t + 1)] : -1);
+  const GptStepOptions base{
+      .mtp_weights = {1.0f, 0.5f}, .window_short = c.window_short, .window_long = c.window_long};
+  auto host_run = [&] {
+    GptParams p = GptParams::create(c);
+    p.init(3);
+    GptOptimizer opt(p, {});
+    auto grads = p.zeros_like();
+    std::vector<double> losses;
+    for (int s = 0; s < 3; ++s) {
+      losses.push_back(gpt_loss_and_grad(p, b, base, grads));
+      opt.step(p, grads, 1.0f, 0.9f, s % 2 == 1, true);
+    }
+    return std::pair{p, losses};
+  };
+  const auto [want, want_losses] = host_run();
+  std::vector<Device> devices = {Device::cpu};
+  if (cuda_available()) devices.push_back(Device::cuda);
+  for (const Device device : devices) {
+    SCOPED_TRACE(device == Device::cpu ? "cpu" : "cuda");
+    GptParams p = GptParams::create(c);
+    p.init(3);
+    const Ops& ops = ops_for(device);
+    GptOptimizer opt(p, {}, ops);
+    GptResident resident(p, ops);
+    auto unused = p.zeros_like();
+    GptStepOptions o = base;
+    o.device = device;
+    o.resident = &resident;
+    for (int s = 0; s < 3; ++s) {
+      const double loss = gpt_loss_and_grad(p, b, o, unused);
+      opt.step(resident.value_ptrs(), resident.grad_ptrs(), 1.0f, 0.9f, s % 2 == 1, true);
+      if (device == Device::cpu) {
+        EXPECT_EQ(loss, want_losses[size_t(s)]) << "step " << s;
+      } else {
+        EXPECT_NEAR(loss, want_losses[size_t(s)], 1e-4 * want_losses[size_t(s)]) << "step " << s;
+      }
+    }
+    for (const ParamTensor& g : unused)
+      for (float v : g.data) ASSERT_EQ(v, 0.0f) << g.name << ": the host gradients were touched";
+    resident.download(p);
+    for (size_t k = 0; k < p.tensors().size(); ++k) {
+      const std::vector<float>& got = p.tensors()[k].data;
+      const std::vector<float>& ref = want.tensors()[k].data;
+      if (device == Device::cpu) {
+        EXPECT_EQ(got, ref) << p.tensors()[k].name;
+        continue;
+      }
+      double err = 0, scale = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        err = std::max(err, std::fabs(double(got[i]) - ref[i]));
+        scale = std::max(scale, std::fabs(double(ref[i])));
+      }
+      // Relative to the tensor, or to an Adam step's size (~1e-3) for tensors that start at zero
+      // (Adam turns gradients near zero into full steps, so their rounding shows more).
+      EXPECT_LE(err, 1e-3 * std::max(scale, 1e-2)) << p.tensors()[k].name;
+    }
+  }
 }
 
 }  // namespace

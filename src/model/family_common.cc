@@ -65,7 +65,8 @@ const Tensor& weight_need(const TensorMap& w, const std::string& name, const Sha
   if (!t.is_contiguous()) {
     throw Error(ErrorKind::format, "tensor is not contiguous", {.tensor = name});
   }
-  if (const int64_t at = first_non_finite(t); at >= 0) {
+  // Weights already on a device (a trainer's resident parameters) are not scanned from the host.
+  if (const int64_t at = t.device() == Device::cpu ? first_non_finite(t) : -1; at >= 0) {
     throw Error(ErrorKind::format,
                 fmt::format("tensor holds a NaN or an infinity (element {}); the weights are "
                             "corrupt: re-download or re-export them",
@@ -76,7 +77,7 @@ const Tensor& weight_need(const TensorMap& w, const std::string& name, const Sha
 }
 
 std::vector<float> weight_f32(const TensorMap& w, const std::string& name, const Shape& shape) {
-  return weight_need(w, name, shape).to_f32_vector();
+  return host_copy(weight_need(w, name, shape)).to_f32_vector();
 }
 
 Tensor weight_on(const Ops& ops, const TensorMap& w, const std::string& name, const Shape& shape) {

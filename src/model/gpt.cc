@@ -43,10 +43,11 @@ float sigmoid(float x) {  // of a scalar weight
   return 1.0f / (1.0f + std::exp(-x));
 }
 
-// The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device.
+// The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device (by
+// way of the host when it is on a device already).
 Tensor transposed_on(const Ops& ops, const TensorMap& w, const std::string& name,
                      const Shape& shape) {
-  return ops.upload(weight_need(w, name, shape).transpose(0, 1).contiguous());
+  return ops.upload(host_copy(weight_need(w, name, shape)).transpose(0, 1).contiguous());
 }
 
 }  // namespace

@@ -31,7 +31,12 @@ std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o, co
     w[name] = Tensor(buffer_view(reinterpret_cast<std::byte*>(const_cast<float*>(data)), bytes), 0,
                      DType::f32, shape);
   };
-  for (const ParamTensor& t : p.tensors()) view(t.name, t.data.data(), t.shape);
+  if (o.resident) {
+    DEG_CHECK(o.resident->ops == &ops, "resident parameters on another backend");
+    for (size_t k = 0; k < p.tensors().size(); ++k) w[p.tensors()[k].name] = o.resident->values[k];
+  } else {
+    for (const ParamTensor& t : p.tensors()) view(t.name, t.data.data(), t.shape);
+  }
   view("ngram_sign_pool", p.sign_pool.data(), {cfg.ngram_sign_rows, cfg.ngram_dim});
   for (const auto& [kind, r] : {std::pair{"narrow", &p.rotary_narrow}, {"wide", &p.rotary_wide}}) {
     const std::string pre = std::string("rotary.") + kind;
@@ -77,6 +82,32 @@ struct GptPass {
     finals.clear();
   }
 };
+
+GptResident::GptResident(const GptParams& params, const Ops& backend) : ops(&backend) {
+  for (const ParamTensor& t : params.tensors()) {
+    values.push_back(backend.upload(Tensor::from_vector(t.data, t.shape)));  // a copy
+    grads.push_back(backend.alloc(t.shape, DType::f32));
+  }
+}
+
+std::vector<float*> GptResident::value_ptrs() {
+  std::vector<float*> v;
+  for (Tensor& t : values) v.push_back(t.mutable_data<float>());
+  return v;
+}
+
+std::vector<float*> GptResident::grad_ptrs() {
+  std::vector<float*> v;
+  for (Tensor& t : grads) v.push_back(t.mutable_data<float>());
+  return v;
+}
+
+void GptResident::download(GptParams& params) const {
+  auto& ts = params.tensors();
+  DEG_CHECK(ts.size() == values.size(), "resident parameters of another model");
+  for (size_t k = 0; k < ts.size(); ++k)
+    ops->to_host(ts[k].data.data(), values[k].data<float>(), ts[k].data.size() * sizeof(float));
+}
 
 GptActs::GptActs() = default;
 GptActs::~GptActs() = default;
@@ -211,7 +242,7 @@ SoftcapLoss loss_of(const GptConfig& c, const GptStepOptions& o) {
 // back): d(final) [T, C] in stream order into dfinal and lm_head's gradient added into dlm, when
 // given. The rows' losses are summed in f64 in stream order, as softcap_loss sums them.
 double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptPass& pass,
-                 float* dfinal, float* dlm) {
+                 float* dfinal, float* dlm, bool dlm_on_backend = false) {
   const GptConfig& c = p.config();
   const int64_t T = b.size(), C = c.model_dim, V = c.vocab_size;
   const Ops& ops = pass.ops;
@@ -230,17 +261,17 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   };
   float* rows = pass.arena.floats(T);
   Tensor dxn = dfinal ? ops.alloc({T, C}, DType::f32) : Tensor();  // zero-filled
-  Tensor dw = dlm ? ops.alloc({V, C}, DType::f32) : Tensor();
+  Tensor dw = dlm && !dlm_on_backend ? ops.alloc({V, C}, DType::f32) : Tensor();
   SoftcapCrossEntropyArgs args = softcap_op_args(loss_of(c, o), xn, &pass.model->lm_head(),
                                                  ids_on(b.targets), ids_on(b.prefix), T, C);
   args.loss = rows;
   args.dxn = dfinal ? dxn.mutable_data<float>() : nullptr;
-  args.dw = dlm ? dw.mutable_data<float>() : nullptr;
+  args.dw = dlm_on_backend ? dlm : dlm ? dw.mutable_data<float>() : nullptr;
   ops.softcap_cross_entropy(args);
   std::vector<float> row_loss(static_cast<size_t>(T));
   ops.to_host(row_loss.data(), rows, size_t(T) * sizeof(float));
   if (dfinal) ops.to_host(dfinal, dxn.data<float>(), size_t(T * C) * sizeof(float));
-  if (dlm) {
+  if (dlm && !dlm_on_backend) {
     std::vector<float> g(size_t(V * C));
     ops.to_host(g.data(), dw.data<float>(), g.size() * sizeof(float));
     for (size_t i = 0; i < g.size(); ++i) dlm[i] += g[i];
@@ -294,7 +325,6 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
 void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs& a,
                   const float* dfinal, std::vector<ParamTensor>& grads) {
   (void)b;
-  (void)o;
   DEG_CHECK(a.pass && a.pass->tape, "gpt_backward needs the forward's GptActs");
   GptPass& pass = *a.pass;
   const int64_t C = p.config().model_dim;
@@ -314,9 +344,14 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
   std::vector<const float*> dptr;
   for (const Buf& d : dcall) dptr.push_back(host ? d.data() : on_device(d));
   GptGrads g;
-  for (ParamTensor& t : grads) g[t.name] = host ? t.data.data() : on_device(t.data);
+  if (o.resident) {
+    for (size_t k = 0; k < p.tensors().size(); ++k)
+      g[p.tensors()[k].name] = o.resident->grads[k].mutable_data<float>();
+  } else {
+    for (ParamTensor& t : grads) g[t.name] = host ? t.data.data() : on_device(t.data);
+  }
   gpt_train_backward(*pass.model, x, *pass.tape, dptr, g);
-  if (!host)
+  if (!host && !o.resident)
     for (ParamTensor& t : grads)
       pass.ops.to_host(t.data.data(), g[t.name], t.data.size() * sizeof(float));
   pass.tape.reset();
@@ -333,6 +368,12 @@ double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepO
                            GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
   DEG_CHECK(acts.pass && acts.pass->tape, "gpt_loss_of_forward needs the forward's GptActs");
   dfinal = zeros(b.size() * p.config().model_dim);
+  if (o.resident) {
+    for (size_t k = 0; k < p.tensors().size(); ++k)
+      if (p.tensors()[k].name == "lm_head")
+        return pass_loss(p, b, o, *acts.pass, dfinal.data(),
+                         o.resident->grads[k].mutable_data<float>(), /*dlm_on_backend=*/true);
+  }
   float* dlm = nullptr;
   for (auto& g : grads)
     if (g.name == "lm_head") dlm = g.data.data();

@@ -41,14 +41,32 @@ struct GptBatch {
   int64_t size() const { return int64_t(inputs.size()); }
 };
 
+// The parameters and their gradients resident in one backend's memory for a run of steps: a
+// step's forward reads the parameters there and its backward and loss add into the gradients
+// there, and the optimizer (a GptOptimizer over the same ops) updates both in place, so only the
+// batch and the losses cross to and from a GPU. The host GptParams is brought up to date by
+// download() (checkpoints, the end of a run). Tensors in params.tensors()' order and shapes.
+struct GptResident {
+  GptResident(const GptParams& params, const Ops& ops);
+  const Ops* ops;
+  std::vector<Tensor> values, grads;
+  std::vector<float*> value_ptrs();
+  std::vector<float*> grad_ptrs();
+  void download(GptParams& params) const;
+};
+
 struct GptStepOptions {
   std::vector<float> mtp_weights{1.0f};
   float prefix_weight = 0.0f;
   int64_t window_short = 0;  // attention windows (tokens)
   int64_t window_long = 0;
   // Where the model runs: on a GPU the step copies the parameters in and the gradients (added
-  // to the host's) out.
+  // to the host's) out, unless they are resident there.
   Device device = Device::cpu;
+  // Non-null: the step reads the parameters from it (not the GptParams passed, whose buffers —
+  // the sign pool and rotary state — it still reads) and adds the gradients into its gradients
+  // (the host ones passed are left alone). On o.device's backend.
+  GptResident* resident = nullptr;
 };
 
 // A forward kept for its backward: the model over the parameters, the pass's memory and tape.

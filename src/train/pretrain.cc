@@ -38,13 +38,14 @@ std::vector<float> mtp_weights(int64_t step, int64_t steps) {
   return {1.0f};
 }
 
-double validate(const GptParams& p, const PretrainOptions& o, const DataInfo& info,
-                const std::vector<fs::path>& val_files) {
+double validate(const GptParams& p, GptResident& resident, const PretrainOptions& o,
+                const DataInfo& info, const std::vector<fs::path>& val_files) {
   ShardLoader val(val_files, info.bos_id);
   const GptStepOptions so{.mtp_weights = {1.0f},
                           .window_short = p.config().window_short,
                           .window_long = p.config().window_long,
-                          .device = pick_device(o.device).device};
+                          .device = resident.ops->device(),
+                          .resident = &resident};
   const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
   double sum = 0;
   int64_t n = 0;
@@ -126,7 +127,11 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
 
   GptParams params = GptParams::create(config);
   params.init(o.seed);
-  GptOptimizer opt(params, {});
+  // The parameters, gradients and optimizer state live on the training device for the whole run
+  // (host memory on the CPU); checkpoints download them.
+  const Device device = pick_device(o.device).device;
+  const Ops& ops = ops_for(device);
+  GptOptimizer opt(params, {}, ops);
   ShardLoader loader(train_files, info.bos_id);
   int64_t start = 0;
   if (o.resume) {
@@ -151,27 +156,28 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   fs::create_directories(o.out_dir);
   std::ofstream metrics(o.out_dir / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
   if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {o.out_dir.string()});
-  auto grads = params.zeros_like();
+  auto grads = params.zeros_like();  // unused: the gradients are the resident ones
+  GptResident resident(params, ops);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
-  const Device device = pick_device(o.device).device;
   GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
     GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
     const GptStepOptions so{.mtp_weights = mtp_weights(step, o.steps),
                             .window_short = params.config().window_short,
                             .window_long = params.config().window_long,
-                            .device = device};
+                            .device = device,
+                            .resident = &resident};
     const double loss = gpt_loss_and_grad(params, b, so, grads, &work);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
-    opt.step(params, grads, sched.lr_scale(step), sched.momentum(step), step % 2 == 1,
-             step < split_step);
+    opt.step(resident.value_ptrs(), resident.grad_ptrs(), sched.lr_scale(step),
+             sched.momentum(step), step % 2 == 1, step < split_step);
     tokens += b.size();
     const bool last = step + 1 == stop;
     PretrainProgress pr{.step = step + 1, .steps = o.steps, .train_loss = loss};
     if (last || (o.val_every > 0 && (step + 1) % o.val_every == 0)) {
-      pr.val_loss = validate(params, o, info, val_files);
+      pr.val_loss = validate(params, resident, o, info, val_files);
       if (!have_first) result.first_val_loss = *pr.val_loss;
       have_first = true;
       result.last_val_loss = *pr.val_loss;
@@ -185,8 +191,10 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     metrics << line.dump() << "\n" << std::flush;
     if (on_progress) on_progress(pr);
     ++result.steps_run;
-    if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0))
+    if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)) {
+      resident.download(params);
       save_checkpoint(params, opt, o, step + 1, loader);
+    }
   }
   return result;
 }
