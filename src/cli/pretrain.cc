@@ -16,7 +16,8 @@ void add_pretrain_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "pretrain",
       "Train a `gpt` trunk (seed 003's speedrun GPT) from token shards made by `deg shard`, on "
-      "the CPU or a GPU (each step's forward and backward; the optimizer runs on the CPU). Writes "
+      "the CPU or a GPU (the parameters, gradients and optimizer state stay on the device for the "
+      "whole run; checkpoints copy them out). Writes "
       "DIR/metrics.jsonl and a checkpoint (config.json, model.safetensors, tokenizer.json) that "
       "--resume continues.");
   auto o = std::make_shared<train::PretrainOptions>();

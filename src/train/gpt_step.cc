@@ -1,9 +1,9 @@
 // The gpt training step over the model's one definition (model/gpt.h): a GptBatch's packed
 // stream as calls of the model (one row for the plain stream; documents and their fork queries
 // as calls otherwise), the forward kept for the backward, the stream-ordered final hidden state
-// for the loss, which runs on the same backend. On the CPU the model runs over views of the
-// parameters; on a GPU each step copies the parameters in and the gradients out (the parameters
-// and the optimizer stay on the host).
+// for the loss, which runs on the same backend. The model runs over views of the parameters:
+// the host GptParams' (on a GPU each step then copies them in and the gradients out), or a
+// GptResident's in the backend's memory, where the gradients stay too.
 #include "train/gpt_step.h"
 
 #include <algorithm>
