@@ -280,6 +280,7 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
   const int64_t heads_of_task[2] = {slot, slot + half};
   const int nh = f.paired_heads ? 2 : 1;
   std::vector<float> p, dp;
+  std::vector<const float*> key_lo, key_hi;  // each key's rows (f64_scores)
   for (int64_t b = 0; b < r.rows; ++b) {
     const RowView& rv = f.views[b];
     const RowView& gv = a.dviews[b];
@@ -309,21 +310,18 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
         const float* go = a.dout + n * a.lddo + h * a.hdo;
         p.assign(size_t(nk), 0.0f);
         dp.assign(size_t(nk), 0.0f);
-        float mx = -INFINITY;
+        key_lo.resize(size_t(nk));
+        key_hi.resize(size_t(nk));
         for (int64_t j = j0; j <= qpos; ++j) {
           const int64_t kp = token_of(j), g = head_of(j);
-          const float* kj = kbuf(kp) + at(g, kp);
-          double s = 0;
-          if (f.key_offset && kp > 0) {
-            const float* kprev = kbuf(kp - 1) + at(g, kp - 1);
-            for (int64_t d = 0; d < rot; ++d) s += double(q[d]) * kj[d];
-            for (int64_t d = rot; d < dq; ++d) s += double(q[d]) * kprev[d];
-          } else {
-            for (int64_t d = 0; d < dq; ++d) s += double(q[d]) * kj[d];
-          }
-          p[size_t(j - j0)] = f.scale * float(s);
-          mx = std::max(mx, p[size_t(j - j0)]);
+          key_lo[size_t(j - j0)] = kbuf(kp) + at(g, kp);
+          key_hi[size_t(j - j0)] =
+              f.key_offset && kp > 0 ? kbuf(kp - 1) + at(g, kp - 1) : key_lo[size_t(j - j0)];
         }
+        f64_scores(q, dq, f.key_offset ? rot : dq, key_lo.data(), key_hi.data(), nk, f.scale,
+                   p.data());
+        float mx = -INFINITY;
+        for (float e : p) mx = std::max(mx, e);
         double sum = 0;
         for (float& e : p) {
           e = std::exp(e - mx);

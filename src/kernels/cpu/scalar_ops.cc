@@ -244,6 +244,30 @@ void attention_f64_zero_padded(const AttendF64Args& a) {
       }
 }
 
+void f64_scores(const float* q, int64_t dq, int64_t split, const float* const* lo,
+                const float* const* hi, int64_t n, float scale, float* out) {
+  constexpr int kKeys = 8;
+  int64_t j = 0;
+  for (; j + kKeys <= n; j += kKeys) {
+    double s[kKeys] = {};
+    for (int64_t d = 0; d < split; ++d) {
+      const double qd = q[d];
+      for (int l = 0; l < kKeys; ++l) s[l] += qd * lo[j + l][d];
+    }
+    for (int64_t d = split; d < dq; ++d) {
+      const double qd = q[d];
+      for (int l = 0; l < kKeys; ++l) s[l] += qd * hi[j + l][d];
+    }
+    for (int l = 0; l < kKeys; ++l) out[j + l] = scale * float(s[l]);
+  }
+  for (; j < n; ++j) {
+    double s = 0;
+    for (int64_t d = 0; d < split; ++d) s += double(q[d]) * lo[j][d];
+    for (int64_t d = split; d < dq; ++d) s += double(q[d]) * hi[j][d];
+    out[j] = scale * float(s);
+  }
+}
+
 int64_t attention_f64_scores(const AttendF64Args& a) {
   int64_t last = 0;  // the last attention position of the call
   for (int64_t b = 0; b < a.rows.rows; ++b)
@@ -263,6 +287,7 @@ void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t
   };
   auto kbuf = [&](int64_t p) { return p < rv.prefix_len ? rv.prefix_k : rv.own_k; };
   auto vbuf = [&](int64_t p) { return p < rv.prefix_len ? rv.prefix_v : rv.own_v; };
+  std::vector<const float*> lo, hi;
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n = b * L + t, pos = a.rows.positions[b] + t;
     const int64_t qpos = a.paired_heads ? 2 * pos + h / half : pos;
@@ -272,21 +297,18 @@ void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t
     auto token_of = [&](int64_t j) { return a.paired_heads ? j / 2 : j; };
     auto head_of = [&](int64_t j) { return a.paired_heads ? slot + (j % 2) * half : slot; };
     const float* qh = a.q + n * a.ldq + h * a.hq;
-    float mx = -INFINITY;
+    // Each key's rows: dims [rot, dq) from the previous position's key with the key offset.
+    lo.resize(size_t(qpos - j0 + 1));
+    hi.resize(lo.size());
     for (int64_t j = j0; j <= qpos; ++j) {
       const int64_t p = token_of(j), g = head_of(j);
-      const float* kj = kbuf(p) + key(g, p);
-      double s = 0;
-      if (a.key_offset && p > 0) {  // dims [rot, dq) from the previous position's key
-        const float* kp = kbuf(p - 1) + key(g, p - 1);
-        for (int64_t d = 0; d < rot; ++d) s += double(qh[d]) * kj[d];
-        for (int64_t d = rot; d < dq; ++d) s += double(qh[d]) * kp[d];
-      } else {
-        for (int64_t d = 0; d < dq; ++d) s += double(qh[d]) * kj[d];
-      }
-      score[j - j0] = a.scale * float(s);
-      mx = std::max(mx, score[j - j0]);
+      lo[size_t(j - j0)] = kbuf(p) + key(g, p);
+      hi[size_t(j - j0)] = a.key_offset && p > 0 ? kbuf(p - 1) + key(g, p - 1) : lo[size_t(j - j0)];
     }
+    f64_scores(qh, dq, a.key_offset ? rot : dq, lo.data(), hi.data(), qpos - j0 + 1, a.scale,
+               score);
+    float mx = -INFINITY;
+    for (int64_t j = j0; j <= qpos; ++j) mx = std::max(mx, score[j - j0]);
     double sum = 0;
     for (int64_t j = j0; j <= qpos; ++j) {
       score[j - j0] = std::exp(score[j - j0] - mx);

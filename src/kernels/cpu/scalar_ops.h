@@ -32,6 +32,12 @@ void subtract_projection_range(const ProjectionArgs& a, int64_t i0, int64_t i1);
 inline int64_t segment_start(int32_t start, bool paired_heads) {
   return paired_heads ? 2 * int64_t(start) : int64_t(start);
 }
+// out[j] = scale * float(sum_d q[d] k_j[d]) for n keys, the sum in f64 in index order, dims
+// [0, split) from lo[j] and [split, dq) from hi[j] (the key offset's previous key; hi[j] = lo[j]
+// without it). Eight keys' sums run side by side (each still its own, in order: the same bits as
+// one key at a time, but not one dependent chain of additions per key).
+void f64_scores(const float* q, int64_t dq, int64_t split, const float* const* lo,
+                const float* const* hi, int64_t n, float scale, float* out);
 void attention_f64_zero_padded(const AttendF64Args& a);
 int64_t attention_f64_scores(const AttendF64Args& a);
 void attention_f64_range(const AttendF64Args& a, int64_t b, int64_t h, int64_t t0, int64_t t1,
