@@ -96,7 +96,7 @@ int run(const Options& o) {
   const Ops& ops = ops_for(device);
   train::GptOptimizer opt(params, {}, ops);
   train::GptResident resident(params, ops);
-  auto grads = params.zeros_like();  // unused: the gradients are the resident ones
+  std::vector<train::ParamTensor> grads;  // none on the host: the gradients are the resident ones
   const train::GptStepOptions so{.mtp_weights = {1.0f, 0.5f, 0.25f},
                                  .window_short = config.window_short,
                                  .window_long = config.window_long,

@@ -368,16 +368,14 @@ double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepO
                            GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
   DEG_CHECK(acts.pass && acts.pass->tape, "gpt_loss_of_forward needs the forward's GptActs");
   dfinal = zeros(b.size() * p.config().model_dim);
-  if (o.resident) {
-    for (size_t k = 0; k < p.tensors().size(); ++k)
-      if (p.tensors()[k].name == "lm_head")
-        return pass_loss(p, b, o, *acts.pass, dfinal.data(),
-                         o.resident->grads[k].mutable_data<float>(), /*dlm_on_backend=*/true);
-  }
+  // lm_head's gradient: the resident one (on the backend), or the host's.
   float* dlm = nullptr;
+  for (size_t k = 0; k < p.tensors().size(); ++k)
+    if (o.resident && p.tensors()[k].name == "lm_head")
+      dlm = o.resident->grads[k].mutable_data<float>();
   for (auto& g : grads)
-    if (g.name == "lm_head") dlm = g.data.data();
-  return pass_loss(p, b, o, *acts.pass, dfinal.data(), dlm);
+    if (!o.resident && g.name == "lm_head") dlm = g.data.data();
+  return pass_loss(p, b, o, *acts.pass, dfinal.data(), dlm, o.resident != nullptr);
 }
 
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,

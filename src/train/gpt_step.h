@@ -65,7 +65,8 @@ struct GptStepOptions {
   Device device = Device::cpu;
   // Non-null: the step reads the parameters from it (not the GptParams passed, whose buffers —
   // the sign pool and rotary state — it still reads) and adds the gradients into its gradients
-  // (the host ones passed are left alone). On o.device's backend.
+  // (the host `grads` passed are not read or written: an empty vector will do). On o.device's
+  // backend.
   GptResident* resident = nullptr;
 };
 

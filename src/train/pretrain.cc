@@ -156,7 +156,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   fs::create_directories(o.out_dir);
   std::ofstream metrics(o.out_dir / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
   if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {o.out_dir.string()});
-  auto grads = params.zeros_like();  // unused: the gradients are the resident ones
+  std::vector<ParamTensor> no_host_grads;  // the gradients are the resident ones
   GptResident resident(params, ops);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
@@ -168,7 +168,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
                             .window_long = params.config().window_long,
                             .device = device,
                             .resident = &resident};
-    const double loss = gpt_loss_and_grad(params, b, so, grads, &work);
+    const double loss = gpt_loss_and_grad(params, b, so, no_host_grads, &work);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
     opt.step(resident.value_ptrs(), resident.grad_ptrs(), sched.lr_scale(step),
