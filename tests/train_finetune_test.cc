@@ -12,6 +12,7 @@
 #include "engine/decode.h"
 #include "engine/model.h"
 #include "io/json.h"
+#include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
 #include "schema/plan.h"
 #include "schema/render.h"
@@ -281,6 +282,53 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
                              (t / "doc.txt").string()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(run("straight", {}).exit_code, 0);
+}
+
+// `--device auto` against `--device cpu`: the loss of every step and the dev loss. Where auto
+// is the CPU (no GPU visible) the runs are the same bits; on a GPU the trunk's forward, backward
+// and optimizer run there (the heads on the host), and the first step's loss (the same weights)
+// agrees within float rounding, the later ones (after updates that differ by rounding) within
+// 1e-3, relative.
+TEST(TrainFineTune, DevicesAgree) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 8);
+  deg::testing::write_text(t / "schema.json", kSchema);
+  write_records(t / "train.jsonl", 12, 3);
+  write_records(t / "dev.jsonl", 4, 4);
+  const std::string task = (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
+                           (t / "dev.jsonl").string();
+  auto run = [&](const std::string& device) {
+    const auto r = deg::testing::run_deg({"train", "--base", ckpt.string(), "--out",
+                                          (t / device).string(), "--task", task, "--steps", "4",
+                                          "--batch-tokens", "600", "--eval-every", "2", "--device",
+                                          device, "--no-calibrate", "--quiet"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::vector<Json> lines;
+    std::ifstream m(t / device / "metrics.jsonl");
+    for (std::string line; std::getline(m, line);)
+      if (!line.empty()) lines.push_back(Json::parse(line));
+    return lines;
+  };
+  const std::vector<Json> cpu = run("cpu"), any = run("auto");
+  ASSERT_EQ(cpu.size(), 4u);
+  ASSERT_EQ(any.size(), 4u);
+  const bool gpu = cuda_available();
+  for (size_t s = 0; s < 4; ++s) {
+    for (const char* key : {"loss", "dev_loss"}) {
+      if (!cpu[s].contains(key)) continue;
+      const double want = cpu[s][key].get<double>(), got = any[s][key].get<double>();
+      if (!gpu) {
+        EXPECT_EQ(got, want) << key << " at step " << s + 1;
+      } else {
+        EXPECT_NEAR(got, want, (s == 0 ? 1e-4 : 1e-3) * want) << key << " at step " << s + 1;
+      }
+    }
+  }
+  EXPECT_TRUE(cpu[1].contains("dev_loss"));
+  if (!gpu) {
+    EXPECT_EQ(deg::testing::read_text(t / "auto" / "backbone.safetensors"),
+              deg::testing::read_text(t / "cpu" / "backbone.safetensors"));
+  }
 }
 
 // Two tasks train one model: records of both schemas share the steps, the dev loss is

@@ -58,6 +58,9 @@ struct FineTuneOptions {
   float head_lr = 2e-3f, head_wd = 0.01f;
   float trunk_lr = 0.3f;  // multiplies the pretraining optimizer's rates
   int64_t warmup_steps = 20;
+  // cpu, cuda or auto (as EngineOptions::device): where a gpt trunk that trains runs (heads and
+  // their losses run on the CPU).
+  std::string device = "auto";
   double cooldown = 0.3;   // the share of steps at the end over which the rates decay to zero
   float clip = 1.0f;       // global gradient norm (0: none)
   int64_t eval_every = 0;  // 0: only at the end
@@ -148,10 +151,10 @@ struct PretrainOptions {
   int64_t warmup_steps = 0;
   int64_t stop_at = 0;  // stop (and checkpoint) after this many steps; 0: steps
   bool resume = false;  // continue from out_dir's checkpoint
-  // cpu, cuda or auto (as EngineOptions::device): where each step's forward and backward run.
-  // cpu by default: on CUDA the loss and gradients match the CPU's, but the step is not yet
-  // faster (docs/training.md, "The trainer on the GPU").
-  std::string device = "cpu";
+  // cpu, cuda or auto (as EngineOptions::device): where each step's forward and backward run;
+  // auto takes a GPU when one is visible (on an H200 a step runs 6-12x faster than on 16 CPU
+  // cores: docs/training.md, "The trainer on the GPU").
+  std::string device = "auto";
 };
 
 struct PretrainProgress {

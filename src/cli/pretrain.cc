@@ -32,8 +32,8 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--out", o->out_dir, "Checkpoint directory")->required();
   cmd->add_option("--seed", o->seed, "Initialisation seed")->capture_default_str();
   cmd->add_option("--device", o->device,
-                  "cpu, cuda or auto (as deg fill's). cuda computes the same loss and gradients "
-                  "but is not yet faster than the CPU (docs/training.md)")
+                  "cpu, cuda or auto (a GPU when one is visible). The parameters, gradients "
+                  "and optimizer state stay on the device for the whole run")
       ->capture_default_str();
   cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--max-seq-len", o->max_seq_len, "Documents are cut to this many tokens")

@@ -42,6 +42,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--task", *tasks, "SCHEMA.json:TRAIN.jsonl[:DEV.jsonl]; repeat for multi-task")
       ->required();
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "cpu, cuda or auto (a GPU when one is visible): where a gpt trunk trains")
+      ->capture_default_str();
   cmd->add_option("--batch-tokens", o->batch_tokens,
                   "Document and query tokens per step (at least one record)")
       ->capture_default_str();

@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "kernels/cuda_runtime.h"
 #include "model/checkpoint.h"
 #include "model/gpt_config.h"
 #include "schema/plan.h"
@@ -208,24 +209,30 @@ void write_replacing(const fs::path& path, F&& write) {
 
 // ---- the trunk being trained, or the cached features of a frozen one ----
 
+// A trained gpt trunk lives on the training device for the whole run (GptResident: parameters,
+// gradients and the optimizer's state in the backend's memory; host memory on the CPU), as in
+// `deg pretrain`; the final hidden states come to the host, where the heads and their losses
+// run, and their gradients go back for the trunk's backward. Checkpoints download the trunk.
 class Trainer {
  public:
-  Trainer(const FineTuneOptions& o, const engine::DegModel& model, Dataset& ds, bool train_trunk)
+  Trainer(const FineTuneOptions& o, const engine::DegModel& model, Dataset& ds, bool train_trunk,
+          Device device)
       : o_(o),
         model_(model),
         ds_(ds),
         train_trunk_(train_trunk),
+        device_(device),
         heads_(model.heads().clone()),
         hgrad_(heads_.zeros_like()),
         hadam_(heads_) {
     if (train_trunk_) {
       const GptConfig cfg = gpt_config_resolve((o.out / "config.json").string());
       params_ = GptParams::load(cfg, o.out / "backbone.safetensors", "model.");
-      tgrad_ = params_->zeros_like();
+      resident_.emplace(*params_, ops_for(device_));
       OptimizerHyper h;
       h.adam_lr *= o.trunk_lr;
       h.muon_lr *= o.trunk_lr;
-      topt_.emplace(*params_, h);
+      topt_.emplace(*params_, h, ops_for(device_));
     }
   }
 
@@ -266,7 +273,8 @@ class Trainer {
         example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight, o_.anchor_pos_weight);
         scatter_features(p, exs, k, df, dfinal.data(), C);
       }
-      gpt_backward(*params_, p.batch, so, acts, dfinal.data(), tgrad_);
+      std::vector<ParamTensor> resident_grads;  // not read: the gradients are resident
+      gpt_backward(*params_, p.batch, so, acts, dfinal.data(), resident_grads);
     } else {
       for (size_t i : batch) {
         Feats df = zeros_like(train_feats_[i]);
@@ -280,20 +288,22 @@ class Trainer {
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
     // Global norm clipping over heads and trunk.
     double sq = squared_norm(hgrad_);
+    const Ops* ops = train_trunk_ ? resident_->ops : nullptr;
     if (train_trunk_)
-      for (auto& g : tgrad_)
-        for (float v : g.data) sq += double(v) * v;
+      for (const Tensor& g : resident_->grads) sq += ops->sum_squares(g.data<float>(), g.numel());
     const double norm = std::sqrt(sq);
     if (o_.clip > 0 && norm > o_.clip) {
       const float f = float(o_.clip / norm);
       scale(hgrad_, f);
       if (train_trunk_)
-        for (auto& g : tgrad_)
-          for (float& v : g.data) v *= f;
+        for (Tensor& g : resident_->grads)
+          ops->scale(
+              {.y = g.mutable_data<float>(), .ldy = g.numel(), .rows = 1, .n = g.numel(), .s = f});
     }
     const float lr = lr_scale(step, o_.steps, o_.warmup_steps, o_.cooldown);
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
-    if (train_trunk_) topt_->step(*params_, tgrad_, lr, 0.95f, true, false);
+    if (train_trunk_)
+      topt_->step(resident_->value_ptrs(), resident_->grad_ptrs(), lr, 0.95f, true, false);
     return loss;
   }
 
@@ -386,9 +396,11 @@ class Trainer {
 
   void save_weights(const fs::path& dir) {
     write_replacing(dir / "heads.safetensors", [&](const fs::path& p) { heads_.save(p); });
-    if (train_trunk_)
+    if (train_trunk_) {
+      resident_->download(*params_);
       write_replacing(dir / "backbone.safetensors",
                       [&](const fs::path& p) { params_->save(p, "model."); });
+    }
   }
   void save_state(const fs::path& dir) {
     fs::create_directories(dir);
@@ -398,8 +410,10 @@ class Trainer {
   }
   void load_weights(const fs::path& dir) {
     heads_ = Heads::load(dir / "heads.safetensors").clone();
-    if (train_trunk_)
+    if (train_trunk_) {
       params_ = GptParams::load(params_->config(), dir / "backbone.safetensors", "model.");
+      resident_.emplace(*params_, ops_for(device_));  // gradients zero, as between steps
+    }
   }
   void load_state(const fs::path& dir) {
     load_weights(dir);
@@ -410,9 +424,11 @@ class Trainer {
   int64_t cursor = 0;  // examples consumed since the start
 
  private:
-  GptStepOptions step_options() const {
+  GptStepOptions step_options() {
     return {.window_short = params_->config().window_short,
-            .window_long = params_->config().window_long};
+            .window_long = params_->config().window_long,
+            .device = device_,
+            .resident = &*resident_};
   }
 
   // The next examples of the shuffled stream (each epoch its own order) under the token budget.
@@ -477,10 +493,11 @@ class Trainer {
   const engine::DegModel& model_;
   Dataset& ds_;
   bool train_trunk_;
+  Device device_;
   Heads heads_, hgrad_;
   HeadsAdam hadam_;
-  std::optional<GptParams> params_;  // a trunk that trains
-  std::vector<ParamTensor> tgrad_;
+  std::optional<GptParams> params_;      // a trunk that trains: the host copy (checkpoints)
+  std::optional<GptResident> resident_;  // ... and the one that trains, on device_
   std::optional<GptOptimizer> topt_;
   std::vector<Feats> train_feats_, dev_feats_;
   std::vector<size_t> order_;
@@ -537,6 +554,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
         throw Error(ErrorKind::not_found, "no such file (--task)", {.path = f.string()});
     schema::plan_compile(schema::schema_load(t.schema.string()));
   }
+  const Device device = pick_device(o.device).device;
   prepare_out(o);
   const std::unique_ptr<engine::DegModel> model = engine::DegModel::open(o.out);
   const bool gpt = model->backbone().spec().family == "gpt";
@@ -551,7 +569,9 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
                         .unlocated = ds.unlocated};
   log::info("{} training and {} dev examples; {} expected values not found in their documents",
             ds.train.size(), ds.dev.size(), ds.unlocated);
-  Trainer tr(o, *model, ds, train_trunk);
+  if (device != Device::cpu && !train_trunk)
+    log::info("the heads train on the CPU: --device {} runs a gpt trunk that trains", o.device);
+  Trainer tr(o, *model, ds, train_trunk, device);
   tr.cache_features(on_progress);
 
   const fs::path state = o.out / "train_state";
