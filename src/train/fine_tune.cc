@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "deg/train.h"
 #include "engine/model.h"
 #include "io/json.h"
@@ -108,24 +109,44 @@ Dataset build_dataset(const engine::DegModel& model, const FineTuneOptions& o,
       if (file.empty()) continue;
       const std::vector<Record> records = read_records(file, split == 0 ? o.max_train : o.max_dev);
       auto& out = split == 0 ? ds.train : ds.dev;
-      for (size_t r = 0; r < records.size(); ++r) {
-        TaskExample ex;
-        try {
-          ex = make_example(model, plan, records[r].document, records[r].expected, int(k));
-        } catch (const Error& e) {
-          throw Error(e.kind(), fmt::format("{}: record {}: {}", file.string(), r + 1, e.what()));
+      // Records become examples over the thread pool, a block at a time (progress between
+      // blocks); each record's example depends on the record alone, and the rest is in order.
+      const int64_t n = int64_t(records.size()), block = 1024;
+      std::vector<TaskExample> made(size_t(std::min(n, block)));
+      std::vector<std::exception_ptr> failed(made.size());
+      for (int64_t b0 = 0; b0 < n; b0 += block) {
+        const int64_t m = std::min(block, n - b0);
+        parallel_for(m, [&](int64_t i0, int64_t i1) {
+          for (int64_t i = i0; i < i1; ++i) {
+            const Record& rec = records[size_t(b0 + i)];
+            try {
+              made[size_t(i)] = make_example(model, plan, rec.document, rec.expected, int(k));
+            } catch (...) {
+              failed[size_t(i)] = std::current_exception();
+            }
+          }
+        });
+        for (int64_t i = 0; i < m; ++i) {
+          if (failed[size_t(i)]) {
+            try {
+              std::rethrow_exception(failed[size_t(i)]);
+            } catch (const Error& e) {
+              throw Error(e.kind(),
+                          fmt::format("{}: record {}: {}", file.string(), b0 + i + 1, e.what()));
+            }
+          }
+          TaskExample& ex = made[size_t(i)];
+          ds.unlocated += ex.unlocated;
+          if (split == 0 && o.empty_array_rate < 1.0) {
+            std::erase_if(ex.queries, [&, q_index = uint64_t(0)](const TaskQuery& q) mutable {
+              const uint64_t h = mix(o.seed ^ mix(out.size() * 1000003ull + q_index++));
+              return q.head == QueryHead::anchor && q.starts.empty() &&
+                     double(h >> 11) * 0x1.0p-53 >= o.empty_array_rate;
+            });
+          }
+          out.push_back(std::move(ex));
         }
-        ds.unlocated += ex.unlocated;
-        if (split == 0 && o.empty_array_rate < 1.0) {
-          std::erase_if(ex.queries, [&, i = uint64_t(0)](const TaskQuery& q) mutable {
-            const uint64_t h = mix(o.seed ^ mix(out.size() * 1000003ull + i++));
-            return q.head == QueryHead::anchor && q.starts.empty() &&
-                   double(h >> 11) * 0x1.0p-53 >= o.empty_array_rate;
-          });
-        }
-        out.push_back(std::move(ex));
-        if (progress && (r + 1) % 64 == 0)
-          progress({.stage = "prepare", .done = int64_t(r + 1), .total = int64_t(records.size())});
+        if (progress) progress({.stage = "prepare", .done = b0 + m, .total = n});
       }
     }
   }
