@@ -65,6 +65,44 @@ void expect_valid(const OrderedJson& schema, const OrderedJson& value) {
   EXPECT_TRUE(why.empty()) << value.dump() << "\n" << fmt::format("{}", fmt::join(why, "; "));
 }
 
+// examples/NAME.expected.json is the correct fill of examples/NAME.txt, written by hand (what
+// `make run` is held to once a model ships): it validates against NAME.schema.json, answers
+// every field that is not x-generate, and every string in it is copied from the document.
+TEST(Examples, ExpectedFillsAreValidCompleteAndFromTheDocument) {
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(testing::source_path("examples"))) {
+    const std::string name = entry.path().filename().string();
+    if (!name.ends_with(".schema.json")) continue;
+    const std::string stem = name.substr(0, name.size() - std::strlen(".schema.json"));
+    SCOPED_TRACE(stem);
+    const std::filesystem::path dir = entry.path().parent_path();
+    const OrderedJson schema = OrderedJson::parse(testing::read_text(entry.path()));
+    ASSERT_TRUE(std::filesystem::exists(dir / (stem + ".expected.json")));
+    const OrderedJson expected =
+        OrderedJson::parse(testing::read_text(dir / (stem + ".expected.json")));
+    const std::string doc = testing::read_text(dir / (stem + ".txt"));
+    expect_valid(schema, expected);
+    for (const auto& [key, field] : schema["properties"].items()) {
+      if (field.value("x-generate", false)) continue;
+      EXPECT_TRUE(expected.contains(key)) << key;
+    }
+    // Every extracted string (a string field without an enum) is copied from the document.
+    std::function<void(const OrderedJson&, const OrderedJson&)> copied = [&](const OrderedJson& f,
+                                                                             const OrderedJson& v) {
+      if (v.is_string() && !f.contains("enum")) {
+        EXPECT_NE(doc.find(v.get<std::string>()), std::string::npos) << v;
+      } else if (v.is_array()) {
+        for (const auto& x : v) copied(f["items"], x);
+      } else if (v.is_object()) {
+        for (const auto& [k, x] : v.items()) copied(f["properties"][k], x);
+      }
+    };
+    copied(schema, expected);
+    ++checked;
+  }
+  EXPECT_GE(checked, 2);
+}
+
 TEST_F(EngineTest, OutputsValidateAgainstTheirSchemas) {
   for (const char* rel :
        {"examples/invoice.schema.json", "examples/support.schema.json",
