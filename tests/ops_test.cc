@@ -2306,5 +2306,26 @@ TEST(OpsCopyRows, PackingManyRowsInPlaceKeepsEveryRow) {
   }
 }
 
+// transpose is a copy: every backend's equals the loop, bit for bit, over shapes that are and
+// are not multiples of the 32 x 32 tiles, with row strides wider than the rows.
+TEST(OpsTranspose, EveryBackendEqualsTheLoop) {
+  const int64_t shapes[][4] = {{1, 1, 1, 1},     {7, 5, 9, 8},           {32, 32, 32, 32},
+                               {33, 65, 70, 40}, {1792, 512, 512, 1792}, {3, 100, 100, 5}};
+  for (const auto& [rows, cols, ldx, ldy] : shapes) {
+    const std::vector<float> x = randn_seeded(size_t(rows * ldx), 7);
+    std::vector<float> want(size_t(cols * ldy), -1.0f);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) want[size_t(j * ldy + i)] = x[size_t(i * ldx + j)];
+    for (const Backend& b : backends_under_test()) {
+      Floats xs(x.begin(), x.end());
+      Floats y(want.size(), -1.0f);
+      b.ops->transpose(xs.data(), ldx, y.data(), ldy, rows, cols);
+      b.ops->synchronize();
+      EXPECT_TRUE(std::equal(y.begin(), y.end(), want.begin()))
+          << b.name << ": " << rows << " x " << cols;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace deg

@@ -726,6 +726,10 @@ class Ops {
   // row by row, as when packing rows to the front of their own buffer).
   virtual void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t n) const = 0;
+  // y[j, i] = x[i, j]: x [rows, cols] at row stride ldx into y [cols, rows] at row stride ldy
+  // (a checkpoint's [F, C] matrix into the [C, F] a product reads). x and y do not overlap.
+  virtual void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t cols) const = 0;
   virtual void activation(const ActivationArgs& a) const = 0;
   virtual void bias_scale(const BiasScaleArgs& a) const = 0;
   virtual void combine(const CombineArgs& a) const = 0;

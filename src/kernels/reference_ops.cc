@@ -336,6 +336,12 @@ class ReferenceOps final : public Ops {
       std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
   }
 
+  void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t cols) const override {
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) y[j * ldy + i] = x[i * ldx + j];
+  }
+
   void activation(const ActivationArgs& a) const override {
     for (int64_t r = 0; r < a.rows; ++r)
       for (int64_t j = 0; j < a.n; ++j) {

@@ -43,11 +43,18 @@ float sigmoid(float x) {  // of a scalar weight
   return 1.0f / (1.0f + std::exp(-x));
 }
 
-// The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device (by
-// way of the host when it is on a device already).
+// The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device: an f32
+// matrix by the backend's transpose where it is (a training step's resident parameters never
+// leave the GPU), a bf16 one on the host.
 Tensor transposed_on(const Ops& ops, const TensorMap& w, const std::string& name,
                      const Shape& shape) {
-  return ops.upload(host_copy(weight_need(w, name, shape)).transpose(0, 1).contiguous());
+  const Tensor& t = weight_need(w, name, shape);
+  if (t.dtype() != DType::f32 || !t.is_contiguous())
+    return ops.upload(host_copy(t).transpose(0, 1).contiguous());
+  const Tensor x = ops.upload(t);
+  Tensor y = ops.alloc({shape[1], shape[0]}, DType::f32);
+  ops.transpose(x.data<float>(), shape[1], y.mutable_data<float>(), shape[0], shape[0], shape[1]);
+  return y;
 }
 
 }  // namespace

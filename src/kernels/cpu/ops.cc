@@ -433,6 +433,20 @@ class CpuOps final : public Ops {
     });
   }
 
+  // In 32 x 32 tiles (a tile's reads and writes stay in cache), a band of output rows per task.
+  void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t cols) const override {
+    constexpr int64_t kTile = 32;
+    for_each_index((cols + kTile - 1) / kTile, 1, [&](int64_t tj) {
+      const int64_t j0 = tj * kTile, j1 = std::min(cols, j0 + kTile);
+      for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+        const int64_t i1 = std::min(rows, i0 + kTile);
+        for (int64_t j = j0; j < j1; ++j)
+          for (int64_t i = i0; i < i1; ++i) y[j * ldy + i] = x[i * ldx + j];
+      }
+    });
+  }
+
   void activation(const ActivationArgs& a) const override {
     if (a.ldx == a.n && a.ldy == a.n) {  // one flat range: elementwise, any split gives the same
       parallel_for(

@@ -190,6 +190,8 @@ class CudaOps final : public Ops {
   void softcap(const SoftcapArgs& a) const override;
   void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t n) const override;
+  void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                 int64_t cols) const override;
 
   // ---- the f32 row ops with f64 dot products, hashes and combinations (mixing.cu) ----
 

@@ -285,6 +285,27 @@ __global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t 
   }
 }
 
+// A 32 x 32 tile per block of 32 x 8 threads, staged through shared memory (one column of
+// padding keeps the transposed reads free of bank conflicts), so both the reads of x and the
+// writes of y are along rows.
+constexpr int kTransposeTile = 32, kTransposeRows = 8;
+
+__global__ void transpose_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                                 int64_t cols) {
+  __shared__ float tile[kTransposeTile][kTransposeTile + 1];
+  const int64_t i0 = int64_t(blockIdx.y) * kTransposeTile,
+                j0 = int64_t(blockIdx.x) * kTransposeTile;
+  for (int k = threadIdx.y; k < kTransposeTile; k += kTransposeRows) {
+    const int64_t i = i0 + k, j = j0 + threadIdx.x;
+    if (i < rows && j < cols) tile[k][threadIdx.x] = x[i * ldx + j];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < kTransposeTile; k += kTransposeRows) {
+    const int64_t j = j0 + k, i = i0 + threadIdx.x;
+    if (i < rows && j < cols) y[j * ldy + i] = tile[threadIdx.x][k];
+  }
+}
+
 __device__ float bf16_bits_to_f32(uint16_t b) {
   return __uint_as_float(uint32_t(b) << 16);
 }
@@ -420,6 +441,16 @@ cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy,
                              int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
   copy_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
+  return launched();
+}
+
+cudaError_t launch_transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                             int64_t cols, cudaStream_t stream) {
+  if (rows * cols == 0) return cudaSuccess;
+  const dim3 grid(unsigned((cols + kTransposeTile - 1) / kTransposeTile),
+                  unsigned((rows + kTransposeTile - 1) / kTransposeTile));
+  transpose_kernel<<<grid, dim3(kTransposeTile, kTransposeRows), 0, stream>>>(x, ldx, y, ldy, rows,
+                                                                              cols);
   return launched();
 }
 

@@ -182,6 +182,9 @@ cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream);
 // y[r, 0:n] = x[r, 0:n]; the caller stages overlapping copies.
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream);
+// y[j, i] = x[i, j] for x [rows, cols]; x and y do not overlap.
+cudaError_t launch_transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                             int64_t cols, cudaStream_t stream);
 
 // gather (GatherArgs): table rows f32 (bf16 false) or bf16 of `cols` columns.
 struct GatherLaunch {

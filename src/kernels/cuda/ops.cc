@@ -338,6 +338,12 @@ void CudaOps::copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int6
   check(cuda::launch_copy_rows(x, ldx, y, ldy, rows, n, stream_), "copy_rows");
 }
 
+void CudaOps::transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                        int64_t cols) const {
+  DEG_CHECK((rows + 31) / 32 <= 65535, "cuda transpose: {} rows", rows);
+  check(cuda::launch_transpose(x, ldx, y, ldy, rows, cols, stream_), "transpose");
+}
+
 void CudaOps::activation(const ActivationArgs& a) const {
   int act = 0;
   switch (a.act) {
