@@ -51,7 +51,7 @@ test-asan: deps setup
 test: test-release test-asan
 
 run: build
-	$(BUILD)/deg fill --schema examples/invoice.schema.json examples/invoice.txt
+	scripts/run-examples $(BUILD)/deg
 
 format:
 	@scripts/check-format --fix

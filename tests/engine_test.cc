@@ -393,6 +393,44 @@ TEST_F(EngineTest, CliInitFillReportAndEval) {
   EXPECT_NE(r.out.find("  document  "), std::string::npos) << r.out;
 }
 
+// Without --model, deg fill takes $DEG_MODEL, else the default model installed beside the
+// binary (<prefix>/share/deg/models/default for <prefix>/bin/deg), and says where it looked
+// when there is none.
+TEST_F(EngineTest, FillFindsTheDefaultModel) {
+  testing::TempDir t;
+  fs::create_directories(t / "bin");
+  fs::create_directories(t / "share" / "deg" / "models");
+  fs::copy_file(DEG_BINARY, t / "bin" / "deg");
+  fs::permissions(t / "bin" / "deg", fs::perms::owner_all);
+  const std::string schema = testing::source_path("examples/support.schema.json").string();
+  const std::string doc = testing::source_path("examples/support.txt").string();
+  auto fill = [&](const std::string& env) {
+    const std::string cmd = "env -u DEG_MODEL DEG_LOG_LEVEL=debug " + env + " '" +
+                            (t / "bin" / "deg").string() + "' fill --schema '" + schema + "' '" +
+                            doc + "' >'" + (t / "out").string() + "' 2>'" + (t / "err").string() +
+                            "'";
+    const int status = std::system(cmd.c_str());
+    return std::pair{WIFEXITED(status) ? WEXITSTATUS(status) : -1, testing::read_text(t / "err")};
+  };
+  const fs::path installed = t / "share" / "deg" / "models" / "default";
+  auto [code, err] = fill("");
+  if (!fs::exists(testing::source_path("models/default/deg.json"))) {  // none in this tree yet
+    EXPECT_EQ(code, 1);
+    EXPECT_NE(err.find(installed.string()), std::string::npos) << err;  // where it looked
+    EXPECT_NE(err.find("DEG_MODEL"), std::string::npos) << err;
+  }
+  fs::copy(*dir_ / "ckpt", installed, fs::copy_options::recursive);
+  std::tie(code, err) = fill("");
+  EXPECT_EQ(code, 0) << err;
+  EXPECT_NE(err.find("model " + installed.string() + " opened"), std::string::npos) << err;
+  EXPECT_TRUE(Json::parse(testing::read_text(t / "out")).contains("category"));
+  std::tie(code, err) = fill("DEG_MODEL='" + (t / "nowhere").string() + "'");
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(err.find((t / "nowhere").string()), std::string::npos) << err;
+  std::tie(code, err) = fill("DEG_MODEL='" + (*dir_ / "ckpt").string() + "'");
+  EXPECT_EQ(code, 0) << err;
+}
+
 // --min-confidence: every leaf answer below the threshold is withheld (its report says so, it is
 // not in the value, a required one is reported missing), the value still validates with those
 // excused, nothing else changes; 0 withholds nothing.

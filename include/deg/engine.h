@@ -33,6 +33,13 @@ struct EngineOptions {
   InputLimits limits;  // documents over them fail alone, before they are tokenized
 };
 
+// The model used when none is named (deg fill without --model): the first of $DEG_MODEL; the
+// default model installed beside the executable (<prefix>/share/deg/models/default, for
+// <prefix>/bin/deg); the one in the source tree the library was built from (models/default).
+// A place counts when it holds a deg checkpoint (deg.json); $DEG_MODEL, when set, is the only
+// place looked at. Empty when there is none; `searched` (optional) gets the places looked at.
+std::filesystem::path default_model(std::vector<std::filesystem::path>* searched = nullptr);
+
 inline constexpr int64_t kMaxForkTokens = int64_t(1) << 24;  // 16,777,216
 
 // One part of a document given in parts: text, or a media part read as soft tokens — embeddings

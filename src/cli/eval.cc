@@ -183,7 +183,8 @@ void add_eval_command(CLI::App& app) {
       "calibration error of the confidences (10 bins); then each field's figures and, for choice\n"
       "fields, the most frequent confusions (gold -> predicted).");
   auto a = std::make_shared<EvalArgs>();
-  cmd->add_option("--model", a->model, "deg checkpoint directory")->required();
+  cmd->add_option("--model", a->model,
+                  "deg checkpoint directory (default: $DEG_MODEL, else the default model)");
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's base moved");
   cmd->add_option("--schema", a->schema, "JSON Schema file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--data", a->data, "JSONL file of labelled records")->required();

@@ -176,11 +176,6 @@ void run_fill(const FillArgs& args) {
     throw Error(ErrorKind::invalid_argument,
                 "--jsonl reads documents from stdin; pass no DOC files with it");
   }
-  if (args.model.empty()) {
-    throw Error(ErrorKind::not_found,
-                "this build has no embedded default model yet (deg trains its own; see README "
-                "'Status'); pass --model DIR with a deg checkpoint (`deg init` makes one)");
-  }
   InputLimits limits;
   limits.document_bytes = args.max_document_bytes;
   limits.line_bytes = std::max(limits.line_bytes, 4 * args.max_document_bytes);
@@ -265,7 +260,9 @@ void add_fill_command(CLI::App& app) {
       "line 32 MiB (or 4x the document limit), 4096 parts per document.");
   auto a = std::make_shared<FillArgs>();
   cmd->add_option("--schema", a->schema, "JSON Schema file")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--model", a->model, "deg checkpoint directory (default: the embedded model)");
+  cmd->add_option("--model", a->model,
+                  "deg checkpoint directory (default: $DEG_MODEL, else the default model: "
+                  "models/default, installed as <prefix>/share/deg/models/default)");
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's deg.json base moved");
   cmd->add_option("DOC", a->docs, "Document files (UTF-8 text)");
   cmd->add_flag(

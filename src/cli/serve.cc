@@ -28,7 +28,8 @@ void add_serve_command(CLI::App& app) {
     ServerOptions server;
   };
   auto o = std::make_shared<Opts>();
-  cmd->add_option("--model", o->model, "deg checkpoint directory")->required();
+  cmd->add_option("--model", o->model,
+                  "deg checkpoint directory (default: $DEG_MODEL, else the default model)");
   cmd->add_option("--base", o->base, "Base HF snapshot, when the checkpoint's deg.json base moved");
   add_device_option(cmd, o->device);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
@@ -55,6 +56,7 @@ void add_serve_command(CLI::App& app) {
     // waiting one below instead of killing the process mid-request.
     termination_signals_block();
     if (!o->api_key_file.empty()) o->server.api_keys = api_keys_load(o->api_key_file);
+    if (o->model.empty()) o->model = default_model().string();  // Engine::open explains none
     const Engine engine = Engine::open({.model = o->model, .base = o->base, .device = o->device});
     // The model's id in /v1/models and chat answers: its directory's name.
     std::filesystem::path dir = std::filesystem::path(o->model).lexically_normal();

@@ -29,6 +29,7 @@ EnvConfig read_env() {
                             c.log_level));
   }
   c.device = getenv_or("DEG_DEVICE", "");
+  c.model = getenv_or("DEG_MODEL", "");
   if (!c.device.empty() && c.device != "cpu" && c.device != "cuda") {
     throw Error(ErrorKind::invalid_argument,
                 fmt::format("DEG_DEVICE is \"{}\"; use cpu or cuda (or unset it)", c.device));

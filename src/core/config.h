@@ -14,6 +14,7 @@ struct EnvConfig {
   std::string log_level;  // DEG_LOG_LEVEL: trace, debug, info, warn, error, off (default warn)
   std::string device;     // DEG_DEVICE: cpu or cuda, what --device auto picks; empty: unset
   std::string hf_hub;     // DEG_HF_HUB, else HF_HUB_CACHE, else ~/.cache/huggingface/hub
+  std::string model;      // DEG_MODEL: the model used without --model; empty: unset
 };
 
 // Read and checked on first use (throws deg::Error on a bad value, again on each later call).

@@ -22,6 +22,7 @@
 #include <map>
 #include <optional>
 
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/assemble.h"
@@ -52,7 +53,42 @@ Engine::~Engine() = default;
 Engine::Engine(Engine&&) noexcept = default;
 Engine& Engine::operator=(Engine&&) noexcept = default;
 
-Engine Engine::open(const EngineOptions& options) {
+std::filesystem::path default_model(std::vector<std::filesystem::path>* searched) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> places;
+  if (!env_config().model.empty()) {
+    places.push_back(env_config().model);
+  } else {
+    std::error_code ec;
+    const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+    if (!ec) places.push_back(exe.parent_path().parent_path() / "share/deg/models/default");
+#ifdef DEG_SOURCE_MODELS_DIR
+    places.push_back(fs::path(DEG_SOURCE_MODELS_DIR) / "default");
+#endif
+  }
+  if (searched) *searched = places;
+  for (const fs::path& p : places) {
+    std::error_code ec;
+    if (fs::is_regular_file(p / "deg.json", ec)) return p;
+  }
+  return {};
+}
+
+Engine Engine::open(const EngineOptions& options_in) {
+  EngineOptions options = options_in;
+  if (options.model.empty()) {
+    std::vector<std::filesystem::path> searched;
+    options.model = default_model(&searched);
+    if (options.model.empty()) {
+      std::string where;
+      for (const auto& p : searched) where += "\n  " + p.string();
+      throw Error(ErrorKind::not_found,
+                  "no model given and no default model found; looked for a deg checkpoint "
+                  "(deg.json) at:" +
+                      where +
+                      "\npass --model DIR (`deg init` or `deg train` make one), or set DEG_MODEL");
+    }
+  }
   if (options.fork_tokens < 1 || options.fork_tokens > kMaxForkTokens) {
     throw Error(ErrorKind::invalid_argument, fmt::format("--fork-tokens must be in [1, {}], got {}",
                                                          kMaxForkTokens, options.fork_tokens));
