@@ -15,6 +15,7 @@
 #include "deg/report.h"
 #include "engine/decode.h"
 #include "io/json.h"
+#include "io/weights.h"
 #include "model/checkpoint.h"
 #include "schema/plan.h"
 #include "schema/spans.h"
@@ -429,6 +430,57 @@ TEST_F(EngineTest, FillFindsTheDefaultModel) {
   EXPECT_NE(err.find((t / "nowhere").string()), std::string::npos) << err;
   std::tie(code, err) = fill("DEG_MODEL='" + (*dir_ / "ckpt").string() + "'");
   EXPECT_EQ(code, 0) << err;
+}
+
+// deg pack: an f32 gpt checkpoint into bf16 parts no larger than asked; every large tensor is
+// the original rounded to bf16, every small one the original; the packed checkpoint fills, and
+// a missing part is named.
+TEST(Pack, GptCheckpointInBf16PartsFills) {
+  testing::TempDir t;
+  testing::write_tiny_gpt(t / "base", 5);
+  checkpoint_create({.base = t / "base", .out = t / "ck", .seed = 5});
+  auto r = testing::run_deg({"pack", "--model", (t / "ck").string(), "--out",
+                             (t / "packed").string(), "--max-file-mib", "0.6"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(t / "packed" / "backbone.safetensors"));
+  const std::vector<fs::path> parts = checkpoint_backbone_files(t / "packed");
+  EXPECT_GE(parts.size(), 2u);
+  int64_t packed_bytes = 0;
+  for (const auto& e : fs::directory_iterator(t / "packed")) {
+    EXPECT_LE(fs::file_size(e.path()), 629145u) << e.path();
+    if (e.path().filename().string().starts_with("backbone")) packed_bytes += fs::file_size(e);
+  }
+  // (The tiny model's many small tensors stay f32: a quarter less, where a real trunk halves.)
+  EXPECT_LT(packed_bytes, fs::file_size(t / "ck" / "backbone.safetensors") * 8 / 10);
+  const WeightStore a = WeightStore::open_files({t / "ck" / "backbone.safetensors"});
+  const WeightStore b = WeightStore::open_files(parts);
+  ASSERT_EQ(a.names(), b.names());
+  int converted = 0;
+  for (const std::string& name : a.names()) {
+    Tensor want = a.get(name);
+    if (want.numel() >= kPackMinValues) {
+      want = want.to(DType::bf16);
+      ++converted;
+    }
+    const Tensor got = b.get(name);
+    ASSERT_EQ(got.dtype(), want.dtype()) << name;
+    EXPECT_EQ(0, std::memcmp(got.raw(), want.raw(), want.nbytes())) << name;
+  }
+  EXPECT_GE(converted, 5);
+  testing::expect_fill_support_example(t / "packed");
+  r = testing::run_deg({"pack", "--model", (t / "ck").string(), "--out", (t / "packed").string()});
+  EXPECT_NE(r.exit_code, 0);  // not into a full directory
+  r = testing::run_deg({"pack", "--model", (t / "ck").string(), "--out", (t / "small").string(),
+                        "--max-file-mib", "0.1"});
+  EXPECT_NE(r.exit_code, 0);  // the heads (0.5 MiB) fit no 0.1 MiB file: said, nothing written
+  EXPECT_NE(r.err.find("heads.safetensors"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(t / "small"));
+  fs::remove(parts[1]);
+  r = testing::run_deg({"fill", "--model", (t / "packed").string(), "--schema",
+                        testing::source_path("examples/support.schema.json").string(),
+                        testing::source_path("examples/support.txt").string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("part 2 of"), std::string::npos) << r.err;
 }
 
 // --min-confidence: every leaf answer below the threshold is withheld (its report says so, it is

@@ -3,11 +3,13 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "model/gemma4.h"
+#include "model/gpt_config.h"
 #include "model/lfm2.h"
 #include "model/qwen35.h"
 #include "test_util.h"
 #include "text/bpe_train.h"
 #include "text/byte_level.h"
+#include "train/gpt_params.h"
 
 namespace deg::testing {
 
@@ -164,6 +166,22 @@ void write_tiny_gemma4(const std::filesystem::path& dir, uint64_t seed, bool mul
                                    {"special", true}});
   }
   write_text(dir / "tokenizer.json", tok.dump());
+}
+
+void write_tiny_gpt(const std::filesystem::path& dir, uint64_t seed) {
+  GptConfig c = gpt_preset("tiny");
+  c.vocab_size = 320;
+  c.window_short = 256;
+  c.window_long = 512;
+  train::GptParams p = train::GptParams::create(c);
+  p.init(seed);
+  train::Rng rng(seed + 1);
+  for (auto& t : p.tensors())
+    for (auto& x : t.data) x += float(rng.normal() * 0.05);
+  std::filesystem::create_directories(dir);
+  p.save(dir / "model.safetensors");
+  write_text(dir / "config.json", gpt_config_to_json(c).dump());
+  write_text(dir / "tokenizer.json", tiny_tokenizer_json({"<|endoftext|>"}));
 }
 
 }  // namespace deg::testing

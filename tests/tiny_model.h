@@ -36,4 +36,9 @@ std::string tiny_tokenizer_json(const std::vector<std::string>& specials = {
 // <bos>, <pad>, <|turn> and <turn|>.
 void write_tiny_gemma4(const std::filesystem::path& dir, uint64_t seed, bool multimodal = false);
 
+// A `deg pretrain` checkpoint of the gpt `tiny` preset (vocab 320, windows 256 / 512 so a query
+// sees its whole document; f32) with the init moved by N(0, 0.05) so every path carries signal:
+// config.json, model.safetensors and tokenizer.json (the byte-level one, <|endoftext|>) in `dir`.
+void write_tiny_gpt(const std::filesystem::path& dir, uint64_t seed);
+
 }  // namespace deg::testing

@@ -46,22 +46,8 @@ const char* kSchema = R"({
 // A gpt trunk (tiny preset, byte tokenizer, windows wide enough for a query to see its
 // document) as `deg pretrain` writes it, turned into a deg checkpoint with fresh heads.
 fs::path write_gpt_checkpoint(const fs::path& dir, uint64_t seed) {
-  GptConfig c = gpt_preset("tiny");
-  c.vocab_size = 320;
-  c.window_short = 256;
-  c.window_long = 512;
-  GptParams p = GptParams::create(c);
-  p.init(seed);
-  Rng rng(seed + 1);  // away from the init's zeros, so every path carries signal
-  for (auto& t : p.tensors())
-    for (auto& x : t.data) x += float(rng.normal() * 0.05);
-  const fs::path base = dir / "base";
-  fs::create_directories(base);
-  p.save(base / "model.safetensors");
-  deg::testing::write_text(base / "config.json", gpt_config_to_json(c).dump());
-  deg::testing::write_text(base / "tokenizer.json",
-                           deg::testing::tiny_tokenizer_json({"<|endoftext|>"}));
-  checkpoint_create({.base = base, .out = dir / "ckpt", .seed = seed});
+  deg::testing::write_tiny_gpt(dir / "base", seed);
+  checkpoint_create({.base = dir / "base", .out = dir / "ckpt", .seed = seed});
   return dir / "ckpt";
 }
 

@@ -20,6 +20,7 @@ void add_fill_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_init_command(CLI::App& app);
+void add_pack_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_pretrain_command(CLI::App& app);
 void add_train_command(CLI::App& app);

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   deg::cli::add_tokenize_command(app);
   deg::cli::add_plan_command(app);
   deg::cli::add_init_command(app);
+  deg::cli::add_pack_command(app);
   deg::cli::add_eval_command(app);
   deg::cli::add_pretrain_command(app);
   deg::cli::add_train_command(app);

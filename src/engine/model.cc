@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "deg/checkpoint.h"
+#include "io/weights.h"
 #include "model/checkpoint.h"
 #include "model/load.h"
 
@@ -128,7 +129,7 @@ std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& ba
   }
   CheckpointMeta meta = checkpoint_meta_load(dir);
   fs::path config_dir = model_config_dir(dir, base);
-  std::vector<fs::path> weights = {dir / "backbone.safetensors"};
+  std::vector<fs::path> weights = checkpoint_backbone_files(dir);
   std::unique_ptr<Backbone> backbone = backbone_open_checkpoint(config_dir, weights, options);
   Heads heads = Heads::load(dir / "heads.safetensors");
   if (heads.hidden != backbone->spec().hidden) {

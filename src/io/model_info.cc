@@ -27,17 +27,13 @@ ModelInfo model_info(const fs::path& dir) {
     JsonConfig meta = JsonConfig::load(dir / "deg.json");
     info.model_type = meta.get_or<std::string>("backbone", "");
     info.text_model_type = info.model_type;
-    std::vector<fs::path> files;
-    for (const char* name :
-         {"backbone.safetensors", "heads.safetensors", "adapters.safetensors", "moe.safetensors"}) {
-      if (fs::exists(dir / name)) files.push_back(dir / name);
+    std::vector<fs::path> files = checkpoint_backbone_files(dir);
+    if (!fs::exists(dir / "heads.safetensors")) {
+      throw Error(ErrorKind::not_found, "heads.safetensors is missing from this deg checkpoint",
+                  {.path = dir.string()});
     }
-    for (const char* required : {"backbone.safetensors", "heads.safetensors"}) {
-      if (!fs::exists(dir / required)) {
-        throw Error(ErrorKind::not_found,
-                    std::string(required) + " is missing from this deg checkpoint",
-                    {.path = dir.string()});
-      }
+    for (const char* name : {"heads.safetensors", "adapters.safetensors", "moe.safetensors"}) {
+      if (fs::exists(dir / name)) files.push_back(dir / name);
     }
     store = WeightStore::open_files(files);
   } else if (fs::exists(dir / "config.json")) {

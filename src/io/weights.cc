@@ -1,6 +1,8 @@
 #include "io/weights.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 
 #include "core/buffer.h"
 #include "core/error.h"
@@ -59,6 +61,43 @@ std::map<std::string, std::vector<std::string>> safetensors_index_parse(std::str
     by_file[shard].push_back(it.key());
   }
   return by_file;
+}
+
+std::vector<fs::path> checkpoint_backbone_files(const fs::path& dir) {
+  if (fs::exists(dir / "backbone.safetensors")) return {dir / "backbone.safetensors"};
+  std::map<int, fs::path> parts;
+  int of = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    int k = 0, total = 0;
+    char tail[32] = {};
+    if (n.size() == 35 &&
+        std::sscanf(n.c_str(), "backbone-%5d-of-%5d.%12s", &k, &total, tail) == 3 &&
+        std::string(tail) == "safetensors") {
+      if (of != 0 && total != of)
+        throw Error(ErrorKind::format, "backbone parts of different counts",
+                    {.path = dir.string()});
+      of = total;
+      parts[k] = e.path();
+    }
+  }
+  if (parts.empty())
+    throw Error(ErrorKind::not_found,
+                "backbone.safetensors (or its parts backbone-00001-of-N.safetensors) is missing "
+                "from this deg checkpoint",
+                {.path = dir.string()});
+  std::vector<fs::path> files;
+  for (int k = 1; k <= of; ++k) {
+    auto it = parts.find(k);
+    if (it == parts.end())
+      throw Error(ErrorKind::not_found, fmt::format("backbone part {} of {} is missing", k, of),
+                  {.path = dir.string()});
+    files.push_back(it->second);
+  }
+  if (int(parts.size()) != of)
+    throw Error(ErrorKind::format, "backbone parts beyond their count", {.path = dir.string()});
+  return files;
 }
 
 WeightStore WeightStore::open_dir(const fs::path& dir) {

@@ -19,6 +19,11 @@ namespace deg {
 std::map<std::string, std::vector<std::string>> safetensors_index_parse(std::string_view text,
                                                                         const std::string& path);
 
+// A deg checkpoint's backbone files: backbone.safetensors, or the parts
+// backbone-00001-of-0000N.safetensors ... that `deg pack` splits it into (every part present).
+// Throws deg::Error (not_found) when there are none or a part is missing.
+std::vector<std::filesystem::path> checkpoint_backbone_files(const std::filesystem::path& dir);
+
 class WeightStore {
  public:
   // A directory: uses model.safetensors.index.json when present, else model.safetensors, else

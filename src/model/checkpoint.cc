@@ -142,6 +142,77 @@ void checkpoint_init(const CheckpointInitOptions& options) {
   }
 }
 
+CheckpointPackResult checkpoint_pack(const CheckpointPackOptions& o) {
+  if (!fs::exists(o.model / "deg.json"))
+    throw Error(ErrorKind::not_found, "no deg.json here: not a deg checkpoint",
+                {.path = o.model.string()});
+  if (o.dtype != "bf16" && o.dtype != "f32")
+    throw Error(ErrorKind::invalid_argument, "--dtype must be bf16 or f32, got " + o.dtype);
+  if (o.max_file_bytes < (int64_t(1) << 16))
+    throw Error(ErrorKind::invalid_argument, "the largest file must allow at least 64 KiB");
+  if (fs::exists(o.out) && !fs::is_empty(o.out))
+    throw Error(ErrorKind::invalid_argument,
+                "output directory exists and is not empty; choose a new --out",
+                {.path = o.out.string()});
+  const WeightStore store = WeightStore::open_files(checkpoint_backbone_files(o.model));
+  // The other files, copied as they are (checked first: nothing is written for a bad run).
+  std::vector<fs::path> copies;
+  for (const auto& e : fs::directory_iterator(o.model)) {
+    const std::string name = e.path().filename().string();
+    const bool backbone = name.starts_with("backbone") && name.ends_with(".safetensors");
+    if (!e.is_regular_file() || backbone || name == "metrics.jsonl" || name.ends_with(".tmp"))
+      continue;
+    if (int64_t(e.file_size()) > o.max_file_bytes)
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("{} takes {} bytes, more than a file may hold ({})", name,
+                              e.file_size(), o.max_file_bytes),
+                  {.path = e.path().string()});
+    copies.push_back(e.path());
+  }
+  CheckpointPackResult r;
+  // Tensors into parts in name order; a part's header is counted generously.
+  std::vector<std::vector<NamedTensor>> parts(1);
+  int64_t used = 0;
+  for (const std::string& name : store.names()) {
+    Tensor t = store.get(name);
+    if (o.dtype == "bf16" && t.dtype() == DType::f32 && t.numel() >= kPackMinValues) {
+      t = t.to(DType::bf16);
+      ++r.converted;
+    }
+    const int64_t bytes = int64_t(t.nbytes()) + 256 + int64_t(name.size());
+    if (bytes + 4096 > o.max_file_bytes)
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("tensor {} takes {} bytes, more than a file may hold ({})", name,
+                              t.nbytes(), o.max_file_bytes));
+    if (used + bytes + 4096 > o.max_file_bytes) {
+      parts.emplace_back();
+      used = 0;
+    }
+    parts.back().push_back({name, std::move(t)});
+    used += bytes;
+  }
+  fs::create_directories(o.out);
+  const int n = int(parts.size());
+  for (int k = 0; k < n; ++k) {
+    const fs::path path =
+        o.out / (n == 1 ? std::string("backbone.safetensors")
+                        : fmt::format("backbone-{:05d}-of-{:05d}.safetensors", k + 1, n));
+    safetensors_write(path, parts[size_t(k)]);
+    const int64_t size = int64_t(fs::file_size(path));
+    DEG_CHECK(size <= o.max_file_bytes, "{} came out at {} bytes", path.string(), size);
+    r.largest_file = std::max(r.largest_file, size);
+    r.bytes += size;
+  }
+  r.files = n;
+  for (const fs::path& from : copies) {
+    fs::copy_file(from, o.out / from.filename());
+    const int64_t size = int64_t(fs::file_size(o.out / from.filename()));
+    r.largest_file = std::max(r.largest_file, size);
+    r.bytes += size;
+  }
+  return r;
+}
+
 fs::path model_config_dir(const fs::path& dir, const fs::path& base_override) {
   if (!fs::exists(dir / "deg.json") || fs::exists(dir / "config.json")) return dir;
   if (!base_override.empty()) return base_override;
