@@ -132,5 +132,14 @@ TEST(GptConfig, SmallTrunkHas20To30MillionParameters) {
   EXPECT_LT(trunk, 30'000'000);
 }
 
+TEST(GptConfig, CompactFitsTheDefaultModelsBudget) {
+  // The shipped default model (issue #16): <= 25 MB in all, its trunk's tensors in bf16 beside
+  // bf16 heads (~1.4 MB at d 256) and a tokenizer.json (~0.3 MB at 4096 tokens).
+  const GptConfig c = gpt_preset("compact");
+  EXPECT_EQ(c.vocab_size, 4096);
+  EXPECT_LT(2 * c.parameter_count(), 23'000'000) << c.parameter_count();
+  EXPECT_GE(c.window_short, 1024);  // a query sees the start of a long e-mail
+}
+
 }  // namespace
 }  // namespace deg

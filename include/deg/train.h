@@ -135,8 +135,8 @@ ShardTextResult shard_text_files(const ShardTextOptions& options);
 // (config.json with family "gpt", model.safetensors, tokenizer.json when the data directory has
 // one, optimizer and trainer state) and resumes from it.
 struct PretrainOptions {
-  // A preset (speedrun-124m, speedrun-124m-1gpu, small, tiny), whose vocab_size becomes the
-  // data's (data.json) rounded up to a multiple of 128; or the path of a config JSON (a
+  // A preset (speedrun-124m, speedrun-124m-1gpu, small, compact, tiny), whose vocab_size becomes
+  // the data's (data.json) rounded up to a multiple of 128; or the path of a config JSON (a
   // config.json or a bare config), whose vocab_size must hold the data's.
   std::string config;
   std::filesystem::path data_dir;  // train_*.bin, val_*.bin, data.json [, tokenizer.json]

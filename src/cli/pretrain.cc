@@ -22,9 +22,10 @@ void add_pretrain_command(CLI::App& app) {
       "--resume continues.");
   auto o = std::make_shared<train::PretrainOptions>();
   auto quiet = std::make_shared<bool>(false);
-  cmd->add_option("--config", o->config,
-                  "Preset (speedrun-124m, speedrun-124m-1gpu, small, tiny; its vocab_size becomes "
-                  "the data's, rounded up to a multiple of 128) or a config JSON")
+  cmd->add_option(
+         "--config", o->config,
+         "Preset (speedrun-124m, speedrun-124m-1gpu, small, compact, tiny; its vocab_size becomes "
+         "the data's, rounded up to a multiple of 128) or a config JSON")
       ->required();
   cmd->add_option("--data", o->data_dir, "Directory of train_*.bin / val_*.bin and data.json")
       ->required();

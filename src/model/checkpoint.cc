@@ -205,7 +205,22 @@ CheckpointPackResult checkpoint_pack(const CheckpointPackOptions& o) {
   }
   r.files = n;
   for (const fs::path& from : copies) {
-    fs::copy_file(from, o.out / from.filename());
+    if (from.filename() == "heads.safetensors" && o.dtype == "bf16") {  // its matrices too
+      SafetensorsFile heads = SafetensorsFile::open(from);
+      std::vector<NamedTensor> ts;
+      for (const TensorInfo& info : heads.tensors()) {
+        const std::string& name = info.name;
+        Tensor t = heads.tensor(name);
+        if (t.dtype() == DType::f32 && t.numel() >= kPackMinValues) {
+          t = t.to(DType::bf16);
+          ++r.converted;
+        }
+        ts.push_back({name, std::move(t)});
+      }
+      safetensors_write(o.out / from.filename(), ts, heads.metadata());
+    } else {
+      fs::copy_file(from, o.out / from.filename());
+    }
     const int64_t size = int64_t(fs::file_size(o.out / from.filename()));
     r.largest_file = std::max(r.largest_file, size);
     r.bytes += size;

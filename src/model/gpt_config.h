@@ -123,8 +123,8 @@ struct GptConfig {
   int64_t parameter_count() const;  // every trained parameter, embeddings included
 };
 
-// "speedrun-124m", "speedrun-124m-1gpu", "small", "tiny"; throws deg::Error naming the known
-// presets otherwise.
+// "speedrun-124m", "speedrun-124m-1gpu", "small", "compact", "tiny"; throws deg::Error naming the
+// known presets otherwise.
 GptConfig gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
 
