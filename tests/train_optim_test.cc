@@ -181,6 +181,18 @@ TEST(TrainOptim, Schedules) {
   EXPECT_FLOAT_EQ(w.lr_scale(9), 1.0f);
 }
 
+// --max-seconds: the run's length moves only at the probe points, to the steps that fit at the
+// pace so far, never below the steps done or above --steps.
+TEST(TrainOptim, TimeBudgetSteps) {
+  EXPECT_EQ(time_budget_steps(10, 5.0, 60.0, 1000, 1000), 120);
+  EXPECT_EQ(time_budget_steps(40, 10.0, 60.0, 1000, 120), 240);
+  EXPECT_EQ(time_budget_steps(160, 40.0, 60.0, 1000, 240), 240);
+  EXPECT_EQ(time_budget_steps(10, 5.0, 60.0, 100, 1000), 100);   // at most --steps
+  EXPECT_EQ(time_budget_steps(10, 50.0, 10.0, 1000, 1000), 10);  // over budget: stop now
+  EXPECT_EQ(time_budget_steps(11, 5.0, 60.0, 1000, 777), 777);   // not a probe point
+  EXPECT_EQ(time_budget_steps(9, 5.0, 60.0, 1000, 1000), 1000);
+}
+
 // Resident training (GptResident, as `deg pretrain` and the step bench run): three steps of loss,
 // gradients and optimizer over a backend's resident copies against the host path (the host's
 // parameters and gradients, the optimizer on the CPU) — bitwise on the CPU, within float

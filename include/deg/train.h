@@ -67,6 +67,8 @@ struct FineTuneOptions {
   int64_t patience = 0;    // stop after this many evaluations without a better dev loss (0: never)
   int64_t stop_at = 0;  // stop after this many steps (evaluated and saved for --resume); 0: steps
   bool freeze_trunk = false;  // gpt: train the heads only
+  // > 0: train for about this long (as PretrainOptions::max_seconds; evaluations count).
+  double max_seconds = 0;
   bool calibrate = true;
   bool resume = false;
   uint64_t seed = 0;
@@ -151,6 +153,10 @@ struct PretrainOptions {
   int64_t warmup_steps = 0;
   int64_t stop_at = 0;  // stop (and checkpoint) after this many steps; 0: steps
   bool resume = false;  // continue from out_dir's checkpoint
+  // > 0: train for about this long: after 10, 40 and 160 steps the run's length becomes the
+  // steps that fit at the pace so far (at most `steps`); the schedules follow it. Not with
+  // resume or stop_at.
+  double max_seconds = 0;
   // cpu, cuda or auto (as EngineOptions::device): where each step's forward and backward run;
   // auto takes a GPU when one is visible (on an H200 a step runs 6-12x faster than on 16 CPU
   // cores: docs/training.md, "The trainer on the GPU").

@@ -45,6 +45,10 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--save-every", o->save_every, "Checkpoint every N steps (0: at the end)")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", o->warmup_steps, "Linear lr warmup")->capture_default_str();
+  cmd->add_option("--max-seconds", o->max_seconds,
+                  "Train for about this long: after 10, 40 and 160 steps the run becomes the steps "
+                  "that fit at the pace so far (at most --steps); the schedules follow")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--stop-at", o->stop_at, "Stop and checkpoint after N steps (even)")
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "Continue from the checkpoint in --out");

@@ -42,6 +42,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--task", *tasks, "SCHEMA.json:TRAIN.jsonl[:DEV.jsonl]; repeat for multi-task")
       ->required();
   cmd->add_option("--steps", o->steps, "Optimizer steps")->capture_default_str();
+  cmd->add_option("--max-seconds", o->max_seconds,
+                  "Train for about this long: after 10, 40 and 160 steps the run becomes the steps "
+                  "that fit at the pace so far (at most --steps); the schedule follows")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--device", o->device,
                   "cpu, cuda or auto (a GPU when one is visible): where a gpt trunk trains")
       ->capture_default_str();

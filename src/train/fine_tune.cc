@@ -270,7 +270,7 @@ class Trainer {
   }
 
   // One optimizer step over the next examples; returns the balanced loss (LossStats).
-  double step(int64_t step, int64_t* tokens, LossStats* stats) {
+  double step(int64_t step, int64_t steps, int64_t* tokens, LossStats* stats) {
     std::vector<size_t> batch = next_batch(tokens);
     LossStats st;
     // Each kind's queries share a weight of 1: the loss is the sum of the kinds' means.
@@ -321,7 +321,7 @@ class Trainer {
           ops->scale(
               {.y = g.mutable_data<float>(), .ldy = g.numel(), .rows = 1, .n = g.numel(), .s = f});
     }
-    const float lr = lr_scale(step, o_.steps, o_.warmup_steps, o_.cooldown);
+    const float lr = lr_scale(step, steps, o_.warmup_steps, o_.cooldown);
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
     if (train_trunk_)
       topt_->step(resident_->value_ptrs(), resident_->grad_ptrs(), lr, 0.95f, true, false);
@@ -566,6 +566,9 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
                          const std::function<void(const FineTuneProgress&)>& on_progress) {
   if (o.tasks.empty()) throw Error(ErrorKind::invalid_argument, "give at least one --task");
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
+  if (o.max_seconds < 0 || (o.max_seconds > 0 && (o.resume || o.stop_at > 0)))
+    throw Error(ErrorKind::invalid_argument,
+                "--max-seconds must be positive and goes without --resume and --stop-at");
   if (!(o.empty_array_rate > 0 && o.empty_array_rate <= 1))
     throw Error(ErrorKind::invalid_argument, "--empty-array-rate must be in (0, 1]");
   // Inputs are checked before anything is written, so a typo leaves no half-made --out.
@@ -613,26 +616,31 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   const bool have_dev = !ds.dev.empty();
-  for (int64_t step = start; step < o.steps; ++step) {
+  int64_t steps = o.steps;  // or (--max-seconds) the steps that fit
+  for (int64_t step = start; step < steps; ++step) {
     LossStats stats;
-    const double loss = tr.step(step, &tokens, &stats);
-    const bool pause = o.stop_at > 0 && step + 1 == o.stop_at && !(step + 1 == o.steps);
-    const bool last = step + 1 == o.steps || pause;
+    const double loss = tr.step(step, steps, &tokens, &stats);
+    if (o.max_seconds > 0)
+      steps = time_budget_steps(
+          step + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+          o.max_seconds, o.steps, steps);
+    const bool pause = o.stop_at > 0 && step + 1 == o.stop_at && !(step + 1 == steps);
+    const bool last = step + 1 == steps || pause;
     OrderedJson line = {{"step", step + 1}, {"loss", loss}};
     OrderedJson kinds = OrderedJson::object();
     for (int k = 0; k < 6; ++k)
       if (stats.queries[k])
         kinds[query_head_name(QueryHead(k))] = stats.sum[k] / double(stats.queries[k]);
     line["loss_by_head"] = kinds;
-    line["lr_scale"] = lr_scale(step, o.steps, o.warmup_steps, o.cooldown);
+    line["lr_scale"] = lr_scale(step, steps, o.warmup_steps, o.cooldown);
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     FineTuneProgress pr{.stage = "train",
                         .done = step + 1,
-                        .total = o.steps,
+                        .total = steps,
                         .loss = loss,
                         .tokens_per_s = secs > 0 ? double(tokens) / secs : 0,
-                        .eta_s = secs / double(step + 1 - start) * double(o.steps - step - 1)};
+                        .eta_s = secs / double(step + 1 - start) * double(steps - step - 1)};
     line["tokens_per_s"] = pr.tokens_per_s;
     bool stop = false;
     if (last || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)) {

@@ -84,6 +84,13 @@ class GptOptimizer {
 };
 
 // The speedrun's schedules (schedule.py, train_gpt.py get_muon_momentum), over `total` steps.
+// A run bounded by time (--max-seconds): after `done` steps in `elapsed` seconds, its length in
+// steps. At the probe points (10, 40 and 160 steps done) the steps that fit in `budget` at the
+// pace so far (at least `done`, at most `most`); elsewhere `current`, so the schedules that
+// follow the length move only at those points.
+int64_t time_budget_steps(int64_t done, double elapsed, double budget, int64_t most,
+                          int64_t current);
+
 struct TrainSchedule {
   int64_t total_steps = 0;
   int64_t warmup_steps = 0;    // linear lr warmup (the seed uses none)

@@ -74,7 +74,7 @@ double unigram_entropy(const std::vector<fs::path>& files, int32_t bos) {
 }
 
 void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const PretrainOptions& o,
-                     int64_t step, const ShardLoader& loader) {
+                     int64_t step, int64_t steps, const ShardLoader& loader) {
   fs::create_directories(o.out_dir);
   gpt_config_save(p.config(), o.out_dir / "config.json");
   p.save(o.out_dir / "model.safetensors");
@@ -83,7 +83,7 @@ void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const Pretrain
   std::ofstream(o.out_dir / "trainer.json")
       << Json{{"step", step},
               {"seed", o.seed},
-              {"steps", o.steps},
+              {"steps", steps},
               {"loader", {{"shard", pos.shard}, {"doc", pos.doc}, {"epoch", pos.epoch}}}}
              .dump(2)
       << "\n";
@@ -100,7 +100,13 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   // and a resume continues exactly.
   if (o.stop_at % 2 || o.save_every % 2)
     throw Error(ErrorKind::invalid_argument, "--stop-at and --save-every must be even");
-  const int64_t stop = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
+  if (o.max_seconds < 0 || (o.max_seconds > 0 && (o.resume || o.stop_at > 0)))
+    throw Error(ErrorKind::invalid_argument,
+                "--max-seconds must be positive and goes without --resume and --stop-at");
+  // The schedules' length: --steps, or (--max-seconds) the steps that fit, re-estimated after
+  // a few steps (time_budget_steps).
+  int64_t steps = o.steps;
+  int64_t stop = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
   if (o.batch_tokens < 2 || o.max_seq_len < 2)
     throw Error(ErrorKind::invalid_argument, "batch tokens and max_seq_len must be >= 2");
   const DataInfo info = data_info_read(o.data_dir);
@@ -144,12 +150,15 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     loader.seek({lp.at("shard").get<int64_t>(), lp.at("doc").get<int64_t>(),
                  lp.at("epoch").get<int64_t>()});
   }
-  const TrainSchedule sched{
-      .total_steps = o.steps,
-      .warmup_steps = o.warmup_steps,
-      .momentum_warmup = std::min<int64_t>(300, std::max<int64_t>(1, o.steps / 3)),
-      .momentum_cooldown = std::min<int64_t>(50, std::max<int64_t>(1, o.steps / 10))};
-  const int64_t split_step = (2 * o.steps / 3) | 1;
+  auto schedule = [&](int64_t total) {
+    return TrainSchedule{
+        .total_steps = total,
+        .warmup_steps = o.warmup_steps,
+        .momentum_warmup = std::min<int64_t>(300, std::max<int64_t>(1, total / 3)),
+        .momentum_cooldown = std::min<int64_t>(50, std::max<int64_t>(1, total / 10))};
+  };
+  TrainSchedule sched = schedule(steps);
+  int64_t split_step = (2 * steps / 3) | 1;
   PretrainResult result;
   result.unigram_entropy = unigram_entropy(val_files, info.bos_id);
   bool have_first = false;
@@ -163,7 +172,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
     GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
-    const GptStepOptions so{.mtp_weights = mtp_weights(step, o.steps),
+    const GptStepOptions so{.mtp_weights = mtp_weights(step, steps),
                             .window_short = params.config().window_short,
                             .window_long = params.config().window_long,
                             .device = device,
@@ -174,8 +183,18 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     opt.step(resident.value_ptrs(), resident.grad_ptrs(), sched.lr_scale(step),
              sched.momentum(step), step % 2 == 1, step < split_step);
     tokens += b.size();
+    if (o.max_seconds > 0) {
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const int64_t fit = time_budget_steps(step + 1, secs, o.max_seconds, o.steps, steps);
+      if (fit != steps) {
+        steps = stop = fit;
+        sched = schedule(steps);
+        split_step = (2 * steps / 3) | 1;
+      }
+    }
     const bool last = step + 1 == stop;
-    PretrainProgress pr{.step = step + 1, .steps = o.steps, .train_loss = loss};
+    PretrainProgress pr{.step = step + 1, .steps = steps, .train_loss = loss};
     if (last || (o.val_every > 0 && (step + 1) % o.val_every == 0)) {
       pr.val_loss = validate(params, resident, o, info, val_files);
       if (!have_first) result.first_val_loss = *pr.val_loss;
@@ -193,7 +212,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     ++result.steps_run;
     if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)) {
       resident.download(params);
-      save_checkpoint(params, opt, o, step + 1, loader);
+      save_checkpoint(params, opt, o, step + 1, steps, loader);
     }
   }
   return result;
