@@ -392,6 +392,13 @@ TEST_F(EngineTest, CliInitFillReportAndEval) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("records with the most errors"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("  document  "), std::string::npos) << r.out;
+  // --every 2: the first record of every two (line 1 of two.jsonl's two).
+  r = testing::run_deg({"eval", "--model", (t / "ck").string(), "--schema", schema, "--data",
+                        (t / "two.jsonl").string(), "--json", "--every", "2", "--errors", "5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  m = Json::parse(r.out);
+  EXPECT_EQ(m["records"], 1);
+  for (const auto& w : m["worst"]) EXPECT_EQ(w["line"], 1);
 }
 
 // Without --model, deg fill takes $DEG_MODEL, else the default model installed beside the

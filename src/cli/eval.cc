@@ -26,6 +26,7 @@ namespace {
 struct EvalArgs {
   std::string model, base, schema, data, device = "auto";
   int64_t limit = 0;
+  int64_t every = 1;
   int64_t batch = 16;
   int64_t errors = 0;  // --errors N: the N records with the most errors
   bool json = false;
@@ -82,7 +83,7 @@ void run_eval(const EvalArgs& a) {
   };
   std::vector<Worst> worst;
   std::vector<Record> batch;
-  int64_t failed = 0, skipped = 0, scored = 0;
+  int64_t failed = 0, skipped = 0, scored = 0, records = 0;
   const bool tty = isatty(STDERR_FILENO) == 1;
   auto score = [&] {
     if (batch.empty()) return;
@@ -117,6 +118,7 @@ void run_eval(const EvalArgs& a) {
     if (!line) break;
     const std::string where = fmt::format("{} line {}", a.data, line->number);
     if (line->error.empty() && line->text.find_first_not_of(" \t") == std::string::npos) continue;
+    if (records++ % a.every != 0) continue;  // --every: the first record of each K
     try {
       if (!line->error.empty()) throw Error(ErrorKind::format, line->error, {.path = a.data});
       Json j = json_parse(line->text, where);
@@ -137,8 +139,10 @@ void run_eval(const EvalArgs& a) {
   if (failed)
     std::fprintf(stderr, "deg eval: %lld documents failed and count as empty\n", (long long)failed);
   if (!a.plot.empty()) {
-    const std::string svg = scorer.reliability_svg(fs::path(a.model).filename().string() + " on " +
-                                                   fs::path(a.data).filename().string());
+    const std::string name =
+        a.model.empty() ? "the default model" : fs::path(a.model).filename().string();
+    const std::string svg =
+        scorer.reliability_svg(name + " on " + fs::path(a.data).filename().string());
     std::FILE* f = std::fopen(a.plot.c_str(), "wb");
     bool ok = f && std::fwrite(svg.data(), 1, svg.size(), f) == svg.size();
     if (f) ok = std::fclose(f) == 0 && ok;
@@ -188,6 +192,11 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--base", a->base, "Base HF snapshot, when the checkpoint's base moved");
   cmd->add_option("--schema", a->schema, "JSON Schema file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--data", a->data, "JSONL file of labelled records")->required();
+  cmd->add_option("--every", a->every,
+                  "Score every K-th record (1st, K+1-th, ...): a spread sample of a file sorted by "
+                  "label")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
   cmd->add_option("--limit", a->limit, "Score only the first N records (0: all)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   cmd->add_option("--batch", a->batch, "Documents per engine call (1 to 1024)")
