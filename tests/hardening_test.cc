@@ -619,9 +619,15 @@ TEST_F(Hardening, UsageErrorsExitTwoAndNameTheProblem) {
   r = run_deg({"train"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--base is required"), std::string::npos) << r.err;
-  r = run_deg({"serve", "--port", "80"});
+  r = run_deg({"serve", "--port", "eighty"});
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(r.err.find("--model is required"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--port"), std::string::npos) << r.err;
+  // Without --model, serve takes $DEG_MODEL (else the default model): a bad one is named.
+  ::setenv("DEG_MODEL", "/nonexistent/deg-model", 1);
+  r = run_deg({"serve", "--port", "0"});
+  ::unsetenv("DEG_MODEL");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/deg-model"), std::string::npos) << r.err;
   EXPECT_EQ(run_deg({"fill", "--bogus"}).exit_code, 2);
   EXPECT_EQ(run_deg({"fill"}).exit_code, 2);
   EXPECT_EQ(run_deg({"plan"}).exit_code, 2);
