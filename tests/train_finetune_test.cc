@@ -12,6 +12,7 @@
 #include "engine/decode.h"
 #include "engine/model.h"
 #include "io/json.h"
+#include "io/safetensors.h"
 #include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
 #include "schema/plan.h"
@@ -315,6 +316,32 @@ TEST(TrainFineTune, DevicesAgree) {
     EXPECT_EQ(deg::testing::read_text(t / "auto" / "backbone.safetensors"),
               deg::testing::read_text(t / "cpu" / "backbone.safetensors"));
   }
+}
+
+// A user fine-tunes a shipped (packed) checkpoint: bf16 tensors in backbone parts become one
+// backbone file the trunk trains from, and the run writes its f32 trunk over it.
+TEST(TrainFineTune, ContinuesFromAPackedCheckpoint) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 9);
+  auto r = deg::testing::run_deg({"pack", "--model", ckpt.string(), "--out",
+                                  (t / "packed").string(), "--max-file-mib", "0.6"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(t / "packed" / "backbone-00001-of-00002.safetensors"));
+  deg::testing::write_text(t / "schema.json", kSchema);
+  write_records(t / "train.jsonl", 6, 7);
+  r = deg::testing::run_deg({"train", "--base", (t / "packed").string(), "--out",
+                             (t / "tuned").string(), "--task",
+                             (t / "schema.json").string() + ":" + (t / "train.jsonl").string(),
+                             "--steps", "2", "--batch-tokens", "600", "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(t / "tuned" / "backbone.safetensors"));
+  EXPECT_FALSE(fs::exists(t / "tuned" / "backbone-00001-of-00002.safetensors"));
+  const SafetensorsFile trained = SafetensorsFile::open(t / "tuned" / "backbone.safetensors");
+  EXPECT_EQ(trained.tensor("model.embed").dtype(), DType::f32);  // the trained trunk, in f32
+  deg::testing::write_text(t / "doc.txt", "play Abba in Rome");
+  r = deg::testing::run_deg({"fill", "--model", (t / "tuned").string(), "--schema",
+                             (t / "schema.json").string(), (t / "doc.txt").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 // Two tasks train one model: records of both schemas share the steps, the dev loss is

@@ -13,6 +13,7 @@
 #include "engine/model.h"
 #include "io/json.h"
 #include "io/safetensors.h"
+#include "io/weights.h"
 #include "kernels/cuda_runtime.h"
 #include "model/checkpoint.h"
 #include "model/gpt_config.h"
@@ -545,12 +546,24 @@ void prepare_out(const FineTuneOptions& o) {
     throw Error(ErrorKind::not_found,
                 "this deg checkpoint has no config.json of its own; train from its base instead",
                 {.path = o.base.string()});
+  const std::vector<fs::path> backbone = checkpoint_backbone_files(o.base);
   fs::create_directories(o.out);
   for (const auto& entry : fs::directory_iterator(o.base)) {
     const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && (name.ends_with(".json") || name.ends_with(".safetensors")) &&
-        name != "metrics.jsonl")
+    const bool part = name.starts_with("backbone") && name.ends_with(".safetensors");
+    if (entry.is_regular_file() && !part &&
+        (name.ends_with(".json") || name.ends_with(".safetensors")))
       fs::copy_file(entry.path(), o.out / name);
+  }
+  // The backbone as one file (a packed checkpoint's parts joined; bf16 tensors stay bf16 and a
+  // trained trunk reads them as f32), so the run writes its trunk over it.
+  if (backbone.size() == 1) {
+    fs::copy_file(backbone[0], o.out / "backbone.safetensors");
+  } else {
+    const WeightStore parts = WeightStore::open_files(backbone);
+    std::vector<NamedTensor> all;
+    for (const std::string& name : parts.names()) all.push_back({name, parts.get(name)});
+    safetensors_write(o.out / "backbone.safetensors", all);
   }
 }
 
