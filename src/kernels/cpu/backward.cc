@@ -272,6 +272,13 @@ void ngram_rows_of(const NgramEmbedArgs& a, int64_t i, int32_t rows[2], int32_t 
   signs[1] = pos < 2 ? 0 : (wrap_mul(ts[2], p2) ^ wrap_mul(ts[1], p1) ^ wrap_mul(ts[0], x)) & mask;
 }
 
+// Queries in blocks of kQueryBlock: each query's probabilities, dq and its keys' shares (ds) in
+// query order as before; then the block's shares go into the dK / dV rows key by key, each
+// row's additions still in query order (and, for one query, its own key's share before the next
+// key's key-offset share), so every element sums the same terms in the same order as a query-by-
+// query walk — the same bits — while a key's gradient rows stay in cache across the block.
+constexpr int64_t kQueryBlock = 32;
+
 void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
   const AttendF64Args& f = a.forward;
   const RowTable& r = f.rows;
@@ -281,6 +288,13 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
   const int nh = f.paired_heads ? 2 : 1;
   std::vector<float> p, dp;
   std::vector<const float*> key_lo, key_hi;  // each key's rows (f64_scores)
+  struct Query {
+    int64_t j0 = 0, jq = 0;  // visible keys [j0, jq]
+    const float *q = nullptr, *go = nullptr;
+    size_t at = 0;  // its probabilities and shares in the block's buffers
+  };
+  std::vector<Query> block;
+  std::vector<float> probs, shares;
   for (int64_t b = 0; b < r.rows; ++b) {
     const RowView& rv = f.views[b];
     const RowView& gv = a.dviews[b];
@@ -298,67 +312,96 @@ void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot) {
     };
     for (int hi = 0; hi < nh; ++hi) {
       const int64_t h = heads_of_task[hi];
-      for (int64_t t = 0; t < r.lengths[b]; ++t) {
-        const int64_t n = b * L + t, pos = r.positions[b] + t;
-        const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
-        const int64_t j0 = std::max<int64_t>(
-            {0, qpos - f.window, f.segment ? segment_start(f.segment[n], f.paired_heads) : 0});
-        const int64_t nk = qpos - j0 + 1;
-        auto token_of = [&](int64_t j) { return f.paired_heads ? j / 2 : j; };
-        auto head_of = [&](int64_t j) { return f.paired_heads ? slot + (j % 2) * half : slot; };
-        const float* q = f.q + n * f.ldq + h * f.hq;
-        const float* go = a.dout + n * a.lddo + h * a.hdo;
-        p.assign(size_t(nk), 0.0f);
-        dp.assign(size_t(nk), 0.0f);
-        key_lo.resize(size_t(nk));
-        key_hi.resize(size_t(nk));
-        for (int64_t j = j0; j <= qpos; ++j) {
-          const int64_t kp = token_of(j), g = head_of(j);
-          key_lo[size_t(j - j0)] = kbuf(kp) + at(g, kp);
-          key_hi[size_t(j - j0)] =
-              f.key_offset && kp > 0 ? kbuf(kp - 1) + at(g, kp - 1) : key_lo[size_t(j - j0)];
-        }
-        f64_scores(q, dq, f.key_offset ? rot : dq, key_lo.data(), key_hi.data(), nk, f.scale,
-                   p.data());
-        float mx = -INFINITY;
-        for (float e : p) mx = std::max(mx, e);
-        double sum = 0;
-        for (float& e : p) {
-          e = std::exp(e - mx);
-          sum += e;
-        }
-        const float inv = float(1.0 / sum);
-        double dsum = 0;
-        for (int64_t j = j0; j <= qpos; ++j) {
-          const int64_t kp = token_of(j);
-          float& pj = p[size_t(j - j0)];
-          pj *= inv;
-          dp[size_t(j - j0)] = float(dot_f64(go, vbuf(kp) + at(head_of(j), kp), dv));
-          dsum += double(pj) * dp[size_t(j - j0)];
-        }
-        float* gq = a.dq ? a.dq + n * a.lddq + h * a.hdq : nullptr;
-        for (int64_t j = j0; j <= qpos; ++j) {
-          const int64_t kp = token_of(j), g = head_of(j);
-          const float pj = p[size_t(j - j0)];
-          const float ds = pj * (dp[size_t(j - j0)] - float(dsum)) * f.scale;
-          const bool shifted = f.key_offset && kp > 0;
-          const float* kj = kbuf(kp) + at(g, kp);
-          const float* kprev = shifted ? kbuf(kp - 1) + at(g, kp - 1) : nullptr;
-          float* dk = dkbuf(kp) ? dkbuf(kp) + at(g, kp) : nullptr;
-          float* dkprev = shifted && dkbuf(kp - 1) ? dkbuf(kp - 1) + at(g, kp - 1) : nullptr;
-          // Dims [0, own) come from this key, the rest (key offset) from the previous one.
-          const int64_t own = shifted ? rot : dq;
-          if (gq) {
-            for (int64_t d = 0; d < own; ++d) gq[d] += ds * kj[d];
-            for (int64_t d = own; d < dq; ++d) gq[d] += ds * kprev[d];
+      auto token_of = [&](int64_t j) { return f.paired_heads ? j / 2 : j; };
+      auto head_of = [&](int64_t j) { return f.paired_heads ? slot + (j % 2) * half : slot; };
+      for (int64_t t0 = 0; t0 < r.lengths[b]; t0 += kQueryBlock) {
+        const int64_t t1 = std::min(r.lengths[b], t0 + kQueryBlock);
+        block.clear();
+        probs.clear();
+        shares.clear();
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t n = b * L + t, pos = r.positions[b] + t;
+          const int64_t qpos = f.paired_heads ? 2 * pos + h / half : pos;
+          const int64_t j0 = std::max<int64_t>(
+              {0, qpos - f.window, f.segment ? segment_start(f.segment[n], f.paired_heads) : 0});
+          const int64_t nk = qpos - j0 + 1;
+          const float* q = f.q + n * f.ldq + h * f.hq;
+          const float* go = a.dout + n * a.lddo + h * a.hdo;
+          p.assign(size_t(nk), 0.0f);
+          dp.assign(size_t(nk), 0.0f);
+          key_lo.resize(size_t(nk));
+          key_hi.resize(size_t(nk));
+          for (int64_t j = j0; j <= qpos; ++j) {
+            const int64_t kp = token_of(j), g = head_of(j);
+            key_lo[size_t(j - j0)] = kbuf(kp) + at(g, kp);
+            key_hi[size_t(j - j0)] =
+                f.key_offset && kp > 0 ? kbuf(kp - 1) + at(g, kp - 1) : key_lo[size_t(j - j0)];
           }
-          if (dk)
-            for (int64_t d = 0; d < own; ++d) dk[d] += ds * q[d];
-          if (dkprev)
-            for (int64_t d = own; d < dq; ++d) dkprev[d] += ds * q[d];
-          if (float* dvb = dvbuf(kp)) {
-            float* dvj = dvb + at(g, kp);
-            for (int64_t d = 0; d < dv; ++d) dvj[d] += pj * go[d];
+          f64_scores(q, dq, f.key_offset ? rot : dq, key_lo.data(), key_hi.data(), nk, f.scale,
+                     p.data());
+          float mx = -INFINITY;
+          for (float e : p) mx = std::max(mx, e);
+          double sum = 0;
+          for (float& e : p) {
+            e = std::exp(e - mx);
+            sum += e;
+          }
+          const float inv = float(1.0 / sum);
+          double dsum = 0;
+          for (int64_t j = j0; j <= qpos; ++j) {
+            const int64_t kp = token_of(j);
+            float& pj = p[size_t(j - j0)];
+            pj *= inv;
+            dp[size_t(j - j0)] = float(dot_f64(go, vbuf(kp) + at(head_of(j), kp), dv));
+            dsum += double(pj) * dp[size_t(j - j0)];
+          }
+          block.push_back({.j0 = j0, .jq = qpos, .q = q, .go = go, .at = probs.size()});
+          float* gq = a.dq ? a.dq + n * a.lddq + h * a.hdq : nullptr;
+          for (int64_t j = j0; j <= qpos; ++j) {
+            const int64_t kp = token_of(j), g = head_of(j);
+            const float pj = p[size_t(j - j0)];
+            const float ds = pj * (dp[size_t(j - j0)] - float(dsum)) * f.scale;
+            probs.push_back(pj);
+            shares.push_back(ds);
+            if (!gq) continue;
+            // Dims [0, own) come from this key, the rest (key offset) from the previous one.
+            const bool shifted = f.key_offset && kp > 0;
+            const int64_t own = shifted ? rot : dq;
+            const float* kj = kbuf(kp) + at(g, kp);
+            for (int64_t d = 0; d < own; ++d) gq[d] += ds * kj[d];
+            if (shifted) {
+              const float* kprev = kbuf(kp - 1) + at(g, kp - 1);
+              for (int64_t d = own; d < dq; ++d) gq[d] += ds * kprev[d];
+            }
+          }
+        }
+        // The block's shares into each key's rows: key j's own dims from its share, and with the
+        // key offset the dims past `rot` of key j's row also from key j + 1's share.
+        int64_t jmin = block.front().j0, jmax = block.front().jq;
+        for (const Query& qb : block) {
+          jmin = std::min(jmin, qb.j0);
+          jmax = std::max(jmax, qb.jq);
+        }
+        if (f.key_offset && jmin > 0) --jmin;  // the row before the first key: its share
+        for (int64_t j = jmin; j <= jmax; ++j) {
+          const int64_t kp = token_of(j), g = head_of(j);
+          float* dk = dkbuf(kp) ? dkbuf(kp) + at(g, kp) : nullptr;
+          float* dvj = dvbuf(kp) ? dvbuf(kp) + at(g, kp) : nullptr;
+          const int64_t own = f.key_offset && kp > 0 ? rot : dq;
+          const bool next_shares = f.key_offset;  // key j + 1 (> 0) reads dims [rot, dq) here
+          for (const Query& qb : block) {
+            if (j >= qb.j0 && j <= qb.jq) {
+              const size_t e = qb.at + size_t(j - qb.j0);
+              const float ds = shares[e], pj = probs[e];
+              if (dk)
+                for (int64_t d = 0; d < own; ++d) dk[d] += ds * qb.q[d];
+              if (dvj)
+                for (int64_t d = 0; d < dv; ++d) dvj[d] += pj * qb.go[d];
+            }
+            if (next_shares && dk && j + 1 >= qb.j0 && j + 1 <= qb.jq) {
+              const float ds = shares[qb.at + size_t(j + 1 - qb.j0)];
+              for (int64_t d = rot; d < dq; ++d) dk[d] += ds * qb.q[d];
+            }
           }
         }
       }
