@@ -23,6 +23,10 @@ std::map<std::string, std::vector<std::string>> safetensors_index_parse(std::str
 // backbone-00001-of-0000N.safetensors ... that `deg pack` splits it into (every part present).
 // Throws deg::Error (not_found) when there are none or a part is missing.
 std::vector<std::filesystem::path> checkpoint_backbone_files(const std::filesystem::path& dir);
+// A file name of the backbone or one of its parts (backbone*.safetensors).
+inline bool is_backbone_file(const std::string& name) {
+  return name.starts_with("backbone") && name.ends_with(".safetensors");
+}
 
 class WeightStore {
  public:

@@ -159,8 +159,8 @@ CheckpointPackResult checkpoint_pack(const CheckpointPackOptions& o) {
   std::vector<fs::path> copies;
   for (const auto& e : fs::directory_iterator(o.model)) {
     const std::string name = e.path().filename().string();
-    const bool backbone = name.starts_with("backbone") && name.ends_with(".safetensors");
-    if (!e.is_regular_file() || backbone || name == "metrics.jsonl" || name.ends_with(".tmp"))
+    if (!e.is_regular_file() || is_backbone_file(name) || name == "metrics.jsonl" ||
+        name.ends_with(".tmp"))
       continue;
     if (int64_t(e.file_size()) > o.max_file_bytes)
       throw Error(ErrorKind::invalid_argument,
@@ -170,15 +170,18 @@ CheckpointPackResult checkpoint_pack(const CheckpointPackOptions& o) {
     copies.push_back(e.path());
   }
   CheckpointPackResult r;
-  // Tensors into parts in name order; a part's header is counted generously.
-  std::vector<std::vector<NamedTensor>> parts(1);
-  int64_t used = 0;
-  for (const std::string& name : store.names()) {
-    Tensor t = store.get(name);
+  auto shrunk = [&](Tensor t) {  // bf16 for the tensors worth it
     if (o.dtype == "bf16" && t.dtype() == DType::f32 && t.numel() >= kPackMinValues) {
       t = t.to(DType::bf16);
       ++r.converted;
     }
+    return t;
+  };
+  // Tensors into parts in name order; a part's header is counted generously.
+  std::vector<std::vector<NamedTensor>> parts(1);
+  int64_t used = 0;
+  for (const std::string& name : store.names()) {
+    Tensor t = shrunk(store.get(name));
     const int64_t bytes = int64_t(t.nbytes()) + 256 + int64_t(name.size());
     if (bytes + 4096 > o.max_file_bytes)
       throw Error(ErrorKind::invalid_argument,
@@ -208,15 +211,8 @@ CheckpointPackResult checkpoint_pack(const CheckpointPackOptions& o) {
     if (from.filename() == "heads.safetensors" && o.dtype == "bf16") {  // its matrices too
       SafetensorsFile heads = SafetensorsFile::open(from);
       std::vector<NamedTensor> ts;
-      for (const TensorInfo& info : heads.tensors()) {
-        const std::string& name = info.name;
-        Tensor t = heads.tensor(name);
-        if (t.dtype() == DType::f32 && t.numel() >= kPackMinValues) {
-          t = t.to(DType::bf16);
-          ++r.converted;
-        }
-        ts.push_back({name, std::move(t)});
-      }
+      for (const TensorInfo& info : heads.tensors())
+        ts.push_back({info.name, shrunk(heads.tensor(info.name))});
       safetensors_write(o.out / from.filename(), ts, heads.metadata());
     } else {
       fs::copy_file(from, o.out / from.filename());

@@ -271,7 +271,8 @@ class Trainer {
   }
 
   // One optimizer step over the next examples; returns the balanced loss (LossStats).
-  double step(int64_t step, int64_t steps, int64_t* tokens, LossStats* stats) {
+  // One optimizer step at `lr` (the schedule's scale of the base rates).
+  double step(int64_t step, float lr, int64_t* tokens, LossStats* stats) {
     std::vector<size_t> batch = next_batch(tokens);
     LossStats st;
     // Each kind's queries share a weight of 1: the loss is the sum of the kinds' means.
@@ -322,7 +323,6 @@ class Trainer {
           ops->scale(
               {.y = g.mutable_data<float>(), .ldy = g.numel(), .rows = 1, .n = g.numel(), .s = f});
     }
-    const float lr = lr_scale(step, steps, o_.warmup_steps, o_.cooldown);
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
     if (train_trunk_)
       topt_->step(resident_->value_ptrs(), resident_->grad_ptrs(), lr, 0.95f, true, false);
@@ -550,8 +550,7 @@ void prepare_out(const FineTuneOptions& o) {
   fs::create_directories(o.out);
   for (const auto& entry : fs::directory_iterator(o.base)) {
     const std::string name = entry.path().filename().string();
-    const bool part = name.starts_with("backbone") && name.ends_with(".safetensors");
-    if (entry.is_regular_file() && !part &&
+    if (entry.is_regular_file() && !is_backbone_file(name) &&
         (name.ends_with(".json") || name.ends_with(".safetensors")))
       fs::copy_file(entry.path(), o.out / name);
   }
@@ -632,7 +631,8 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   int64_t steps = o.steps;  // or (--max-seconds) the steps that fit
   for (int64_t step = start; step < steps; ++step) {
     LossStats stats;
-    const double loss = tr.step(step, steps, &tokens, &stats);
+    const float lr = lr_scale(step, steps, o.warmup_steps, o.cooldown);
+    const double loss = tr.step(step, lr, &tokens, &stats);
     if (o.max_seconds > 0)
       steps = time_budget_steps(
           step + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
@@ -645,7 +645,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
       if (stats.queries[k])
         kinds[query_head_name(QueryHead(k))] = stats.sum[k] / double(stats.queries[k]);
     line["loss_by_head"] = kinds;
-    line["lr_scale"] = lr_scale(step, steps, o.warmup_steps, o.cooldown);
+    line["lr_scale"] = lr;
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     FineTuneProgress pr{.stage = "train",

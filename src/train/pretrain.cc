@@ -158,7 +158,6 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
         .momentum_cooldown = std::min<int64_t>(50, std::max<int64_t>(1, total / 10))};
   };
   TrainSchedule sched = schedule(steps);
-  int64_t split_step = (2 * steps / 3) | 1;
   PretrainResult result;
   result.unigram_entropy = unigram_entropy(val_files, info.bos_id);
   bool have_first = false;
@@ -180,6 +179,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     const double loss = gpt_loss_and_grad(params, b, so, no_host_grads, &work);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
+    const int64_t split_step = (2 * steps / 3) | 1;  // embed and lm_head tied until here
     opt.step(resident.value_ptrs(), resident.grad_ptrs(), sched.lr_scale(step),
              sched.momentum(step), step % 2 == 1, step < split_step);
     tokens += b.size();
@@ -190,7 +190,6 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
       if (fit != steps) {
         steps = stop = fit;
         sched = schedule(steps);
-        split_step = (2 * steps / 3) | 1;
       }
     }
     const bool last = step + 1 == stop;
