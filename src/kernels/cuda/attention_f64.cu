@@ -4,7 +4,8 @@
 // normaliser is summed in f64 (each thread's keys in order, then a fixed tree over the block);
 // the output sums its keys in index order (each output dim one thread's), y += p_j inv v_j.
 // Three passes over the keys (the maximum, the normaliser, the output in tiles of weights in
-// shared memory) recompute the scores instead of keeping them, so any window fits.
+// shared memory); windows of up to kCache keys compute each score once and keep it in shared
+// memory for the later passes, longer windows recompute them in each pass (so any window fits).
 //
 // Batch invariance: a (token, head)'s result depends on its query, its keys and the block's
 // fixed shape only.
@@ -20,6 +21,7 @@ constexpr int kThreads = 128;
 constexpr int kMaxDim = 512;                        // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kThreads;  // output dims a thread accumulates
 constexpr int kTile = 256;                          // keys whose weights are staged at once
+constexpr int kCache = 4096;                        // keys whose scores are kept
 
 struct Query {
   const AttentionF64Launch* a;
@@ -55,7 +57,7 @@ __device__ float score(const Query& q, const float* qs, int64_t j) {
   } else {
     for (int64_t d = 0; d < dq; ++d) s += double(qs[d]) * double(kj[d]);
   }
-  return a.scale * float(s);
+  return __fmul_rn(a.scale, float(s));  // never fused with the subtraction that follows
 }
 
 __global__ void attention_f64_kernel(AttentionF64Launch a) {
@@ -78,14 +80,22 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
 
   __shared__ float qs[kMaxDim];
   __shared__ float w[kTile];
+  __shared__ float sc[kCache];  // the scores of up to kCache keys, computed once
   __shared__ double sums[kThreads];
   __shared__ float maxes[kThreads];
   const float* qh = a.q + n * a.ldq + h * a.hq;
   for (int64_t d = tid; d < a.qk_dim; d += kThreads) qs[d] = qh[d];
   __syncthreads();
 
+  // Windows of up to kCache keys keep their scores (each thread its own keys', so the values
+  // and their order are those of recomputing them); longer ones recompute in every pass.
+  const bool cached = qpos - j0 + 1 <= kCache;
   float mx = -INFINITY;
-  for (int64_t j = j0 + tid; j <= qpos; j += kThreads) mx = fmaxf(mx, score(q, qs, j));
+  for (int64_t j = j0 + tid; j <= qpos; j += kThreads) {
+    const float s = score(q, qs, j);
+    if (cached) sc[j - j0] = s;
+    mx = fmaxf(mx, s);
+  }
   maxes[tid] = mx;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
@@ -95,7 +105,8 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
   mx = maxes[0];
 
   double sum = 0;
-  for (int64_t j = j0 + tid; j <= qpos; j += kThreads) sum += double(expf(score(q, qs, j) - mx));
+  for (int64_t j = j0 + tid; j <= qpos; j += kThreads)
+    sum += double(expf((cached ? sc[j - j0] : score(q, qs, j)) - mx));
   sums[tid] = sum;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
@@ -108,7 +119,7 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
   for (int64_t base = j0; base <= qpos; base += kTile) {
     const int64_t count = qpos - base + 1 < kTile ? qpos - base + 1 : kTile;
     for (int64_t jj = tid; jj < count; jj += kThreads)
-      w[jj] = expf(score(q, qs, base + jj) - mx) * inv;
+      w[jj] = expf((cached ? sc[base + jj - j0] : score(q, qs, base + jj)) - mx) * inv;
     __syncthreads();
     for (int64_t jj = 0; jj < count; ++jj) {
       const int64_t j = base + jj;
