@@ -789,6 +789,66 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
             }
 }
 
+// One row longer than the CUDA kernels keep scores for (the forward 4096 keys, the backward's
+// queries kernel 2048): its later queries recompute their scores in each pass, its early ones
+// keep them; dq's key tiles (256) and staged rows (32) end anywhere.
+TEST(OpsBackward, AttentionF64LongRowsRecomputePastTheScoreCache) {
+  const int64_t H = 2, dq = 8, dv = 8, D = 8, L = 4200, rot = 3;
+  const int64_t lengths[] = {L}, positions[] = {0};
+  const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
+  for (bool offset : {false, true}) {
+    SCOPED_TRACE(offset ? "key offset" : "plain");
+    std::mt19937 rng(29);
+    Floats k = randn(size_t(H * L * D), rng), v = randn(size_t(H * L * D), rng);
+    Floats q = randn(size_t(L * H * dq), rng, 0.3f);
+    const Floats g = randn(size_t(L * H * dv), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          auto views = [&](Floats& kb, Floats& vb) {
+            return std::vector<RowView>{
+                {.own_k = kb.data(), .own_v = vb.data(), .own_stride = L * D}};
+          };
+          auto args = [&](const std::vector<RowView>& vs, float* out) {
+            return AttendF64Args{.rows = rows,
+                                 .views = vs.data(),
+                                 .q = q.data(),
+                                 .ldq = H * dq,
+                                 .hq = dq,
+                                 .out = out,
+                                 .ldo = H * dv,
+                                 .ho = dv,
+                                 .heads = H,
+                                 .qk_dim = dq,
+                                 .v_dim = dv,
+                                 .kv_dim = D,
+                                 .scale = 1.0f / std::sqrt(float(dq)),
+                                 .window = 100000,
+                                 .key_offset = offset,
+                                 .offset_from = rot};
+          };
+          auto forward = [&] {
+            const std::vector<RowView> vs = views(k, v);
+            Floats out(size_t(L * H * dv), 0.0f);
+            ops.attention_f64(args(vs, out.data()));
+            return std::vector<Floats>{out};
+          };
+          Floats dk(k.size(), 0.0f), dvv(v.size(), 0.0f), dqq(q.size(), 0.0f);
+          const std::vector<RowView> vs = views(k, v), dviews = views(dk, dvv);
+          ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                      .dout = g.data(),
+                                      .lddo = H * dv,
+                                      .hdo = dv,
+                                      .dq = dqq.data(),
+                                      .lddq = H * dq,
+                                      .hdq = dq,
+                                      .dviews = dviews.data()});
+          expect_directional(forward, {g}, {{&q, &dqq}, {&k, &dk}, {&v, &dvv}}, rng, 1e-3);
+          return std::vector<Floats>{dqq, dk, dvv};
+        },
+        1e-5);
+  }
+}
+
 // ---- optimizer steps: CUDA against the CPU (the CPU's formulas: tests/train_optim_test.cc) ----
 
 TEST(OpsOptimizer, AdamNesterovAndSumSquares) {

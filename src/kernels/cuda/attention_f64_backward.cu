@@ -37,6 +37,8 @@ constexpr int kMaxDim = 512;  // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kAttnThreads;
 constexpr int kTile = 256;    // keys whose dq weights are staged at once
 constexpr int kCache = 2048;  // keys whose scores and dp_j the queries' kernel keeps
+constexpr int kFastDim = 64;  // head dims at most this stage rows in shared memory (tiled kernels)
+constexpr int kStage = 32;    // key rows the queries' kernel stages at once for dq
 
 __device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
   if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
@@ -145,6 +147,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
   __shared__ float qs[kMaxDim], gos[kMaxDim], w[kTile], maxes[kAttnThreads];
   __shared__ float sc[kCache], dps[kCache];  // scores and dp_j of the first kCache keys
+  __shared__ float ks[kStage][kFastDim];     // staged key rows (the key offset's dims applied)
   __shared__ double sums[kAttnThreads];
   const float* qh = f.q + n * f.ldq + h * f.hq;
   const float* goh = a.dout + n * a.lddo + h * a.hdo;
@@ -198,7 +201,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (!a.dq) return;
 
   // dq[d] = sum over keys in order of p_j (dp_j - D) scale k_j[d] (the previous key's dims from
-  // offset_from on, with the key offset).
+  // offset_from on, with the key offset). Heads up to kFastDim wide stage the keys' rows in
+  // shared memory (coalesced), wider ones read them from global memory; each dim is one thread's
+  // sum over the keys in order either way.
+  const bool staged = f.qk_dim <= kFastDim;
   float acc[kDimsPerThread] = {};
   for (int64_t base = j0; base <= qv; base += kTile) {
     const int64_t count = qv - base + 1 < kTile ? qv - base + 1 : kTile;
@@ -208,6 +214,23 @@ __global__ void __launch_bounds__(kAttnThreads)
       w[jj] = p * (dp - D) * f.scale;
     }
     __syncthreads();
+    if (staged) {  // the keys' rows through shared memory, kStage at a time (same sums)
+      for (int64_t sub = 0; sub < count; sub += kStage) {
+        const int64_t m = count - sub < kStage ? count - sub : kStage;
+        for (int64_t e = tid; e < kStage * kFastDim; e += kAttnThreads) {
+          const int64_t r = e / kFastDim, d = e % kFastDim;
+          if (r >= m || d >= f.qk_dim) continue;
+          const int64_t j = base + sub + r, g = hs.head(f, slot, j), p = j / hs.step;
+          const bool from_prev = f.key_offset && p > 0 && d >= f.offset_from;
+          ks[r][d] = kv_at(kv, false, g, from_prev ? p - 1 : p, f.kv_dim)[d];
+        }
+        __syncthreads();
+        if (tid < f.qk_dim)
+          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * ks[r][tid];
+        __syncthreads();
+      }
+      continue;
+    }
     for (int64_t jj = 0; jj < count; ++jj) {
       const int64_t j = base + jj, g = hs.head(f, slot, j), p = j / hs.step;
       const float* k = kv_at(kv, false, g, p, f.kv_dim);
@@ -359,7 +382,6 @@ __global__ void __launch_bounds__(kAttnThreads)
 // Only a share whose pair is visible is computed or added, so each key's gradient gets exactly
 // the additions add_key_grads makes, in query order (bitwise the same results).
 
-constexpr int kFastDim = 64;           // qk_dim and v_dim at most this take the tiled kernels
 constexpr int kKeyTile = 32;           // keys per block
 constexpr int kQueryTile = 32;         // queries staged at once
 constexpr int kRowPad = kFastDim + 1;  // shared rows padded: a warp's keys fall in distinct banks
