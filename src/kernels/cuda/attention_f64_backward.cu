@@ -35,10 +35,12 @@ namespace {
 constexpr int kAttnThreads = 128;
 constexpr int kMaxDim = 512;  // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kAttnThreads;
-constexpr int kTile = 256;    // keys whose dq weights are staged at once
-constexpr int kCache = 2048;  // keys whose scores and dp_j the queries' kernel keeps
-constexpr int kFastDim = 64;  // head dims at most this stage rows in shared memory (tiled kernels)
-constexpr int kStage = 32;    // key rows the queries' kernel stages at once for dq
+constexpr int kTile = 256;     // keys whose dq weights are staged at once
+constexpr int kCache = 2048;   // keys whose scores and dp_j the queries' kernel keeps
+constexpr int kFastDim = 64;   // head dims at most this stage rows in shared memory (tiled kernels)
+constexpr int kStage = 32;     // key rows the queries' kernel stages at once for dq
+constexpr int kHalfRows = 64;  // key rows it stages at once for the scores and dp_j
+static_assert(kStage <= kHalfRows && kAttnThreads % kHalfRows == 0);
 
 __device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
   if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
@@ -146,8 +148,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const KvRow& kv = f.kv[i];
 
   __shared__ float qs[kMaxDim], gos[kMaxDim], w[kTile], maxes[kAttnThreads];
-  __shared__ float sc[kCache], dps[kCache];  // scores and dp_j of the first kCache keys
-  __shared__ float ks[kStage][kFastDim];     // staged key rows (the key offset's dims applied)
+  __shared__ float sc[kCache], dps[kCache];        // scores and dp_j of the first kCache keys
+  __shared__ float rows[kHalfRows][kFastDim + 1];  // staged K or V rows (staged: see below)
   __shared__ double sums[kAttnThreads];
   const float* qh = f.q + n * f.ldq + h * f.hq;
   const float* goh = a.dout + n * a.lddo + h * a.hdo;
@@ -157,13 +159,40 @@ __global__ void __launch_bounds__(kAttnThreads)
   auto key_score = [&](int64_t j) { return score(f, kv, qs, hs.head(f, slot, j), j / hs.step); };
 
   // Up to kCache keys keep their scores and dp_j in shared memory (computed once; the same
-  // values, in the same threads, as recomputing them), longer windows recompute.
-  const bool cached = nk <= kCache;
+  // values, in the same threads, as recomputing them), longer windows recompute. With heads up
+  // to kFastDim wide, the rows they are computed from go through shared memory (`rows`: key
+  // rows with the key offset's dims applied, or value rows), kHalfRows keys at a time loaded
+  // coalesced: thread tid still takes keys tid, tid + kAttnThreads, ... of the window.
+  const bool cached = nk <= kCache, staged = f.qk_dim <= kFastDim && f.v_dim <= kFastDim;
+  auto stage_rows = [&](int64_t lo, bool v) {  // keys [lo, lo + kHalfRows) of the window
+    __syncthreads();                           // the previous rows are used up
+    for (int64_t e = tid; e < kHalfRows * kFastDim; e += kAttnThreads) {
+      const int64_t r = e / kFastDim, d = e % kFastDim, jj = lo + r;
+      if (jj >= nk || d >= (v ? f.v_dim : f.qk_dim)) continue;
+      const int64_t j = j0 + jj, g = hs.head(f, slot, j), p = j / hs.step;
+      const bool from_prev = !v && f.key_offset && p > 0 && d >= f.offset_from;
+      rows[r][d] = kv_at(kv, v, g, from_prev ? p - 1 : p, f.kv_dim)[d];
+    }
+    __syncthreads();
+  };
   float mx = -INFINITY;
-  for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-    const float s = key_score(j0 + jj);
-    if (cached) sc[jj] = s;
-    mx = fmaxf(mx, s);
+  if (cached && staged) {
+    for (int64_t b = 0; b < nk; b += kAttnThreads)
+      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
+        stage_rows(b + half * kHalfRows, false);
+        if (tid / kHalfRows != half || b + tid >= nk) continue;
+        const float* kr = rows[tid % kHalfRows];
+        double s = 0;  // score()'s sum: the key offset's dims are already the previous key's
+        for (int64_t d = 0; d < f.qk_dim; ++d) s += double(qs[d]) * double(kr[d]);
+        sc[b + tid] = scaled(f, s);
+        mx = fmaxf(mx, sc[b + tid]);
+      }
+  } else {
+    for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
+      const float s = key_score(j0 + jj);
+      if (cached) sc[jj] = s;
+      mx = fmaxf(mx, s);
+    }
   }
   mx = block_max(mx, maxes);
   double sum = 0;
@@ -180,10 +209,18 @@ __global__ void __launch_bounds__(kAttnThreads)
     *dp = float(dot_f64(gos, kv_at(kv, true, g, p, f.kv_dim), f.v_dim));
     return expf(score(f, kv, qs, g, p) - mx) * inv;
   };
+  if (cached && staged) {
+    for (int64_t b = 0; b < nk; b += kAttnThreads)
+      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
+        stage_rows(b + half * kHalfRows, true);
+        if (tid / kHalfRows != half || b + tid >= nk) continue;
+        dps[b + tid] = float(dot_f64(gos, rows[tid % kHalfRows], f.v_dim));
+      }
+  }
   double dsum = 0;
   for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
     float dp;
-    if (cached) {
+    if (cached && !staged) {
       const int64_t j = j0 + jj;
       dps[jj] =
           float(dot_f64(gos, kv_at(kv, true, hs.head(f, slot, j), j / hs.step, f.kv_dim), f.v_dim));
@@ -204,7 +241,6 @@ __global__ void __launch_bounds__(kAttnThreads)
   // offset_from on, with the key offset). Heads up to kFastDim wide stage the keys' rows in
   // shared memory (coalesced), wider ones read them from global memory; each dim is one thread's
   // sum over the keys in order either way.
-  const bool staged = f.qk_dim <= kFastDim;
   float acc[kDimsPerThread] = {};
   for (int64_t base = j0; base <= qv; base += kTile) {
     const int64_t count = qv - base + 1 < kTile ? qv - base + 1 : kTile;
@@ -222,11 +258,11 @@ __global__ void __launch_bounds__(kAttnThreads)
           if (r >= m || d >= f.qk_dim) continue;
           const int64_t j = base + sub + r, g = hs.head(f, slot, j), p = j / hs.step;
           const bool from_prev = f.key_offset && p > 0 && d >= f.offset_from;
-          ks[r][d] = kv_at(kv, false, g, from_prev ? p - 1 : p, f.kv_dim)[d];
+          rows[r][d] = kv_at(kv, false, g, from_prev ? p - 1 : p, f.kv_dim)[d];
         }
         __syncthreads();
         if (tid < f.qk_dim)
-          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * ks[r][tid];
+          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * rows[r][tid];
         __syncthreads();
       }
       continue;
