@@ -423,7 +423,8 @@ constexpr int kQueryTile = 32;         // queries staged at once
 constexpr int kRowPad = kFastDim + 1;  // shared rows padded: a warp's keys fall in distinct banks
 constexpr int kShares = kKeyTile + 1;  // the tile's keys and the next (the key offset's pairs)
 constexpr int kKeysPerThread = kKeyTile * kFastDim / kAttnThreads;
-static_assert(kAttnThreads % kFastDim == 0 && kKeyTile % (kAttnThreads / kFastDim) == 0);
+static_assert(kAttnThreads % kFastDim == 0 && kKeyTile % (kAttnThreads / kFastDim) == 0 &&
+              kFastDim >= 4);
 
 struct KeyTileShared {
   float q[kQueryTile][kRowPad];           // the chunk's queries
@@ -432,6 +433,8 @@ struct KeyTileShared {
   float v[kShares][kRowPad];              // values p0 .. p0 + kKeyTile
   float p[kQueryTile][kShares];           // p of each visible (query, key) pair
   float ds[kQueryTile][kShares];          // p (dp - D) scale of each visible pair
+  float st[kQueryTile][3];                // the queries' statistics (max, 1 / sum, D)
+  int64_t j0[kQueryTile];                 // and their first visible keys (virtual)
   unsigned char in[kQueryTile][kShares];  // whether the query reads the key
 };
 
@@ -477,6 +480,8 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
                       n = (f.rows.first + i) * f.rows.tokens + qv / step - pos0;
         if (d < f.qk_dim) qx = f.q[n * f.ldq + h * f.hq + d];
         if (d < f.v_dim) gx = a.dout[n * a.lddo + h * a.hdo + d];
+        if (d < 3) sm.st[r][d] = a.stats[(n * f.heads + h) * 3 + d];
+        if (d == 3) sm.j0[r] = first_key(f, n, qv);
       }
       sm.q[r][d] = qx;
       sm.go[r][d] = gx;
@@ -488,11 +493,9 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
       bool in = false;
       float pk = 0.0f, ds = 0.0f;
       if (r < count && key < end && jv <= qv) {
-        const int64_t h = hs.head(f, slot, qv),
-                      n = (f.rows.first + i) * f.rows.tokens + qv / step - pos0;
-        in = first_key(f, n, qv) <= jv;
+        in = sm.j0[r] <= jv;
         if (in) {  // the share of add_key_grads, from the staged rows
-          const float* st = a.stats + (n * f.heads + h) * 3;
+          const float* st = sm.st[r];
           const float* qr = sm.q[r];
           const float* kr = sm.k[c + 1];
           const float* prev = sm.k[c];
