@@ -679,6 +679,176 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
           }
 }
 
+// The same op at sizes past the CUDA backward's tiles (32 keys a block, 32 queries staged at
+// once): a prefix of 45 keys and rows of 70 and 53 tokens (no length a multiple of 32), windows
+// shorter and longer than a tile, paired heads, the key offset, several documents in a row, and
+// two fork rows sharing one prefix (its gradient sums both rows' shares); head dims over 64 take
+// the CUDA backward's per-key kernels instead.
+TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
+  const int64_t H = 4, D = 72, P = 45, cap = 72, L = 70, rot = 4;
+  const int64_t lengths[] = {70, 53}, positions[] = {P, P};
+  const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
+  // Row 0: a document from prefix position 10 up to its token 30, then one from P + 30; row 1:
+  // a document from 0, then one from P + 41.
+  Ids segment(size_t(2 * L));
+  for (int64_t t = 0; t < L; ++t) {
+    segment[size_t(t)] = t < 30 ? 10 : int32_t(P + 30);
+    segment[size_t(L + t)] = t < 41 ? 0 : int32_t(P + 41);
+  }
+  for (bool wide : {false, true})
+    for (bool paired : {false, true})
+      for (bool offset : {false, true})
+        for (bool segmented : {false, true})
+          for (bool long_window : {false, true})
+            for (bool shared : {false, true}) {
+              if (paired && offset) continue;
+              if (wide && !(segmented && long_window && shared)) continue;
+              const int64_t dq = wide ? 72 : 16, dv = wide ? 66 : 12;
+              SCOPED_TRACE(std::string(paired ? "paired" : "plain") +
+                           (offset ? " key offset" : "") + (segmented ? " segments" : "") +
+                           (long_window ? " long window" : "") + (shared ? " shared prefix" : "") +
+                           (wide ? " wide" : ""));
+              std::mt19937 rng(23);
+              Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
+              Floats ok = randn(size_t(2 * H * cap * D), rng),
+                     ov = randn(size_t(2 * H * cap * D), rng);
+              Floats q = randn(size_t(2 * L * H * dq), rng, 0.3f);
+              const Floats g = randn(size_t(2 * L * H * dv), rng);
+              // In virtual positions: paired heads' windows cover half as many tokens.
+              const int64_t window = long_window ? 100 : 20;
+              across_backends(
+                  [&](const Ops& ops) {
+                    auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
+                      std::vector<RowView> vs;
+                      for (int64_t b = 0; b < 2; ++b) {
+                        const int64_t pb = shared ? 0 : b;
+                        vs.push_back({.prefix_k = k1.data() + pb * H * P * D,
+                                      .prefix_v = v1.data() + pb * H * P * D,
+                                      .prefix_len = P,
+                                      .prefix_stride = P * D,
+                                      .own_k = k2.data() + b * H * cap * D,
+                                      .own_v = v2.data() + b * H * cap * D,
+                                      .own_stride = cap * D});
+                      }
+                      return vs;
+                    };
+                    auto args = [&](const std::vector<RowView>& vs, float* out) {
+                      return AttendF64Args{.rows = rows,
+                                           .views = vs.data(),
+                                           .q = q.data(),
+                                           .ldq = H * dq,
+                                           .hq = dq,
+                                           .out = out,
+                                           .ldo = H * dv,
+                                           .ho = dv,
+                                           .heads = H,
+                                           .qk_dim = dq,
+                                           .v_dim = dv,
+                                           .kv_dim = D,
+                                           .scale = 1.0f / std::sqrt(float(dq)),
+                                           .window = window,
+                                           .paired_heads = paired,
+                                           .key_offset = offset,
+                                           .offset_from = rot,
+                                           .segment = segmented ? segment.data() : nullptr};
+                    };
+                    auto forward = [&] {
+                      const std::vector<RowView> vs = views(pk, pv, ok, ov);
+                      Floats out(size_t(2 * L * H * dv), 0.0f);
+                      ops.attention_f64(args(vs, out.data()));
+                      return std::vector<Floats>{out};
+                    };
+                    Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
+                        dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
+                    const std::vector<RowView> vs = views(pk, pv, ok, ov);
+                    const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
+                    ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                                .dout = g.data(),
+                                                .lddo = H * dv,
+                                                .hdo = dv,
+                                                .dq = dqq.data(),
+                                                .lddq = H * dq,
+                                                .hdq = dq,
+                                                .dviews = dvs.data()});
+                    Floats gm = g;  // row 1's padded outputs are zeros, not functions of the inputs
+                    for (int64_t t = lengths[1]; t < L; ++t)
+                      for (int64_t e = 0; e < H * dv; ++e) gm[size_t((L + t) * H * dv + e)] = 0.0f;
+                    expect_directional(
+                        forward, {gm},
+                        {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng,
+                        1e-3);
+                    // Row 1's own keys past its length: nobody reads them.
+                    double unread = 0;
+                    for (int64_t h = 0; h < H; ++h)
+                      for (int64_t e = lengths[1] * D; e < cap * D; ++e)
+                        unread += std::fabs(dok[size_t((H + h) * cap * D + e)]);
+                    EXPECT_EQ(unread, 0.0);
+                    return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
+                  },
+                  1e-5);
+            }
+}
+
+// One row longer than the CUDA kernels keep scores for (the forward 4096 keys, the backward's
+// queries kernel 2048): its later queries recompute their scores in each pass, its early ones
+// keep them; dq's key tiles (256) and staged rows (32) end anywhere.
+TEST(OpsBackward, AttentionF64LongRowsRecomputePastTheScoreCache) {
+  const int64_t H = 2, dq = 8, dv = 8, D = 8, L = 4200, rot = 3;
+  const int64_t lengths[] = {L}, positions[] = {0};
+  const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
+  for (bool offset : {false, true}) {
+    SCOPED_TRACE(offset ? "key offset" : "plain");
+    std::mt19937 rng(29);
+    Floats k = randn(size_t(H * L * D), rng), v = randn(size_t(H * L * D), rng);
+    Floats q = randn(size_t(L * H * dq), rng, 0.3f);
+    const Floats g = randn(size_t(L * H * dv), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          auto views = [&](Floats& kb, Floats& vb) {
+            return std::vector<RowView>{
+                {.own_k = kb.data(), .own_v = vb.data(), .own_stride = L * D}};
+          };
+          auto args = [&](const std::vector<RowView>& vs, float* out) {
+            return AttendF64Args{.rows = rows,
+                                 .views = vs.data(),
+                                 .q = q.data(),
+                                 .ldq = H * dq,
+                                 .hq = dq,
+                                 .out = out,
+                                 .ldo = H * dv,
+                                 .ho = dv,
+                                 .heads = H,
+                                 .qk_dim = dq,
+                                 .v_dim = dv,
+                                 .kv_dim = D,
+                                 .scale = 1.0f / std::sqrt(float(dq)),
+                                 .window = 100000,
+                                 .key_offset = offset,
+                                 .offset_from = rot};
+          };
+          auto forward = [&] {
+            const std::vector<RowView> vs = views(k, v);
+            Floats out(size_t(L * H * dv), 0.0f);
+            ops.attention_f64(args(vs, out.data()));
+            return std::vector<Floats>{out};
+          };
+          Floats dk(k.size(), 0.0f), dvv(v.size(), 0.0f), dqq(q.size(), 0.0f);
+          const std::vector<RowView> vs = views(k, v), dviews = views(dk, dvv);
+          ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                      .dout = g.data(),
+                                      .lddo = H * dv,
+                                      .hdo = dv,
+                                      .dq = dqq.data(),
+                                      .lddq = H * dq,
+                                      .hdq = dq,
+                                      .dviews = dviews.data()});
+          expect_directional(forward, {g}, {{&q, &dqq}, {&k, &dk}, {&v, &dvv}}, rng, 1e-3);
+          return std::vector<Floats>{dqq, dk, dvv};
+        },
+        1e-5);
+  }
+}
+
 // ---- optimizer steps: CUDA against the CPU (the CPU's formulas: tests/train_optim_test.cc) ----
 
 TEST(OpsOptimizer, AdamNesterovAndSumSquares) {

@@ -4,7 +4,8 @@
 // normaliser is summed in f64 (each thread's keys in order, then a fixed tree over the block);
 // the output sums its keys in index order (each output dim one thread's), y += p_j inv v_j.
 // Three passes over the keys (the maximum, the normaliser, the output in tiles of weights in
-// shared memory) recompute the scores instead of keeping them, so any window fits.
+// shared memory); windows of up to kCache keys compute each score once and keep it in shared
+// memory for the later passes, longer windows recompute them in each pass (so any window fits).
 //
 // Batch invariance: a (token, head)'s result depends on its query, its keys and the block's
 // fixed shape only.
@@ -20,6 +21,10 @@ constexpr int kThreads = 128;
 constexpr int kMaxDim = 512;                        // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kThreads;  // output dims a thread accumulates
 constexpr int kTile = 256;                          // keys whose weights are staged at once
+constexpr int kCache = 4096;                        // keys whose scores are kept
+constexpr int kFastDim = 64;  // head dims at most this read K / V rows staged in shared memory
+constexpr int kRows = 64;     // rows staged at once
+static_assert(kThreads % kRows == 0 && kTile % kRows == 0);
 
 struct Query {
   const AttentionF64Launch* a;
@@ -55,7 +60,7 @@ __device__ float score(const Query& q, const float* qs, int64_t j) {
   } else {
     for (int64_t d = 0; d < dq; ++d) s += double(qs[d]) * double(kj[d]);
   }
-  return a.scale * float(s);
+  return __fmul_rn(a.scale, float(s));  // never fused with the subtraction that follows
 }
 
 __global__ void attention_f64_kernel(AttentionF64Launch a) {
@@ -78,14 +83,52 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
 
   __shared__ float qs[kMaxDim];
   __shared__ float w[kTile];
+  __shared__ float sc[kCache];                 // the scores of up to kCache keys, computed once
+  __shared__ float rows[kRows][kFastDim + 1];  // staged K or V rows (staged: see below)
   __shared__ double sums[kThreads];
   __shared__ float maxes[kThreads];
   const float* qh = a.q + n * a.ldq + h * a.hq;
   for (int64_t d = tid; d < a.qk_dim; d += kThreads) qs[d] = qh[d];
   __syncthreads();
 
+  // Windows of up to kCache keys keep their scores (each thread its own keys', so the values
+  // and their order are those of recomputing them); longer ones recompute in every pass. Heads
+  // up to kFastDim wide read the key rows (the key offset's dims taken from the previous key)
+  // and value rows through shared memory, kRows keys at a time loaded coalesced; thread tid
+  // still takes keys tid, tid + kThreads, ... of the window.
+  const int64_t nk = qpos - j0 + 1;
+  const bool cached = nk <= kCache, staged = a.qk_dim <= kFastDim && a.v_dim <= kFastDim;
+  auto stage_rows = [&](int64_t lo, int64_t m, bool v) {  // keys [lo, lo + m) of the window
+    __syncthreads();                                      // the previous rows are used up
+    for (int64_t e = tid; e < kRows * kFastDim; e += kThreads) {
+      const int64_t r = e / kFastDim, d = e % kFastDim;
+      if (r >= m || d >= (v ? a.v_dim : a.qk_dim)) continue;
+      const int64_t j = j0 + lo + r, p = token_of(a, j), g = head_of(a, q, j);
+      const bool from_prev = !v && a.key_offset && p > 0 && d >= a.offset_from;
+      rows[r][d] = kv_at(*q.kv, v, g, from_prev ? p - 1 : p, a.kv_dim)[d];
+    }
+    __syncthreads();
+  };
   float mx = -INFINITY;
-  for (int64_t j = j0 + tid; j <= qpos; j += kThreads) mx = fmaxf(mx, score(q, qs, j));
+  if (cached && staged) {
+    for (int64_t b = 0; b < nk; b += kThreads)
+      for (int64_t part = 0; part < kThreads / kRows; ++part) {
+        const int64_t lo = b + part * kRows;
+        stage_rows(lo, nk - lo < kRows ? nk - lo : kRows, false);
+        if (tid / kRows != part || b + tid >= nk) continue;
+        const float* kr = rows[tid % kRows];
+        double s = 0;  // score()'s sum: the key offset's dims are already the previous key's
+        for (int64_t d = 0; d < a.qk_dim; ++d) s += double(qs[d]) * double(kr[d]);
+        sc[b + tid] = __fmul_rn(a.scale, float(s));
+        mx = fmaxf(mx, sc[b + tid]);
+      }
+  } else {
+    for (int64_t j = j0 + tid; j <= qpos; j += kThreads) {
+      const float s = score(q, qs, j);
+      if (cached) sc[j - j0] = s;
+      mx = fmaxf(mx, s);
+    }
+  }
   maxes[tid] = mx;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
@@ -95,7 +138,8 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
   mx = maxes[0];
 
   double sum = 0;
-  for (int64_t j = j0 + tid; j <= qpos; j += kThreads) sum += double(expf(score(q, qs, j) - mx));
+  for (int64_t j = j0 + tid; j <= qpos; j += kThreads)
+    sum += double(expf((cached ? sc[j - j0] : score(q, qs, j)) - mx));
   sums[tid] = sum;
   __syncthreads();
   for (int s = kThreads / 2; s > 0; s >>= 1) {
@@ -108,8 +152,18 @@ __global__ void attention_f64_kernel(AttentionF64Launch a) {
   for (int64_t base = j0; base <= qpos; base += kTile) {
     const int64_t count = qpos - base + 1 < kTile ? qpos - base + 1 : kTile;
     for (int64_t jj = tid; jj < count; jj += kThreads)
-      w[jj] = expf(score(q, qs, base + jj) - mx) * inv;
+      w[jj] = expf((cached ? sc[base + jj - j0] : score(q, qs, base + jj)) - mx) * inv;
     __syncthreads();
+    if (staged) {  // the values' rows through shared memory (the same sums)
+      for (int64_t sub = 0; sub < count; sub += kRows) {
+        const int64_t m = count - sub < kRows ? count - sub : kRows;
+        stage_rows(base - j0 + sub, m, true);
+        if (tid < a.v_dim)
+          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * rows[r][tid];
+      }
+      __syncthreads();
+      continue;
+    }
     for (int64_t jj = 0; jj < count; ++jj) {
       const int64_t j = base + jj;
       const float* vj = kv_at(*q.kv, true, head_of(a, q, j), token_of(a, j), a.kv_dim);

@@ -1,15 +1,20 @@
 // The CUDA backend's attention_f64 backward (AttendF64BackwardArgs of kernels/ops.h, launch.h
-// AttentionF64BackwardLaunch): two kernels that recompute the forward's scores, each output
-// element summed by one thread in a fixed order, so no result depends on the launch shape or on
-// the other rows of the call (no atomics).
+// AttentionF64BackwardLaunch): kernels that recompute the forward's scores, each output element
+// summed by one thread in a fixed order, so no result depends on the launch shape or on the
+// other rows of the call (no atomics).
 //  - queries: one block per (token, head), as the forward. The softmax's maximum and 1 / sum
 //    (the forward's arithmetic) and D = sum_j p_j dp_j (dp_j = dout . v_j), kept per (token,
-//    head) for the keys' kernel, then dq (each dim one thread's, keys in order).
-//  - keys: one block per (key, K/V head). dK and dV summed over the queries that read the key,
-//    in query order (each dim one thread's), added into the gradient once. A row's own keys are
-//    its alone, so their blocks run over all rows at once; prefix keys (a fork call's rows read
-//    their prefix call's keys, several rows the same ones) get one block per position that takes
-//    the rows in order, so a shared key adds the rows' shares in row order.
+//    head) for the keys' kernels, then dq (each dim one thread's, keys in order). Windows of up
+//    to kCache keys keep each key's score and dp_j in shared memory (one computation instead of
+//    four and two); longer ones recompute them in each pass.
+//  - keys, head dims up to kFastDim: one block per (tile of kKeyTile keys, K/V head), the
+//    queries that read the tile staged kQueryTile at a time with the tile's K/V rows in shared
+//    memory; each visible (query, key) share computed once, dK and dV of each key summed over
+//    its queries in query order (each (key, dim) one thread's), added into the gradient once.
+//  - keys, wider heads: one block per (key, K/V head), the same sums (add_key_grads).
+//  Both key kernels take a row's own keys (its alone) for all rows at once, and prefix keys (a
+//  fork call's rows read their prefix call's keys, several rows the same ones) by position,
+//  each block taking the rows in order, so a shared key adds the rows' shares in row order.
 //
 // Virtual positions: with paired heads, heads slot and slot + H/2 read one interleaved sequence
 // (head slot + e half at position p sits at 2 p + e, its queries and its keys alike); unpaired, a
@@ -30,7 +35,12 @@ namespace {
 constexpr int kAttnThreads = 128;
 constexpr int kMaxDim = 512;  // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kAttnThreads;
-constexpr int kTile = 256;  // keys whose dq weights are staged at once
+constexpr int kTile = 256;     // keys whose dq weights are staged at once
+constexpr int kCache = 2048;   // keys whose scores and dp_j the queries' kernel keeps
+constexpr int kFastDim = 64;   // head dims at most this stage rows in shared memory (tiled kernels)
+constexpr int kStage = 32;     // key rows the queries' kernel stages at once for dq
+constexpr int kHalfRows = 64;  // key rows it stages at once for the scores and dp_j
+static_assert(kStage <= kHalfRows && kAttnThreads % kHalfRows == 0);
 
 __device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
   if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
@@ -75,6 +85,12 @@ __device__ int64_t first_key(const AttentionF64Launch& f, int64_t n, int64_t qv)
   return j0;
 }
 
+// A score from its f64 dot product: scale * float(s), rounded as written (never fused with the
+// subtraction of the maximum that follows, so a score has the CPU's bits).
+__device__ float scaled(const AttentionF64Launch& f, double s) {
+  return __fmul_rn(f.scale, float(s));
+}
+
 // scale * float(sum_d q[d] k[d]) in f64 for key p of K/V head g, with the key offset's dims
 // from the previous key (the forward's score).
 __device__ float score(const AttentionF64Launch& f, const KvRow& kv, const float* q, int64_t g,
@@ -88,7 +104,7 @@ __device__ float score(const AttentionF64Launch& f, const KvRow& kv, const float
   } else {
     for (int64_t d = 0; d < f.qk_dim; ++d) s += double(q[d]) * double(k[d]);
   }
-  return f.scale * float(s);
+  return scaled(f, s);
 }
 
 __device__ float block_max(float x, float* red) {
@@ -132,6 +148,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   const KvRow& kv = f.kv[i];
 
   __shared__ float qs[kMaxDim], gos[kMaxDim], w[kTile], maxes[kAttnThreads];
+  __shared__ float sc[kCache], dps[kCache];        // scores and dp_j of the first kCache keys
+  __shared__ float rows[kHalfRows][kFastDim + 1];  // staged K or V rows (staged: see below)
   __shared__ double sums[kAttnThreads];
   const float* qh = f.q + n * f.ldq + h * f.hq;
   const float* goh = a.dout + n * a.lddo + h * a.hdo;
@@ -140,21 +158,73 @@ __global__ void __launch_bounds__(kAttnThreads)
   __syncthreads();
   auto key_score = [&](int64_t j) { return score(f, kv, qs, hs.head(f, slot, j), j / hs.step); };
 
+  // Up to kCache keys keep their scores and dp_j in shared memory (computed once; the same
+  // values, in the same threads, as recomputing them), longer windows recompute. With heads up
+  // to kFastDim wide, the rows they are computed from go through shared memory (`rows`: key
+  // rows with the key offset's dims applied, or value rows), kHalfRows keys at a time loaded
+  // coalesced: thread tid still takes keys tid, tid + kAttnThreads, ... of the window.
+  const bool cached = nk <= kCache, staged = f.qk_dim <= kFastDim && f.v_dim <= kFastDim;
+  auto stage_rows = [&](int64_t lo, bool v) {  // keys [lo, lo + kHalfRows) of the window
+    __syncthreads();                           // the previous rows are used up
+    for (int64_t e = tid; e < kHalfRows * kFastDim; e += kAttnThreads) {
+      const int64_t r = e / kFastDim, d = e % kFastDim, jj = lo + r;
+      if (jj >= nk || d >= (v ? f.v_dim : f.qk_dim)) continue;
+      const int64_t j = j0 + jj, g = hs.head(f, slot, j), p = j / hs.step;
+      const bool from_prev = !v && f.key_offset && p > 0 && d >= f.offset_from;
+      rows[r][d] = kv_at(kv, v, g, from_prev ? p - 1 : p, f.kv_dim)[d];
+    }
+    __syncthreads();
+  };
   float mx = -INFINITY;
-  for (int64_t jj = tid; jj < nk; jj += kAttnThreads) mx = fmaxf(mx, key_score(j0 + jj));
+  if (cached && staged) {
+    for (int64_t b = 0; b < nk; b += kAttnThreads)
+      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
+        stage_rows(b + half * kHalfRows, false);
+        if (tid / kHalfRows != half || b + tid >= nk) continue;
+        const float* kr = rows[tid % kHalfRows];
+        double s = 0;  // score()'s sum: the key offset's dims are already the previous key's
+        for (int64_t d = 0; d < f.qk_dim; ++d) s += double(qs[d]) * double(kr[d]);
+        sc[b + tid] = scaled(f, s);
+        mx = fmaxf(mx, sc[b + tid]);
+      }
+  } else {
+    for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
+      const float s = key_score(j0 + jj);
+      if (cached) sc[jj] = s;
+      mx = fmaxf(mx, s);
+    }
+  }
   mx = block_max(mx, maxes);
   double sum = 0;
-  for (int64_t jj = tid; jj < nk; jj += kAttnThreads) sum += double(expf(key_score(j0 + jj) - mx));
+  for (int64_t jj = tid; jj < nk; jj += kAttnThreads)
+    sum += double(expf((cached ? sc[jj] : key_score(j0 + jj)) - mx));
   const float inv = float(1.0 / block_sum(sum, sums));
   // p_j and dp_j of key j (the keys' kernel computes the same from the same inputs).
   auto p_dp = [&](int64_t j, float* dp) {
     const int64_t g = hs.head(f, slot, j), p = j / hs.step;
+    if (cached) {
+      *dp = dps[j - j0];
+      return expf(sc[j - j0] - mx) * inv;
+    }
     *dp = float(dot_f64(gos, kv_at(kv, true, g, p, f.kv_dim), f.v_dim));
     return expf(score(f, kv, qs, g, p) - mx) * inv;
   };
+  if (cached && staged) {
+    for (int64_t b = 0; b < nk; b += kAttnThreads)
+      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
+        stage_rows(b + half * kHalfRows, true);
+        if (tid / kHalfRows != half || b + tid >= nk) continue;
+        dps[b + tid] = float(dot_f64(gos, rows[tid % kHalfRows], f.v_dim));
+      }
+  }
   double dsum = 0;
   for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
     float dp;
+    if (cached && !staged) {
+      const int64_t j = j0 + jj;
+      dps[jj] =
+          float(dot_f64(gos, kv_at(kv, true, hs.head(f, slot, j), j / hs.step, f.kv_dim), f.v_dim));
+    }
     const float p = p_dp(j0 + jj, &dp);
     dsum += double(p) * dp;
   }
@@ -168,7 +238,9 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (!a.dq) return;
 
   // dq[d] = sum over keys in order of p_j (dp_j - D) scale k_j[d] (the previous key's dims from
-  // offset_from on, with the key offset).
+  // offset_from on, with the key offset). Heads up to kFastDim wide stage the keys' rows in
+  // shared memory (coalesced), wider ones read them from global memory; each dim is one thread's
+  // sum over the keys in order either way.
   float acc[kDimsPerThread] = {};
   for (int64_t base = j0; base <= qv; base += kTile) {
     const int64_t count = qv - base + 1 < kTile ? qv - base + 1 : kTile;
@@ -178,6 +250,23 @@ __global__ void __launch_bounds__(kAttnThreads)
       w[jj] = p * (dp - D) * f.scale;
     }
     __syncthreads();
+    if (staged) {  // the keys' rows through shared memory, kStage at a time (same sums)
+      for (int64_t sub = 0; sub < count; sub += kStage) {
+        const int64_t m = count - sub < kStage ? count - sub : kStage;
+        for (int64_t e = tid; e < kStage * kFastDim; e += kAttnThreads) {
+          const int64_t r = e / kFastDim, d = e % kFastDim;
+          if (r >= m || d >= f.qk_dim) continue;
+          const int64_t j = base + sub + r, g = hs.head(f, slot, j), p = j / hs.step;
+          const bool from_prev = f.key_offset && p > 0 && d >= f.offset_from;
+          rows[r][d] = kv_at(kv, false, g, from_prev ? p - 1 : p, f.kv_dim)[d];
+        }
+        __syncthreads();
+        if (tid < f.qk_dim)
+          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * rows[r][tid];
+        __syncthreads();
+      }
+      continue;
+    }
     for (int64_t jj = 0; jj < count; ++jj) {
       const int64_t j = base + jj, g = hs.head(f, slot, j), p = j / hs.step;
       const float* k = kv_at(kv, false, g, p, f.kv_dim);
@@ -319,6 +408,181 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
+// ---- keys, tiled: dK and dV, one block per (tile of kKeyTile keys, K/V head) ----
+//
+// The same sums as add_key_grads, key by key and query by query in the same order, with the
+// same expressions: a block takes kKeyTile consecutive keys of one K/V head and walks the
+// queries that can read any of them in chunks of kQueryTile, their q and dout rows staged in
+// shared memory with the tile's K/V rows, so a query's row is read once per tile instead of once
+// per key, and each (query, key) share is one thread's two f64 dot products from shared memory.
+// Only a share whose pair is visible is computed or added, so each key's gradient gets exactly
+// the additions add_key_grads makes, in query order (bitwise the same results).
+
+constexpr int kKeyTile = 32;           // keys per block
+constexpr int kQueryTile = 32;         // queries staged at once
+constexpr int kRowPad = kFastDim + 1;  // shared rows padded: a warp's keys fall in distinct banks
+constexpr int kShares = kKeyTile + 1;  // the tile's keys and the next (the key offset's pairs)
+constexpr int kKeysPerThread = kKeyTile * kFastDim / kAttnThreads;
+static_assert(kAttnThreads % kFastDim == 0 && kKeyTile % (kAttnThreads / kFastDim) == 0 &&
+              kFastDim >= 4);
+
+struct KeyTileShared {
+  float q[kQueryTile][kRowPad];           // the chunk's queries
+  float go[kQueryTile][kRowPad];          // and their output gradients
+  float k[kKeyTile + 2][kRowPad];         // keys p0 - 1 .. p0 + kKeyTile (zeros where none)
+  float v[kShares][kRowPad];              // values p0 .. p0 + kKeyTile
+  float p[kQueryTile][kShares];           // p of each visible (query, key) pair
+  float ds[kQueryTile][kShares];          // p (dp - D) scale of each visible pair
+  float st[kQueryTile][3];                // the queries' statistics (max, 1 / sum, D)
+  int64_t j0[kQueryTile];                 // and their first visible keys (virtual)
+  unsigned char in[kQueryTile][kShares];  // whether the query reads the key
+};
+
+// Adds row i's queries' shares into keys [lo, hi) of K/V head g, all within the tile
+// [p0, p0 + kKeyTile). Every thread of the block calls it with the same arguments.
+__device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShared& sm, int i,
+                               int64_t g, int64_t p0, int64_t lo, int64_t hi) {
+  const AttentionF64Launch& f = a.forward;
+  const Heads hs(f);
+  const int64_t tid = threadIdx.x, step = hs.step, slot = hs.slot(f, g);
+  const int64_t pos0 = f.rows.position[i], len = f.rows.length[i], end = pos0 + len;
+  const int64_t q_lo = step * pos0, q_hi = step * (pos0 + len) - 1;
+  const int64_t extra = f.key_offset ? step : 0;
+  // The queries that can read a key of [lo, hi) (or, with the key offset, the key after it).
+  const int64_t first = hs.virtual_of(f, g, lo) > q_lo ? hs.virtual_of(f, g, lo) : q_lo;
+  const int64_t reach = hs.virtual_of(f, g, hi - 1) + f.window + extra;
+  const int64_t last = reach < q_hi ? reach : q_hi;
+  if (len == 0 || first > last) return;
+  const KvRow& kv = f.kv[i];
+
+  // The tile's K/V rows (keys p0 - 1 .. p0 + kKeyTile that exist; zeros elsewhere, never read).
+  for (int64_t e = tid; e < (kKeyTile + 2) * kFastDim; e += kAttnThreads) {
+    const int64_t r = e / kFastDim, d = e % kFastDim, key = p0 - 1 + r;
+    const bool have = key >= 0 && key < end && d < f.qk_dim;
+    sm.k[r][d] = have ? kv_at(kv, false, g, key, f.kv_dim)[d] : 0.0f;
+  }
+  for (int64_t e = tid; e < kShares * kFastDim; e += kAttnThreads) {
+    const int64_t r = e / kFastDim, d = e % kFastDim, key = p0 + r;
+    const bool have = key < end && d < f.v_dim;
+    sm.v[r][d] = have ? kv_at(kv, true, g, key, f.kv_dim)[d] : 0.0f;
+  }
+
+  const int64_t d_own = tid % kFastDim, key_group = tid / kFastDim;
+  float adk[kKeysPerThread] = {}, adv[kKeysPerThread] = {};
+  for (int64_t base = first; base <= last; base += kQueryTile) {
+    const int64_t count = last - base + 1 < kQueryTile ? last - base + 1 : kQueryTile;
+    __syncthreads();  // the previous chunk's shares are used up (and the K/V rows written)
+    for (int64_t e = tid; e < kQueryTile * kFastDim; e += kAttnThreads) {
+      const int64_t r = e / kFastDim, d = e % kFastDim, qv = base + r;
+      float qx = 0.0f, gx = 0.0f;
+      if (r < count) {
+        const int64_t h = hs.head(f, slot, qv),
+                      n = (f.rows.first + i) * f.rows.tokens + qv / step - pos0;
+        if (d < f.qk_dim) qx = f.q[n * f.ldq + h * f.hq + d];
+        if (d < f.v_dim) gx = a.dout[n * a.lddo + h * a.hdo + d];
+        if (d < 3) sm.st[r][d] = a.stats[(n * f.heads + h) * 3 + d];
+        if (d == 3) sm.j0[r] = first_key(f, n, qv);
+      }
+      sm.q[r][d] = qx;
+      sm.go[r][d] = gx;
+    }
+    __syncthreads();
+    for (int64_t e = tid; e < kQueryTile * kShares; e += kAttnThreads) {
+      const int64_t r = e / kShares, c = e % kShares, qv = base + r, key = p0 + c;
+      const int64_t jv = hs.virtual_of(f, g, key);
+      bool in = false;
+      float pk = 0.0f, ds = 0.0f;
+      if (r < count && key < end && jv <= qv) {
+        in = sm.j0[r] <= jv;
+        if (in) {  // the share of add_key_grads, from the staged rows
+          const float* st = sm.st[r];
+          const float* qr = sm.q[r];
+          const float* kr = sm.k[c + 1];
+          const float* prev = sm.k[c];
+          const float dp = float(dot_f64(sm.go[r], sm.v[c], f.v_dim));
+          double s = 0;
+          if (f.key_offset && key > 0) {
+            for (int64_t d = 0; d < f.offset_from; ++d) s += double(qr[d]) * double(kr[d]);
+            for (int64_t d = f.offset_from; d < f.qk_dim; ++d) s += double(qr[d]) * double(prev[d]);
+          } else {
+            for (int64_t d = 0; d < f.qk_dim; ++d) s += double(qr[d]) * double(kr[d]);
+          }
+          pk = expf(scaled(f, s) - st[0]) * st[1];
+          ds = pk * (dp - st[2]) * f.scale;
+        }
+      }
+      sm.p[r][c] = pk;
+      sm.ds[r][c] = ds;
+      sm.in[r][c] = in;
+    }
+    __syncthreads();
+    // Thread (key group, dim) sums keys key_group, key_group + 2, ... of the tile at its dim,
+    // the chunk's queries in order (add_key_grads' loop body per key).
+    for (int64_t r = 0; r < count; ++r) {
+      const float qd = sm.q[r][d_own], gd = sm.go[r][d_own];
+#pragma unroll
+      for (int c = 0; c < kKeysPerThread; ++c) {
+        const int64_t kk = key_group + int64_t(c) * (kAttnThreads / kFastDim), key = p0 + kk;
+        const bool in1 = sm.in[r][kk], in2 = f.key_offset && sm.in[r][kk + 1];
+        if (!in1 && !in2) continue;
+        if (d_own < f.v_dim && in1) adv[c] += sm.p[r][kk] * gd;
+        if (d_own >= f.qk_dim) continue;
+        if (d_own < f.offset_from || !f.key_offset) {
+          if (in1) adk[c] += sm.ds[r][kk] * qd;
+        } else {
+          if (key == 0 && in1) adk[c] += sm.ds[r][kk] * qd;  // key 0 keeps its own share
+          if (in2) adk[c] += sm.ds[r][kk + 1] * qd;
+        }
+      }
+    }
+  }
+  // Into the gradients, for the keys add_key_grads would have added to (some query in reach).
+#pragma unroll
+  for (int c = 0; c < kKeysPerThread; ++c) {
+    const int64_t key = p0 + key_group + int64_t(c) * (kAttnThreads / kFastDim);
+    if (key < lo || key >= hi) continue;
+    const int64_t jv = hs.virtual_of(f, g, key);
+    const int64_t kfirst = jv > q_lo ? jv : q_lo;
+    const int64_t kreach = jv + f.window + extra, klast = kreach < q_hi ? kreach : q_hi;
+    if (kfirst > klast) continue;
+    float* dk = grad_at(a.grad[i], false, g, key, f.kv_dim);
+    float* dv = grad_at(a.grad[i], true, g, key, f.kv_dim);
+    if (dk && d_own < f.qk_dim) dk[d_own] += adk[c];
+    if (dv && d_own < f.v_dim) dv[d_own] += adv[c];
+  }
+  __syncthreads();  // the shared rows are free for the next call
+}
+
+// Own keys: block (x, i, g) takes row i's own keys from max(prefix_len, lowest key) + x kKeyTile.
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_f64_dkv_own_tiled_kernel(AttentionF64BackwardLaunch a) {
+  const AttentionF64Launch& f = a.forward;
+  const int i = blockIdx.y;
+  const int64_t g = blockIdx.z, lowest = lowest_key(f, i);
+  const int64_t from = f.kv[i].prefix_len > lowest ? f.kv[i].prefix_len : lowest;
+  const int64_t p0 = from + int64_t(blockIdx.x) * kKeyTile,
+                end = f.rows.position[i] + f.rows.length[i];
+  if (p0 >= end) return;
+  __shared__ KeyTileShared sm;
+  add_tile_grads(a, sm, i, g, p0, p0, p0 + kKeyTile < end ? p0 + kKeyTile : end);
+}
+
+// Prefix keys: block (x, g) takes positions first + x kKeyTile on of every row's prefix, rows in
+// order (a key shared by rows adds their shares in row order, as the per-key kernel).
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_f64_dkv_prefix_tiled_kernel(AttentionF64BackwardLaunch a, int64_t first) {
+  const AttentionF64Launch& f = a.forward;
+  const int64_t p0 = first + int64_t(blockIdx.x) * kKeyTile, g = blockIdx.z;
+  __shared__ KeyTileShared sm;
+  for (int i = 0; i < f.rows.count; ++i) {
+    if (!a.grad[i].prefix_k && !a.grad[i].prefix_v) continue;
+    const int64_t lowest = lowest_key(f, i), prefix = f.kv[i].prefix_len;
+    const int64_t lo = p0 > lowest ? p0 : lowest;
+    const int64_t hi = p0 + kKeyTile < prefix ? p0 + kKeyTile : prefix;
+    if (lo < hi) add_tile_grads(a, sm, i, g, p0, lo, hi);
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
@@ -345,12 +609,23 @@ cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
       prefix_to = prefix > prefix_to ? prefix : prefix_to;
     }
   }
-  if (own > 0) {
+  const bool tiled = f.qk_dim <= kFastDim && f.v_dim <= kFastDim;
+  if (own > 0 && tiled) {
+    attention_f64_dkv_own_tiled_kernel<<<dim3(unsigned((own + kKeyTile - 1) / kKeyTile),
+                                              unsigned(f.rows.count), unsigned(f.heads)),
+                                         kAttnThreads, 0, stream>>>(a);
+    if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  } else if (own > 0) {
     attention_f64_dkv_own_kernel<<<dim3(unsigned(own), unsigned(f.rows.count), unsigned(f.heads)),
                                    kAttnThreads, 0, stream>>>(a);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   }
-  if (prefix_to > prefix_from) {
+  if (prefix_to > prefix_from && tiled) {
+    attention_f64_dkv_prefix_tiled_kernel<<<
+        dim3(unsigned((prefix_to - prefix_from + kKeyTile - 1) / kKeyTile), 1u, unsigned(f.heads)),
+        kAttnThreads, 0, stream>>>(a, prefix_from);
+    if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  } else if (prefix_to > prefix_from) {
     attention_f64_dkv_prefix_kernel<<<
         dim3(unsigned(prefix_to - prefix_from), 1u, unsigned(f.heads)), kAttnThreads, 0, stream>>>(
         a, prefix_from);

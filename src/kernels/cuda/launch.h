@@ -443,7 +443,8 @@ cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& 
                                                 cudaStream_t stream);
 
 // ---- attention_f64_backward.cu: attention_f64's backward for the rows of one chunk: one block
-// per (token, head) for dq, one per (key, K/V head) for dK / dV ----
+// per (token, head) for dq, one per (tile of 32 keys, K/V head) for dK / dV (one per key for heads
+// wider than 64) ----
 struct AttentionF64BackwardLaunch {
   AttentionF64Launch forward;
   KvRow grad[kRows];  // dK / dV views
