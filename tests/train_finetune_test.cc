@@ -375,7 +375,15 @@ TEST(TrainFineTune, TwoTasksTrainOneModel) {
   EXPECT_EQ(Json::parse(r.out)["train_examples"], 12);
   std::string last;
   std::ifstream m(t / "out" / "metrics.jsonl");
-  for (std::string line; std::getline(m, line);) last = line;
+  for (std::string line; std::getline(m, line);) {
+    last = line;
+    // Each step's records and where its time went.
+    const Json j = Json::parse(line);
+    EXPECT_GE(j["records"].get<int64_t>(), 1) << line;
+    for (const char* phase : {"pack", "forward", "heads", "backward", "optimizer"})
+      EXPECT_GE(j["ms"][phase].get<double>(), 0.0) << phase << ": " << line;
+    EXPECT_GT(j["ms"]["forward"].get<double>() + j["ms"]["heads"].get<double>(), 0.0) << line;
+  }
   const Json by_task = Json::parse(last)["dev_loss_by_task"];
   EXPECT_TRUE(by_task.contains("b")) << last;  // b/schema.json: its directory
   EXPECT_TRUE(by_task.contains("a")) << last;  // a.json: its file name
@@ -386,6 +394,12 @@ TEST(TrainFineTune, TwoTasksTrainOneModel) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("nope.jsonl"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(t / "bad"));
+  // The op profile is CUDA's: on the CPU it is refused before anything is written.
+  r = deg::testing::run_deg({"train", "--base", ckpt.string(), "--out", (t / "prof").string(),
+                             "--task", a, "--device", "cpu", "--profile-step", "2", "--quiet"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;  // bad usage
+  EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(t / "prof"));
 }
 
 // Another family keeps its trunk: the engine's hidden states are computed once, the heads learn

@@ -72,6 +72,9 @@ struct FineTuneOptions {
   bool calibrate = true;
   bool resume = false;
   uint64_t seed = 0;
+  // > 0: the device time of every CUDA op of this step (a gpt trunk training on a GPU), written
+  // with the step's phases to OUT/profile.txt.
+  int64_t profile_step = 0;
 };
 
 struct FineTuneProgress {

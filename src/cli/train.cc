@@ -49,6 +49,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "cpu, cuda or auto (a GPU when one is visible): where a gpt trunk trains")
       ->capture_default_str();
+  cmd->add_option("--profile-step", o->profile_step,
+                  "Write OUT/profile.txt: this step's phases and the device time of every CUDA op "
+                  "in it (--device cuda; every step's phases are in metrics.jsonl's \"ms\")")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--batch-tokens", o->batch_tokens,
                   "Document and query tokens per step (at least one record)")
       ->capture_default_str();

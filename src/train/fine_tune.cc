@@ -270,10 +270,29 @@ class Trainer {
     }
   }
 
-  // One optimizer step over the next examples; returns the balanced loss (LossStats).
-  // One optimizer step at `lr` (the schedule's scale of the base rates).
+  // Where a step's wall time went (milliseconds; metrics.jsonl "ms"): choosing and packing the
+  // records, the trunk's forward (its final states copied to the host), the heads' losses and
+  // gradients on the host, the trunk's backward, and clipping with both optimizers. A device
+  // trunk is waited for at the end of each phase, so its time lands in its own phase.
+  struct StepTimes {
+    int64_t records = 0;
+    double pack = 0, forward = 0, heads = 0, backward = 0, optimizer = 0;
+  };
+  const StepTimes& last_times() const { return times_; }
+
+  // One optimizer step over the next examples at `lr` (the schedule's scale of the base rates);
+  // returns the balanced loss (LossStats).
   double step(int64_t step, float lr, int64_t* tokens, LossStats* stats) {
+    auto mark = std::chrono::steady_clock::now();
+    auto lap = [&mark] {
+      const auto now = std::chrono::steady_clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(now - mark).count();
+      mark = now;
+      return ms;
+    };
+    times_ = {};
     std::vector<size_t> batch = next_batch(tokens);
+    times_.records = int64_t(batch.size());
     LossStats st;
     // Each kind's queries share a weight of 1: the loss is the sum of the kinds' means.
     int64_t count[6] = {0, 0, 0, 0, 0, 0};
@@ -287,7 +306,9 @@ class Trainer {
       const Packed p = pack_examples(exs);
       const GptStepOptions so = step_options();
       GptActs& acts = acts_;
+      times_.pack = lap();
       gpt_forward(*params_, p.batch, so, acts);
+      times_.forward = lap();
       const int64_t C = params_->config().model_dim;
       Buf dfinal = zeros(p.batch.size() * C);
       for (size_t k = 0; k < exs.size(); ++k) {
@@ -296,14 +317,19 @@ class Trainer {
         example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight, o_.anchor_pos_weight);
         scatter_features(p, exs, k, df, dfinal.data(), C);
       }
+      times_.heads = lap();
       std::vector<ParamTensor> resident_grads;  // not read: the gradients are resident
       gpt_backward(*params_, p.batch, so, acts, dfinal.data(), resident_grads);
+      resident_->ops->synchronize();
+      times_.backward = lap();
     } else {
+      times_.pack = lap();
       for (size_t i : batch) {
         Feats df = zeros_like(train_feats_[i]);
         example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, &st, weight,
                      o_.anchor_pos_weight);
       }
+      times_.heads = lap();
     }
     if (stats) stats->add(st);
     const double loss = st.balanced();
@@ -324,8 +350,11 @@ class Trainer {
               {.y = g.mutable_data<float>(), .ldy = g.numel(), .rows = 1, .n = g.numel(), .s = f});
     }
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
-    if (train_trunk_)
+    if (train_trunk_) {
       topt_->step(resident_->value_ptrs(), resident_->grad_ptrs(), lr, 0.95f, true, false);
+      ops->synchronize();
+    }
+    times_.optimizer = lap();
     return loss;
   }
 
@@ -446,6 +475,7 @@ class Trainer {
   int64_t cursor = 0;  // examples consumed since the start
 
  private:
+  StepTimes times_;
   GptStepOptions step_options() {
     return {.window_short = params_->config().window_short,
             .window_long = params_->config().window_long,
@@ -527,6 +557,31 @@ class Trainer {
 };
 
 // out/ as a deg checkpoint of the base: a copy of a deg checkpoint, or `deg init` of a model.
+constexpr const char* kProfileNeeds =
+    "--profile-step times the CUDA ops of a gpt trunk that trains on a GPU (--device cuda); on "
+    "the CPU, metrics.jsonl's \"ms\" has each step's phases";
+
+// --profile-step: the step's phases and every CUDA op's device time in it.
+void write_profile(const fs::path& path, int64_t step, const Trainer::StepTimes& t,
+                   const std::vector<OpTime>& ops) {
+  const double wall = t.pack + t.forward + t.heads + t.backward + t.optimizer;
+  double device = 0;
+  for (const OpTime& x : ops) device += x.ms;
+  std::string text = fmt::format(
+      "deg train --profile-step {}: {} records, {:.1f} ms wall\n"
+      "  pack {:.1f} ms, forward {:.1f}, heads {:.1f} (host), backward {:.1f}, optimizer {:.1f}\n"
+      "  device time in ops {:.1f} ms:\n",
+      step, t.records, wall, t.pack, t.forward, t.heads, t.backward, t.optimizer, device);
+  for (const OpTime& x : ops)
+    text += fmt::format("    {:<28} {:9.2f} ms {:6.1f}%  {:6d} calls\n", x.op, x.ms,
+                        wall > 0 ? 100 * x.ms / wall : 0.0, x.calls);
+  write_replacing(path, [&](const fs::path& p) {
+    std::ofstream f(p);
+    f << text;
+    if (!f.flush()) throw Error(ErrorKind::io, "cannot write the profile", {.path = p.string()});
+  });
+}
+
 void prepare_out(const FineTuneOptions& o) {
   if (o.resume) {
     if (!fs::exists(o.out / "train_state" / "trainer.json"))
@@ -591,6 +646,8 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     schema::plan_compile(schema::schema_load(t.schema.string()));
   }
   const Device device = pick_device(o.device).device;
+  if (o.profile_step > 0 && device != Device::cuda)
+    throw Error(ErrorKind::invalid_argument, kProfileNeeds);
   prepare_out(o);
   const std::unique_ptr<engine::DegModel> model = engine::DegModel::open(o.out);
   const bool gpt = model->backbone().spec().family == "gpt";
@@ -599,6 +656,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     log::info("{} trunk stays frozen: only the heads train (trunk training is for gpt)",
               model->backbone().spec().family);
 
+  if (o.profile_step > 0 && !train_trunk) throw Error(ErrorKind::invalid_argument, kProfileNeeds);
   Dataset ds = build_dataset(*model, o, on_progress);
   FineTuneResult result{.train_examples = int64_t(ds.train.size()),
                         .dev_examples = int64_t(ds.dev.size()),
@@ -632,7 +690,11 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   for (int64_t step = start; step < steps; ++step) {
     LossStats stats;
     const float lr = lr_scale(step, steps, o.warmup_steps, o.cooldown);
+    const bool profile = o.profile_step == step + 1;
+    if (profile) cuda_profile_start();
     const double loss = tr.step(step, lr, &tokens, &stats);
+    if (profile)
+      write_profile(o.out / "profile.txt", step + 1, tr.last_times(), cuda_profile_stop());
     if (o.max_seconds > 0)
       steps = time_budget_steps(
           step + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
@@ -655,6 +717,13 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
                         .tokens_per_s = secs > 0 ? double(tokens) / secs : 0,
                         .eta_s = secs / double(step + 1 - start) * double(steps - step - 1)};
     line["tokens_per_s"] = pr.tokens_per_s;
+    const Trainer::StepTimes& tm = tr.last_times();
+    line["records"] = tm.records;
+    line["ms"] = {{"pack", tm.pack},
+                  {"forward", tm.forward},
+                  {"heads", tm.heads},
+                  {"backward", tm.backward},
+                  {"optimizer", tm.optimizer}};
     bool stop = false;
     if (last || (o.eval_every > 0 && (step + 1) % o.eval_every == 0)) {
       const auto report = have_dev ? tr.dev_report() : decltype(tr.dev_report()){{loss}, {}};
