@@ -116,14 +116,16 @@ TEST(Cli, VersionAndHelp) {
   EXPECT_NE(r.out.find("inspect"), std::string::npos);
   r = testing::run_deg({});
   EXPECT_NE(r.exit_code, 0);
-  // Without --model (and no embedded default model yet) fill says what to pass.
+  // A --model that is not there: fill names it (without --model it takes the default model,
+  // EngineTest.FillFindsTheDefaultModel).
   testing::TempDir dir;
   testing::write_text(dir / "s.json",
                       R"({"type": "object", "properties": {"a": {"type": "string"}}})");
   testing::write_text(dir / "doc.txt", "some text");
-  r = testing::run_deg({"fill", "--schema", (dir / "s.json").string(), (dir / "doc.txt").string()});
+  r = testing::run_deg({"fill", "--model", (dir / "nowhere").string(), "--schema",
+                        (dir / "s.json").string(), (dir / "doc.txt").string()});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find((dir / "nowhere").string()), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -572,12 +572,103 @@ TEST(OpsBackward, RopePairsInverseUndoesTheRotation) {
   }
 }
 
+// Two fork rows over prefixes (their own, or one both read) and own keys, for the two
+// attention_f64 backward tests below: the forward and backward on every backend (CUDA against the
+// CPU within 1e-5) and the directional check of dq and of the prefixes' and own buffers' dK / dV;
+// `check` then sees the gradients (prefix K, prefix V, own K, own V).
+struct TwoRows {
+  int64_t H, dq, dv, D, P, cap, L, rot;
+  const int64_t* lengths;  // [2]; each row's tokens past its length are padding
+  const RowTable* rows;
+  float scale, q_std;
+  int64_t window;
+  bool paired, offset, shared;
+  const int32_t* segment;  // null: no segments
+  uint32_t seed;
+};
+
+void check_two_rows(
+    const TwoRows& c,
+    const std::function<void(const Floats&, const Floats&, const Floats&, const Floats&)>& check) {
+  const int64_t H = c.H, D = c.D, P = c.P, cap = c.cap, L = c.L;
+  std::mt19937 rng(c.seed);
+  Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
+  Floats ok = randn(size_t(2 * H * cap * D), rng), ov = randn(size_t(2 * H * cap * D), rng);
+  Floats q = randn(size_t(2 * L * H * c.dq), rng, c.q_std);
+  const Floats g = randn(size_t(2 * L * H * c.dv), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
+          std::vector<RowView> vs;
+          for (int64_t b = 0; b < 2; ++b) {
+            const int64_t pb = c.shared ? 0 : b;
+            vs.push_back({.prefix_k = k1.data() + pb * H * P * D,
+                          .prefix_v = v1.data() + pb * H * P * D,
+                          .prefix_len = P,
+                          .prefix_stride = P * D,
+                          .own_k = k2.data() + b * H * cap * D,
+                          .own_v = v2.data() + b * H * cap * D,
+                          .own_stride = cap * D});
+          }
+          return vs;
+        };
+        auto args = [&](const std::vector<RowView>& vs, float* out) {
+          return AttendF64Args{.rows = *c.rows,
+                               .views = vs.data(),
+                               .q = q.data(),
+                               .ldq = H * c.dq,
+                               .hq = c.dq,
+                               .out = out,
+                               .ldo = H * c.dv,
+                               .ho = c.dv,
+                               .heads = H,
+                               .qk_dim = c.dq,
+                               .v_dim = c.dv,
+                               .kv_dim = D,
+                               .scale = c.scale,
+                               .window = c.window,
+                               .paired_heads = c.paired,
+                               .key_offset = c.offset,
+                               .offset_from = c.rot,
+                               .segment = c.segment};
+        };
+        auto forward = [&] {
+          const std::vector<RowView> vs = views(pk, pv, ok, ov);
+          Floats out(size_t(2 * L * H * c.dv), 0.0f);
+          ops.attention_f64(args(vs, out.data()));
+          return std::vector<Floats>{out};
+        };
+        Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
+            dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
+        const std::vector<RowView> vs = views(pk, pv, ok, ov);
+        const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
+        ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                    .dout = g.data(),
+                                    .lddo = H * c.dv,
+                                    .hdo = c.dv,
+                                    .dq = dqq.data(),
+                                    .lddq = H * c.dq,
+                                    .hdq = c.dq,
+                                    .dviews = dvs.data()});
+        Floats gm = g;  // padded outputs are zeros, not functions of the inputs
+        for (int64_t b = 0; b < 2; ++b)
+          for (int64_t t = c.lengths[b]; t < L; ++t)
+            for (int64_t e = 0; e < H * c.dv; ++e) gm[size_t((b * L + t) * H * c.dv + e)] = 0.0f;
+        expect_directional(forward, {gm},
+                           {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng,
+                           1e-3);
+        check(dpk, dpv, dok, dov);
+        return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
+      },
+      1e-5);
+}
+
 // attention_f64 over a prefix and own keys, with a window, paired heads or the key offset, and
 // packed segments: dq, and dK / dV into both the prefix's and the own buffers' gradient views;
 // also with both rows reading one prefix (fork rows of one document: the prefix's gradient sums
 // both rows' shares).
 TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
-  const int64_t H = 4, dq = 6, dv = 5, D = 6, P = 5, cap = 8, L = 4, rot = 2;
+  const int64_t H = 4, D = 6, P = 5, cap = 8, L = 4;
   const int64_t lengths[] = {3, 4}, positions[] = {P, P};
   const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
   // Segments: row 0's tokens in one that starts inside the prefix, row 1's last two tokens in a
@@ -594,88 +685,38 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
             SCOPED_TRACE(std::string(paired ? "paired" : "plain") + (offset ? " key offset" : "") +
                          (segmented ? " segments" : "") + (long_window ? " long window" : "") +
                          (shared ? " shared prefix" : ""));
-            std::mt19937 rng(11);
-            // Two rows with their own prefixes and own keys (own keys at 0: as a fresh fork).
-            Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
-            Floats ok = randn(size_t(2 * H * cap * D), rng),
-                   ov = randn(size_t(2 * H * cap * D), rng);
-            Floats q = randn(size_t(2 * L * H * dq), rng);
-            const Floats g = randn(size_t(2 * L * H * dv), rng);
-            const int64_t window = long_window ? 64 : paired ? 7 : 4;
-            across_backends(
-                [&](const Ops& ops) {
-                  auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
-                    std::vector<RowView> vs;
-                    for (int64_t b = 0; b < 2; ++b) {
-                      const int64_t pb = shared ? 0 : b;
-                      vs.push_back({.prefix_k = k1.data() + pb * H * P * D,
-                                    .prefix_v = v1.data() + pb * H * P * D,
-                                    .prefix_len = P,
-                                    .prefix_stride = P * D,
-                                    .own_k = k2.data() + b * H * cap * D,
-                                    .own_v = v2.data() + b * H * cap * D,
-                                    .own_stride = cap * D});
-                    }
-                    return vs;
-                  };
-                  auto args = [&](const std::vector<RowView>& vs, float* out) {
-                    return AttendF64Args{.rows = rows,
-                                         .views = vs.data(),
-                                         .q = q.data(),
-                                         .ldq = H * dq,
-                                         .hq = dq,
-                                         .out = out,
-                                         .ldo = H * dv,
-                                         .ho = dv,
-                                         .heads = H,
-                                         .qk_dim = dq,
-                                         .v_dim = dv,
-                                         .kv_dim = D,
-                                         .scale = 0.5f,
-                                         .window = window,
-                                         .paired_heads = paired,
-                                         .key_offset = offset,
-                                         .offset_from = rot,
-                                         .segment = segmented ? segment.data() : nullptr};
-                  };
-                  auto forward = [&] {
-                    const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                    Floats out(size_t(2 * L * H * dv), 0.0f);
-                    ops.attention_f64(args(vs, out.data()));
-                    return std::vector<Floats>{out};
-                  };
-                  Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
-                      dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
-                  const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                  const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
-                  ops.attention_f64_backward({.forward = args(vs, nullptr),
-                                              .dout = g.data(),
-                                              .lddo = H * dv,
-                                              .hdo = dv,
-                                              .dq = dqq.data(),
-                                              .lddq = H * dq,
-                                              .hdq = dq,
-                                              .dviews = dvs.data()});
-                  Floats gm = g;  // padded outputs are zeros, not functions of the inputs
-                  for (int64_t t = lengths[0]; t < L; ++t)
-                    for (int64_t e = 0; e < H * dv; ++e) gm[size_t(t * H * dv + e)] = 0.0f;
-                  expect_directional(
-                      forward, {gm},
-                      {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng, 1e-3);
-                  // Row 0's prefix values at positions 0 and 1: inside the window, before its
-                  // segment.
-                  double hidden = 0;
-                  for (int64_t h = 0; h < H; ++h)
-                    for (int64_t e = 0; e < 2 * D; ++e)
-                      hidden += std::fabs(dpv[size_t(h * P * D + e)]);
-                  if (segmented && !shared) {  // (row 1's first segment starts at 0)
-                    EXPECT_EQ(hidden, 0.0);
-                  } else {
-                    EXPECT_GT(hidden, 0.0);
-                  }
-                  return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
-                },
-                1e-5);
+            const TwoRows c{.H = H,
+                            .dq = 6,
+                            .dv = 5,
+                            .D = D,
+                            .P = P,
+                            .cap = cap,
+                            .L = L,
+                            .rot = 2,
+                            .lengths = lengths,
+                            .rows = &rows,
+                            .scale = 0.5f,
+                            .q_std = 1.0f,
+                            .window = long_window ? 64
+                                      : paired    ? 7
+                                                  : 4,
+                            .paired = paired,
+                            .offset = offset,
+                            .shared = shared,
+                            .segment = segmented ? segment.data() : nullptr,
+                            .seed = 11};
+            check_two_rows(c, [&](const Floats&, const Floats& dpv, const Floats&, const Floats&) {
+              // Row 0's prefix values at positions 0 and 1: inside the window, before its
+              // segment.
+              double hidden = 0;
+              for (int64_t h = 0; h < H; ++h)
+                for (int64_t e = 0; e < 2 * D; ++e) hidden += std::fabs(dpv[size_t(h * P * D + e)]);
+              if (segmented && !shared) {  // (row 1's first segment starts at 0)
+                EXPECT_EQ(hidden, 0.0);
+              } else {
+                EXPECT_GT(hidden, 0.0);
+              }
+            });
           }
 }
 
@@ -685,7 +726,7 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
 // two fork rows sharing one prefix (its gradient sums both rows' shares); head dims over 64 take
 // the CUDA backward's per-key kernels instead.
 TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
-  const int64_t H = 4, D = 72, P = 45, cap = 72, L = 70, rot = 4;
+  const int64_t H = 4, D = 72, P = 45, cap = 72, L = 70;
   const int64_t lengths[] = {70, 53}, positions[] = {P, P};
   const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
   // Row 0: a document from prefix position 10 up to its token 30, then one from P + 30; row 1:
@@ -708,84 +749,34 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
                            (offset ? " key offset" : "") + (segmented ? " segments" : "") +
                            (long_window ? " long window" : "") + (shared ? " shared prefix" : "") +
                            (wide ? " wide" : ""));
-              std::mt19937 rng(23);
-              Floats pk = randn(size_t(2 * H * P * D), rng), pv = randn(size_t(2 * H * P * D), rng);
-              Floats ok = randn(size_t(2 * H * cap * D), rng),
-                     ov = randn(size_t(2 * H * cap * D), rng);
-              Floats q = randn(size_t(2 * L * H * dq), rng, 0.3f);
-              const Floats g = randn(size_t(2 * L * H * dv), rng);
               // In virtual positions: paired heads' windows cover half as many tokens.
-              const int64_t window = long_window ? 100 : 20;
-              across_backends(
-                  [&](const Ops& ops) {
-                    auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
-                      std::vector<RowView> vs;
-                      for (int64_t b = 0; b < 2; ++b) {
-                        const int64_t pb = shared ? 0 : b;
-                        vs.push_back({.prefix_k = k1.data() + pb * H * P * D,
-                                      .prefix_v = v1.data() + pb * H * P * D,
-                                      .prefix_len = P,
-                                      .prefix_stride = P * D,
-                                      .own_k = k2.data() + b * H * cap * D,
-                                      .own_v = v2.data() + b * H * cap * D,
-                                      .own_stride = cap * D});
-                      }
-                      return vs;
-                    };
-                    auto args = [&](const std::vector<RowView>& vs, float* out) {
-                      return AttendF64Args{.rows = rows,
-                                           .views = vs.data(),
-                                           .q = q.data(),
-                                           .ldq = H * dq,
-                                           .hq = dq,
-                                           .out = out,
-                                           .ldo = H * dv,
-                                           .ho = dv,
-                                           .heads = H,
-                                           .qk_dim = dq,
-                                           .v_dim = dv,
-                                           .kv_dim = D,
-                                           .scale = 1.0f / std::sqrt(float(dq)),
-                                           .window = window,
-                                           .paired_heads = paired,
-                                           .key_offset = offset,
-                                           .offset_from = rot,
-                                           .segment = segmented ? segment.data() : nullptr};
-                    };
-                    auto forward = [&] {
-                      const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                      Floats out(size_t(2 * L * H * dv), 0.0f);
-                      ops.attention_f64(args(vs, out.data()));
-                      return std::vector<Floats>{out};
-                    };
-                    Floats dpk(pk.size(), 0.0f), dpv(pv.size(), 0.0f), dok(ok.size(), 0.0f),
-                        dov(ov.size(), 0.0f), dqq(q.size(), 0.0f);
-                    const std::vector<RowView> vs = views(pk, pv, ok, ov);
-                    const std::vector<RowView> dvs = views(dpk, dpv, dok, dov);
-                    ops.attention_f64_backward({.forward = args(vs, nullptr),
-                                                .dout = g.data(),
-                                                .lddo = H * dv,
-                                                .hdo = dv,
-                                                .dq = dqq.data(),
-                                                .lddq = H * dq,
-                                                .hdq = dq,
-                                                .dviews = dvs.data()});
-                    Floats gm = g;  // row 1's padded outputs are zeros, not functions of the inputs
-                    for (int64_t t = lengths[1]; t < L; ++t)
-                      for (int64_t e = 0; e < H * dv; ++e) gm[size_t((L + t) * H * dv + e)] = 0.0f;
-                    expect_directional(
-                        forward, {gm},
-                        {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng,
-                        1e-3);
-                    // Row 1's own keys past its length: nobody reads them.
-                    double unread = 0;
-                    for (int64_t h = 0; h < H; ++h)
-                      for (int64_t e = lengths[1] * D; e < cap * D; ++e)
-                        unread += std::fabs(dok[size_t((H + h) * cap * D + e)]);
-                    EXPECT_EQ(unread, 0.0);
-                    return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
-                  },
-                  1e-5);
+              const TwoRows c{.H = H,
+                              .dq = dq,
+                              .dv = dv,
+                              .D = D,
+                              .P = P,
+                              .cap = cap,
+                              .L = L,
+                              .rot = 4,
+                              .lengths = lengths,
+                              .rows = &rows,
+                              .scale = 1.0f / std::sqrt(float(dq)),
+                              .q_std = 0.3f,
+                              .window = long_window ? 100 : 20,
+                              .paired = paired,
+                              .offset = offset,
+                              .shared = shared,
+                              .segment = segmented ? segment.data() : nullptr,
+                              .seed = 23};
+              check_two_rows(c,
+                             [&](const Floats&, const Floats&, const Floats& dok, const Floats&) {
+                               // Row 1's own keys past its length: nobody reads them.
+                               double unread = 0;
+                               for (int64_t h = 0; h < H; ++h)
+                                 for (int64_t e = lengths[1] * D; e < cap * D; ++e)
+                                   unread += std::fabs(dok[size_t((H + h) * cap * D + e)]);
+                               EXPECT_EQ(unread, 0.0);
+                             });
             }
 }
 
