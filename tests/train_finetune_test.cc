@@ -257,6 +257,17 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
   }
   EXPECT_NE(deg::testing::read_text(t / "straight" / "train_state" / "backbone.safetensors"),
             deg::testing::read_text(ckpt / "backbone.safetensors"));  // the trunk trained
+  // One worker thread: the same bits (the heads' losses run in groups fixed by the step's
+  // examples, not by the threads).
+  r = deg::testing::run_deg({"--threads", "1", "train", "--base", ckpt.string(), "--out",
+                             (t / "one").string(), "--task", task, "--steps", "6", "--batch-tokens",
+                             "600", "--eval-every", "2", "--quiet"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"heads.safetensors", "backbone.safetensors"}) {
+    EXPECT_EQ(deg::testing::read_text(t / "one" / "train_state" / f),
+              deg::testing::read_text(t / "straight" / "train_state" / f))
+        << f;
+  }
   int lines = 0;
   std::ifstream m(t / "half" / "metrics.jsonl");
   for (std::string line; std::getline(m, line);) lines += !line.empty();
