@@ -15,6 +15,7 @@
 #include "deg/report.h"
 #include "engine/decode.h"
 #include "io/json.h"
+#include "io/safetensors.h"
 #include "io/weights.h"
 #include "model/checkpoint.h"
 #include "schema/plan.h"
@@ -118,6 +119,69 @@ TEST_F(EngineTest, OutputsValidateAgainstTheirSchemas) {
         EXPECT_GE(f.confidence, 0.0) << f.path;
         EXPECT_LE(f.confidence, 1.0 + 1e-9) << f.path;
       }
+    }
+  }
+}
+
+// x-generate strings with a minLength are written at least that long: the end of the text is
+// passed over (the next most likely token taken) until then, so the value validates. A tiny gpt
+// whose LM head makes the end of text likely shows first that without minLength texts end
+// early: its row is w, "a"'s w / 2, "b"'s -w / 2, the others 0, so the end of text comes first
+// whenever w . h > 0 ("a" second), else "b".
+TEST(EngineGenerate, TextsReachTheirMinLength) {
+  testing::TempDir t;
+  testing::write_tiny_gpt(t / "base", 3);
+  const fs::path weights = t / "base" / "model.safetensors";
+  std::vector<NamedTensor> all;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(weights);
+    for (const TensorInfo& info : f.tensors())
+      all.push_back({info.name, f.tensor(info.name).clone()});
+  }
+  int patched = 0;
+  for (NamedTensor& n : all) {
+    if (n.name != "lm_head") continue;
+    float* w = n.tensor.mutable_data<float>();
+    const int64_t V = n.tensor.dim(0), C = n.tensor.dim(1), eos = 256;  // <|endoftext|>
+    for (int64_t r = 0; r < V; ++r) {
+      const float f = r == 'a' ? 0.5f : r == 'b' ? -0.5f : 0.0f;
+      for (int64_t c = 0; c < C && r != eos; ++c) w[r * C + c] = f * w[eos * C + c];
+    }
+    ++patched;
+  }
+  ASSERT_EQ(patched, 1);
+  safetensors_write(weights, all);
+  checkpoint_create({.base = t / "base", .out = t / "ckpt", .seed = 1});
+  const Engine engine = Engine::open({.model = t / "ckpt", .device = "cpu"});
+  auto schema = [](bool min_length) {
+    OrderedJson props = OrderedJson::object();
+    for (int i = 0; i < 8; ++i) {
+      OrderedJson f = {{"type", "string"}, {"x-generate", true}, {"maxLength", 48}};
+      if (min_length) f["minLength"] = 10 + 4 * i;
+      props[fmt::format("note{}", i)] = f;
+    }
+    return OrderedJson{{"type", "object"}, {"properties", props}};
+  };
+  auto length = [](const OrderedJson& v) {
+    return int64_t(schema::utf8_to_code_points(v.get<std::string>())->size());
+  };
+  int short_texts = 0;
+  for (const FillResult& r : engine.fill(schema(false), documents())) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    for (int i = 0; i < 8; ++i) {
+      const std::string key = fmt::format("note{}", i);
+      short_texts += !r.value.contains(key) || length(r.value[key]) < 10 + 4 * i;
+    }
+  }
+  ASSERT_GT(short_texts, 0) << "no text ended early: the case shows nothing";
+  const OrderedJson bounded = schema(true);
+  for (const FillResult& r : engine.fill(bounded, documents())) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    expect_valid(bounded, r.value);
+    for (int i = 0; i < 8; ++i) {
+      const std::string key = fmt::format("note{}", i);
+      ASSERT_TRUE(r.value.contains(key)) << r.value.dump();
+      EXPECT_GE(length(r.value[key]), 10 + 4 * i) << r.value.dump();
     }
   }
 }

@@ -6,6 +6,15 @@
 #include "engine/filler.h"
 
 namespace deg::engine {
+namespace {
+
+int64_t code_points(std::string_view utf8) {
+  int64_t n = 0;
+  for (const char c : utf8) n += (uint8_t(c) & 0xc0) != 0x80;
+  return n;
+}
+
+}  // namespace
 
 // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
 // field of the document as a fork row of one batched greedy decode.
@@ -46,7 +55,16 @@ void Filler::generate(size_t d) {
     for (int64_t b = 0; b < B; ++b) {
       if (done[size_t(b)]) continue;
       const float* l = logits.data<float>() + b * V;
-      const int64_t best = std::max_element(l, l + V) - l;
+      int64_t best = std::max_element(l, l + V) - l;
+      // A minLength: the end of the text is passed over (the next most likely token taken)
+      // until the text is that long, so the value validates.
+      const std::optional<int64_t>& min_length = fields[size_t(b)].field->value.min_length;
+      if (best == model_.eos_id() && min_length &&
+          code_points(model_.tokenizer().decode(out[size_t(b)], true)) < *min_length) {
+        std::vector<bool> allowed(size_t(V), true);
+        allowed[size_t(best)] = false;
+        if (const Pick other = pick_best(l, V, 1.0, allowed); other.index >= 0) best = other.index;
+      }
       logprob[size_t(b)] += std::log(engine::softmax(l, V, 1.0)[size_t(best)]);
       if (best == model_.eos_id() ||
           int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
