@@ -131,6 +131,41 @@ TEST(TrainTasks, RecordsBecomeTheEngineQueriesWithTargets) {
   EXPECT_THROW(make_example(*model, plan, "x", Json::parse(R"({"intent": "Dance"})")), Error);
 }
 
+// --shuffle-options: a choice query lists its options in an order of its own (the same for the
+// same record and seed), its target the expected option where it now stands; without a seed the
+// schema's order, as deg fill asks.
+TEST(TrainTasks, ShuffledOptionsKeepTheirTarget) {
+  TempDir t;
+  const auto model = engine::DegModel::open(write_gpt_checkpoint(t.path(), 1));
+  const schema::Plan plan = plan_of(kSchema);
+  const schema::Field* intent = schema::plan_find(plan, "/intent");
+  const std::vector<int32_t> schema_order = model->encode_query(*intent, {}).ids;
+  auto query = [](const TaskExample& ex) {
+    for (const TaskQuery& q : ex.queries)
+      if (q.pointer == "/intent") return q;
+    return TaskQuery{};
+  };
+  int reordered = 0;
+  for (const char* want : {"PlayMusic", "GetWeather", "BookRestaurant"}) {
+    for (int d = 0; d < 6; ++d) {
+      const std::string doc = fmt::format("request number {} of the day", d);
+      const Json expected = {{"intent", want}};
+      EXPECT_EQ(query(make_example(*model, plan, doc, expected)).ids, schema_order);
+      const TaskQuery q = query(make_example(*model, plan, doc, expected, 0, 7));
+      EXPECT_EQ(q.ids, query(make_example(*model, plan, doc, expected, 0, 7)).ids);
+      reordered += q.ids != schema_order;
+      // The target's option line (from the previous option's end to its own) names it.
+      ASSERT_EQ(q.option_positions.size(), 3u);
+      const int64_t from = q.option > 0 ? q.option_positions[size_t(q.option - 1)] + 1 : 0;
+      const std::vector<int32_t> line(q.ids.begin() + from,
+                                      q.ids.begin() + q.option_positions[size_t(q.option)] + 1);
+      const std::string text = model->tokenizer().decode(line, true);
+      EXPECT_TRUE(text.ends_with(std::string("- ") + want)) << text;
+    }
+  }
+  EXPECT_GT(reordered, 0);
+}
+
 TEST(TrainFeatures, PackedForkLayoutEqualsTheEngine) {
   TempDir t;
   const fs::path ckpt = write_gpt_checkpoint(t.path(), 2);

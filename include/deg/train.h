@@ -55,6 +55,10 @@ struct FineTuneOptions {
   double empty_array_rate = 1.0;
   // The weight of an item start's term in the anchor loss (starts are a few tokens among many).
   float anchor_pos_weight = 1.0f;
+  // Training records list each choice field's options in their own order (drawn from `seed`;
+  // dev records and deg fill keep the schema's), so the head learns the options' words rather
+  // than their places.
+  bool shuffle_options = false;
   float head_lr = 2e-3f, head_wd = 0.01f;
   float trunk_lr = 0.3f;  // multiplies the pretraining optimizer's rates
   int64_t warmup_steps = 20;

@@ -49,6 +49,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "cpu, cuda or auto (a GPU when one is visible): where a gpt trunk trains")
       ->capture_default_str();
+  cmd->add_flag("--shuffle-options", o->shuffle_options,
+                "Each training record lists a choice field's options in its own order (from "
+                "--seed), so the head learns the options' words rather than their places; dev "
+                "records and deg fill keep the schema's order");
   cmd->add_option("--profile-step", o->profile_step,
                   "Write OUT/profile.txt: this step's phases and the device time of every CUDA op "
                   "in it (--device cuda; every step's phases are in metrics.jsonl's \"ms\")")

@@ -121,7 +121,8 @@ Dataset build_dataset(const engine::DegModel& model, const FineTuneOptions& o,
           for (int64_t i = i0; i < i1; ++i) {
             const Record& rec = records[size_t(b0 + i)];
             try {
-              made[size_t(i)] = make_example(model, plan, rec.document, rec.expected, int(k));
+              made[size_t(i)] = make_example(model, plan, rec.document, rec.expected, int(k),
+                                             split == 0 && o.shuffle_options ? mix(o.seed) | 1 : 0);
             } catch (...) {
               failed[size_t(i)] = std::current_exception();
             }

@@ -47,8 +47,13 @@ struct Located {
 
 class Builder {
  public:
-  Builder(const engine::DegModel& model, const engine::ContextText& context, TaskExample& ex)
-      : model_(model), ctx_(context), ex_(ex), T_(int64_t(context.offsets.size())) {}
+  Builder(const engine::DegModel& model, const engine::ContextText& context, TaskExample& ex,
+          uint64_t shuffle)
+      : model_(model),
+        ctx_(context),
+        ex_(ex),
+        T_(int64_t(context.offsets.size())),
+        shuffle_(shuffle) {}
 
   // `gold`: the expected value at this field, or nullptr when the record leaves it out.
   void visit(const Field& f, const Scope& s, const Json* gold) {
@@ -99,6 +104,19 @@ class Builder {
   }
 
   void choice(const Field& f, const Scope& s, const Json* gold) {
+    if (shuffle_ && f.kind == FieldKind::choice && f.options.size() > 1) {
+      Field shuffled = f;
+      // Fisher-Yates from a stream of the seed, the document and the field's pointer.
+      uint64_t state = shuffle_ ^ text_hash(schema::field_pointer(f, s.place.indices));
+      for (const char32_t c : ctx_.text) state = splitmix(state ^ uint64_t(c));
+      for (size_t i = shuffled.options.size() - 1; i > 0; --i)
+        std::swap(shuffled.options[i], shuffled.options[(state = splitmix(state)) % (i + 1)]);
+      return ask_choice(shuffled, s, gold);
+    }
+    ask_choice(f, s, gold);
+  }
+
+  void ask_choice(const Field& f, const Scope& s, const Json* gold) {
     const Json want = gold ? *gold : Json(nullptr);
     for (size_t i = 0; i < f.options.size(); ++i) {
       if (f.options[i].value == want) {
@@ -108,6 +126,18 @@ class Builder {
       }
     }
     if (gold) mismatch(f, s, *gold, "an option");
+  }
+
+  static uint64_t splitmix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  }
+  static uint64_t text_hash(const std::string& text) {
+    uint64_t h = 0;
+    for (const char c : text) h = splitmix(h ^ uint8_t(c));
+    return h;
   }
 
   // The region of a scope in tokens: [lo, hi).
@@ -238,12 +268,14 @@ class Builder {
   const engine::ContextText& ctx_;
   TaskExample& ex_;
   int64_t T_;
+  uint64_t shuffle_;
 };
 
 }  // namespace
 
 TaskExample make_example(const engine::DegModel& model, const schema::Plan& plan,
-                         const std::string& document, const Json& expected, int task) {
+                         const std::string& document, const Json& expected, int task,
+                         uint64_t shuffle_options) {
   if (document.find_first_not_of(" \t\r\n") == std::string::npos) {
     throw Error(ErrorKind::invalid_argument, "the document is empty");
   }
@@ -255,7 +287,7 @@ TaskExample make_example(const engine::DegModel& model, const schema::Plan& plan
   ex.trunk = model.trunk_ids(dc.ids, &ex.ctx_start);
   ex.ctx_tokens = int64_t(dc.ids.size());
   const engine::ContextText context{std::move(dc.text), schema::TokenOffsets(std::move(dc.ranges))};
-  Builder(model, context, ex).visit(plan.root, {}, &expected);
+  Builder(model, context, ex, shuffle_options).visit(plan.root, {}, &expected);
   return ex;
 }
 
