@@ -131,9 +131,9 @@ TEST(TrainTasks, RecordsBecomeTheEngineQueriesWithTargets) {
   EXPECT_THROW(make_example(*model, plan, "x", Json::parse(R"({"intent": "Dance"})")), Error);
 }
 
-// --shuffle-options: a choice query lists its options in an order of its own (the same for the
-// same record and seed), its target the expected option where it now stands; without a seed the
-// schema's order, as deg fill asks.
+// --shuffle-options: a choice query lists its options in an order drawn from the record's seed
+// (the same seed, the same order), its target the expected option where it now stands; without
+// a seed the schema's order, as deg fill asks.
 TEST(TrainTasks, ShuffledOptionsKeepTheirTarget) {
   TempDir t;
   const auto model = engine::DegModel::open(write_gpt_checkpoint(t.path(), 1));
@@ -147,12 +147,12 @@ TEST(TrainTasks, ShuffledOptionsKeepTheirTarget) {
   };
   int reordered = 0;
   for (const char* want : {"PlayMusic", "GetWeather", "BookRestaurant"}) {
-    for (int d = 0; d < 6; ++d) {
-      const std::string doc = fmt::format("request number {} of the day", d);
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      const std::string doc = fmt::format("request number {} of the day", seed);
       const Json expected = {{"intent", want}};
       EXPECT_EQ(query(make_example(*model, plan, doc, expected)).ids, schema_order);
-      const TaskQuery q = query(make_example(*model, plan, doc, expected, 0, 7));
-      EXPECT_EQ(q.ids, query(make_example(*model, plan, doc, expected, 0, 7)).ids);
+      const TaskQuery q = query(make_example(*model, plan, doc, expected, 0, seed));
+      EXPECT_EQ(q.ids, query(make_example(*model, plan, doc, expected, 0, seed)).ids);
       reordered += q.ids != schema_order;
       // The target's option line (from the previous option's end to its own) names it.
       ASSERT_EQ(q.option_positions.size(), 3u);

@@ -4,17 +4,9 @@
 
 #include "core/log.h"
 #include "engine/filler.h"
+#include "schema/spans.h"
 
 namespace deg::engine {
-namespace {
-
-int64_t code_points(std::string_view utf8) {
-  int64_t n = 0;
-  for (const char c : utf8) n += (uint8_t(c) & 0xc0) != 0x80;
-  return n;
-}
-
-}  // namespace
 
 // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
 // field of the document as a fork row of one batched greedy decode.
@@ -60,7 +52,9 @@ void Filler::generate(size_t d) {
       // until the text is that long, so the value validates.
       const std::optional<int64_t>& min_length = fields[size_t(b)].field->value.min_length;
       if (best == model_.eos_id() && min_length &&
-          code_points(model_.tokenizer().decode(out[size_t(b)], true)) < *min_length) {
+          int64_t(schema::utf8_to_code_points(model_.tokenizer().decode(out[size_t(b)], true))
+                      .value_or(std::u32string())
+                      .size()) < *min_length) {
         std::vector<bool> allowed(size_t(V), true);
         allowed[size_t(best)] = false;
         if (const Pick other = pick_best(l, V, 1.0, allowed); other.index >= 0) best = other.index;

@@ -121,8 +121,12 @@ Dataset build_dataset(const engine::DegModel& model, const FineTuneOptions& o,
           for (int64_t i = i0; i < i1; ++i) {
             const Record& rec = records[size_t(b0 + i)];
             try {
-              made[size_t(i)] = make_example(model, plan, rec.document, rec.expected, int(k),
-                                             split == 0 && o.shuffle_options ? mix(o.seed) | 1 : 0);
+              // --shuffle-options: a seed of the run's and the record's own (never 0).
+              const uint64_t shuffle = split == 0 && o.shuffle_options
+                                           ? mix(o.seed ^ mix(k << 40 ^ uint64_t(b0 + i))) | 1
+                                           : 0;
+              made[size_t(i)] =
+                  make_example(model, plan, rec.document, rec.expected, int(k), shuffle);
             } catch (...) {
               failed[size_t(i)] = std::current_exception();
             }
@@ -557,7 +561,6 @@ class Trainer {
   int64_t order_epoch_ = -1;
 };
 
-// out/ as a deg checkpoint of the base: a copy of a deg checkpoint, or `deg init` of a model.
 constexpr const char* kProfileNeeds =
     "--profile-step times the CUDA ops of a gpt trunk that trains on a GPU (--device cuda); on "
     "the CPU, metrics.jsonl's \"ms\" has each step's phases";
@@ -583,6 +586,7 @@ void write_profile(const fs::path& path, int64_t step, const Trainer::StepTimes&
   });
 }
 
+// out/ as a deg checkpoint of the base: a copy of a deg checkpoint, or `deg init` of a model.
 void prepare_out(const FineTuneOptions& o) {
   if (o.resume) {
     if (!fs::exists(o.out / "train_state" / "trainer.json"))

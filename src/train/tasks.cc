@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "engine/context.h"
 #include "schema/spans.h"
+#include "train/gpt_params.h"
 
 namespace deg::train {
 
@@ -48,7 +49,7 @@ struct Located {
 class Builder {
  public:
   Builder(const engine::DegModel& model, const engine::ContextText& context, TaskExample& ex,
-          uint64_t shuffle)
+          Rng* shuffle)
       : model_(model),
         ctx_(context),
         ex_(ex),
@@ -105,12 +106,9 @@ class Builder {
 
   void choice(const Field& f, const Scope& s, const Json* gold) {
     if (shuffle_ && f.kind == FieldKind::choice && f.options.size() > 1) {
-      Field shuffled = f;
-      // Fisher-Yates from a stream of the seed, the document and the field's pointer.
-      uint64_t state = shuffle_ ^ text_hash(schema::field_pointer(f, s.place.indices));
-      for (const char32_t c : ctx_.text) state = splitmix(state ^ uint64_t(c));
+      Field shuffled = f;  // Fisher-Yates from the record's stream
       for (size_t i = shuffled.options.size() - 1; i > 0; --i)
-        std::swap(shuffled.options[i], shuffled.options[(state = splitmix(state)) % (i + 1)]);
+        std::swap(shuffled.options[i], shuffled.options[shuffle_->next_u64() % (i + 1)]);
       return ask_choice(shuffled, s, gold);
     }
     ask_choice(f, s, gold);
@@ -126,18 +124,6 @@ class Builder {
       }
     }
     if (gold) mismatch(f, s, *gold, "an option");
-  }
-
-  static uint64_t splitmix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  }
-  static uint64_t text_hash(const std::string& text) {
-    uint64_t h = 0;
-    for (const char c : text) h = splitmix(h ^ uint8_t(c));
-    return h;
   }
 
   // The region of a scope in tokens: [lo, hi).
@@ -268,7 +254,7 @@ class Builder {
   const engine::ContextText& ctx_;
   TaskExample& ex_;
   int64_t T_;
-  uint64_t shuffle_;
+  Rng* shuffle_;  // null: options in the schema's order
 };
 
 }  // namespace
@@ -287,7 +273,9 @@ TaskExample make_example(const engine::DegModel& model, const schema::Plan& plan
   ex.trunk = model.trunk_ids(dc.ids, &ex.ctx_start);
   ex.ctx_tokens = int64_t(dc.ids.size());
   const engine::ContextText context{std::move(dc.text), schema::TokenOffsets(std::move(dc.ranges))};
-  Builder(model, context, ex, shuffle_options).visit(plan.root, {}, &expected);
+  std::optional<Rng> shuffle;
+  if (shuffle_options) shuffle.emplace(shuffle_options);
+  Builder(model, context, ex, shuffle ? &*shuffle : nullptr).visit(plan.root, {}, &expected);
   return ex;
 }
 

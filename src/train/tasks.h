@@ -62,10 +62,10 @@ struct TaskExample {
 // Throws deg::Error (invalid_argument) for a record whose document is empty or not UTF-8, or
 // whose expected value does not fit the plan (an option that is not one of the field's).
 // `shuffle_options`: 0 asks every choice field with its options in the schema's order, as deg
-// fill does; otherwise a seed: each choice query lists its options in an order drawn from the
-// seed, the document and the field's pointer (the same record gives the same order), its target
-// the expected option where it now stands, so that training reads the options' words rather
-// than their places. Score fields keep their order (it means something).
+// fill does; otherwise a seed: each choice query lists its options in an order drawn from a
+// stream of that seed (the record's choice fields in plan order), its target the expected option
+// where it now stands, so that training reads the options' words rather than their places. Score
+// fields keep their order (it means something).
 TaskExample make_example(const engine::DegModel& model, const schema::Plan& plan,
                          const std::string& document, const Json& expected, int task = 0,
                          uint64_t shuffle_options = 0);
