@@ -1,8 +1,11 @@
 // The CUDA backend's training kernels (launch.h "backward.cu"): the backward of the forward ops
-// in the CPU's formulas (kernels/cpu/backward.cc). Every output element is computed by one
-// thread summing its terms in order (rows, table positions, keys), so no result depends on the
-// launch shape and none needs atomics. These are the plain first versions: one thread per vector
-// for the norms (attention's backward is in attention_f64_backward.cu).
+// in the CPU's formulas (kernels/cpu/backward.cc). No result depends on the launch shape and none
+// needs atomics: an element summed over many terms is one thread's (terms in order) or a fixed
+// group of threads' — a warp (or a fixed lane group of one) for a norm's or a combination's
+// vector, a 256-thread block for a column sum — each thread taking the terms at a fixed stride
+// and the partial sums meeting in a fixed tree, so the bits depend on the sizes only (the CPU's
+// sums run in plain order; the f64 partial sums make the f32 results agree to rounding).
+// Attention's backward is in attention_f64_backward.cu.
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
@@ -13,18 +16,56 @@ namespace {
 
 #include "kernels/cuda/grid.cuh"
 
+constexpr int kWarp = 32;
+
+// The sum of a lane group's values (groups of `lanes` consecutive lanes, a power of two up to
+// 32): a fixed butterfly, so every lane of the group gets the same bits.
+__device__ double group_sum(double v, int lanes) {
+  for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Lane groups over a grid-stride loop of n items, `lanes` lanes (a power of two up to a warp)
+// an item: whole warps go round the loop together, so every lane runs group_sum's shuffles; a
+// lane whose item is past n (`on` false) takes part with zeros.
+struct LaneGroups {
+  int64_t per_warp, warps, first;
+  int lanes, lane;
+  __device__ explicit LaneGroups(int lanes_)
+      : per_warp(kWarp / lanes_),
+        warps(int64_t(gridDim.x) * blockDim.x / kWarp),
+        first((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp * per_warp +
+              int64_t(threadIdx.x % kWarp) / lanes_),
+        lanes(lanes_),
+        lane(int(threadIdx.x) % lanes_) {}
+  // Whether this round's items of the warp (`item` the lane's) start before n: the loop's
+  // condition, the same in every lane of the warp.
+  __device__ bool warp_has(int64_t item, int64_t n) const {
+    return item - int64_t(threadIdx.x % kWarp) / lanes < n;
+  }
+};
+
+// A warp per (row, head) vector: lane l takes dims l, l + 32, ...
 __global__ void rms_norm_backward_kernel(NormBackwardLaunch a) {
   const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hd = a.hdx ? a.hdx : a.dim;
-  DEG_GRID_LOOP(v, a.rows * a.heads) {
-    const int64_t r = v / a.heads, h = v % a.heads;
+  const LaneGroups lg(kWarp);
+  const int64_t n = a.rows * a.heads, lane = lg.lane;
+  for (int64_t v = lg.first; lg.warp_has(v, n); v += lg.warps * lg.per_warp) {
+    const bool on = v < n;
+    const int64_t r = on ? v / a.heads : 0, h = on ? v % a.heads : 0;
     const float* x = a.x + r * a.ldx + h * hx;
     const float* dy = a.dy + r * a.ldy + h * hy;
-    float* dx = a.dx + r * a.lddx + h * hd;
-    const float rstd = float(1.0 / sqrt(dot_f64(x, x, a.dim) / double(a.dim) + a.eps));
+    double xx = 0;
+    if (on)
+      for (int64_t d = lane; d < a.dim; d += kWarp) xx += double(x[d]) * double(x[d]);
+    const float rstd = float(1.0 / sqrt(group_sum(xx, kWarp) / double(a.dim) + a.eps));
     double m = 0;
-    for (int64_t d = 0; d < a.dim; ++d) m += double(dy[d]) * double(x[d] * rstd);
-    const float mean = float(m / double(a.dim));
-    for (int64_t d = 0; d < a.dim; ++d) dx[d] += rstd * (dy[d] - x[d] * rstd * mean);
+    if (on)
+      for (int64_t d = lane; d < a.dim; d += kWarp) m += double(dy[d]) * double(x[d] * rstd);
+    const float mean = float(group_sum(m, kWarp) / double(a.dim));
+    if (!on) continue;
+    float* dx = a.dx + r * a.lddx + h * hd;
+    for (int64_t d = lane; d < a.dim; d += kWarp) dx[d] += rstd * (dy[d] - x[d] * rstd * mean);
   }
 }
 
@@ -46,12 +87,23 @@ __global__ void activation_backward_kernel(ActivationBackwardLaunch a) {
   }
 }
 
-__global__ void column_sum_kernel(ColumnSumLaunch a) {
-  DEG_GRID_LOOP(j, a.n) {
+// A block per column: thread t sums rows t, t + kThreads, ..., then a fixed tree.
+__global__ void __launch_bounds__(kThreads) column_sum_kernel(ColumnSumLaunch a) {
+  __shared__ double part[kThreads];
+  for (int64_t j = blockIdx.x; j < a.n; j += gridDim.x) {
     double s = 0;
-    for (int64_t r = 0; r < a.rows; ++r) s += a.x[r * a.ldx + j];
-    const float v = a.s * float(s);
-    a.out[j] = a.accumulate ? a.out[j] + v : v;
+    for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) s += a.x[r * a.ldx + j];
+    part[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = kThreads / 2; w > 0; w >>= 1) {
+      if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      const float v = a.s * float(part[0]);
+      a.out[j] = a.accumulate ? a.out[j] + v : v;
+    }
+    __syncthreads();  // part is reused by the next column
   }
 }
 
@@ -63,24 +115,29 @@ __device__ float term_coef(const CombineTermLaunch& t, int64_t r, int64_t g) {
   return c;
 }
 
-// One thread per (row, column group): every column of the group, every term.
-__global__ void combine_backward_kernel(CombineBackwardLaunch a) {
+// A lane group per (row, column group), `lanes` lanes (a power of two up to a warp): lane l
+// takes the group's columns l, l + lanes, ... for every term; each coefficient's gradient is
+// the lanes' f64 partial sums added in group_sum's tree.
+__global__ void combine_backward_kernel(CombineBackwardLaunch a, int lanes) {
   const CombineLaunch& f = a.forward;
   const int64_t groups = (f.n + f.group - 1) / f.group;
-  DEG_GRID_LOOP(e, f.rows * groups) {
-    const int64_t r = e / groups, g = e % groups, j0 = g * f.group;
+  const LaneGroups lg(lanes);
+  const int64_t n = f.rows * groups, lane = lg.lane;
+  for (int64_t e = lg.first; lg.warp_has(e, n); e += lg.warps * lg.per_warp) {
+    const bool on = e < n;
+    const int64_t r = on ? e / groups : 0, g = on ? e % groups : 0, j0 = g * f.group;
     const int64_t j1 = j0 + f.group < f.n ? j0 + f.group : f.n;
     float c[kCombineTerms];
     double dc[kCombineTerms];
     bool self = false;
     for (int k = 0; k < f.terms; ++k) {
-      c[k] = term_coef(f.term[k], r, g);
+      c[k] = on ? term_coef(f.term[k], r, g) : 0.0f;
       dc[k] = 0;
       self = self || !f.term[k].x;
     }
     float* dyb = a.dy_before ? a.dy_before + r * a.lddb : nullptr;
     const bool in_place = self && dyb == a.dy + r * a.ldy;
-    for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t j = j0 + lane; on && j < j1; j += lanes) {
       const float dy = a.dy[r * a.ldy + j];
       float self_grad = 0.0f;
       for (int k = 0; k < f.terms; ++k) {
@@ -95,8 +152,10 @@ __global__ void combine_backward_kernel(CombineBackwardLaunch a) {
       }
       if (self) dyb[j] = in_place ? self_grad : dyb[j] + self_grad;
     }
-    for (int k = 0; k < f.terms; ++k)
-      if (a.grad[k].dcoef) a.grad[k].dcoef[r * a.grad[k].ldc + g] += float(dc[k]);
+    for (int k = 0; k < f.terms; ++k) {
+      const double sum = group_sum(dc[k], lanes);
+      if (on && lane == 0 && a.grad[k].dcoef) a.grad[k].dcoef[r * a.grad[k].ldc + g] += float(sum);
+    }
   }
 }
 
@@ -196,7 +255,7 @@ __global__ void subtract_projection_backward_kernel(ProjectionBackwardLaunch a) 
 
 cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  rms_norm_backward_kernel<<<grid_for(a.rows * a.heads), kThreads, 0, stream>>>(a);
+  rms_norm_backward_kernel<<<grid_for(a.rows * a.heads * kWarp), kThreads, 0, stream>>>(a);
   return launched();
 }
 
@@ -208,7 +267,7 @@ cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaSt
 
 cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
-  column_sum_kernel<<<grid_for(a.n), kThreads, 0, stream>>>(a);
+  column_sum_kernel<<<unsigned(a.n < 65535 ? a.n : 65535), kThreads, 0, stream>>>(a);
   return launched();
 }
 
@@ -216,8 +275,10 @@ cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t
   const CombineLaunch& f = a.forward;
   if (f.rows * f.n == 0) return cudaSuccess;
   if (f.terms < 1 || f.terms > kCombineTerms || f.group < 1) return cudaErrorInvalidValue;
-  combine_backward_kernel<<<grid_for(f.rows * ((f.n + f.group - 1) / f.group)), kThreads, 0,
-                            stream>>>(a);
+  int lanes = 1;  // lanes a column group: the power of two at or above its width, up to a warp
+  while (lanes < kWarp && lanes < f.group) lanes *= 2;
+  const int64_t groups = f.rows * ((f.n + f.group - 1) / f.group);
+  combine_backward_kernel<<<grid_for(groups * lanes), kThreads, 0, stream>>>(a, lanes);
   return launched();
 }
 
