@@ -120,19 +120,6 @@ __device__ float block_max(float x, float* red) {
   return r;
 }
 
-__device__ double block_sum(double x, double* red) {
-  const int tid = threadIdx.x;
-  red[tid] = x;
-  __syncthreads();
-  for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red[tid] += red[tid + s];
-    __syncthreads();
-  }
-  const double r = red[0];
-  __syncthreads();
-  return r;
-}
-
 // ---- queries: statistics and dq, one block per (token, head) ----
 
 __global__ void __launch_bounds__(kAttnThreads)

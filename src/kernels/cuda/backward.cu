@@ -87,23 +87,14 @@ __global__ void activation_backward_kernel(ActivationBackwardLaunch a) {
   }
 }
 
-// A block per column: thread t sums rows t, t + kThreads, ..., then a fixed tree.
+// A block per column: thread t sums rows t, t + kThreads, ..., then block_sum's tree.
 __global__ void __launch_bounds__(kThreads) column_sum_kernel(ColumnSumLaunch a) {
-  __shared__ double part[kThreads];
+  __shared__ double red[kThreads];
   for (int64_t j = blockIdx.x; j < a.n; j += gridDim.x) {
     double s = 0;
     for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) s += a.x[r * a.ldx + j];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w >>= 1) {
-      if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-      const float v = a.s * float(part[0]);
-      a.out[j] = a.accumulate ? a.out[j] + v : v;
-    }
-    __syncthreads();  // part is reused by the next column
+    const float v = a.s * float(block_sum(s, red));
+    if (threadIdx.x == 0) a.out[j] = a.accumulate ? a.out[j] + v : v;
   }
 }
 
@@ -267,7 +258,7 @@ cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaSt
 
 cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
-  column_sum_kernel<<<unsigned(a.n < 65535 ? a.n : 65535), kThreads, 0, stream>>>(a);
+  column_sum_kernel<<<block_per_item(a.n), kThreads, 0, stream>>>(a);
   return launched();
 }
 

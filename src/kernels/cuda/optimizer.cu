@@ -32,23 +32,17 @@ __global__ void nesterov_kernel(NesterovLaunch a) {
   }
 }
 
-// A block per chunk: thread t squares elements t, t + kThreads, ... of the chunk, then a fixed
-// tree (the chunk's partial sum depends on its elements only).
+// A block per chunk: thread t squares elements t, t + kThreads, ... of the chunk, then
+// block_sum's tree (the chunk's partial sum depends on its elements only).
 __global__ void __launch_bounds__(kThreads)
     sum_chunks_kernel(const float* x, int64_t n, int64_t chunk, int64_t chunks, double* partial) {
-  __shared__ double part[kThreads];
+  __shared__ double red[kThreads];
   for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int64_t b = c * chunk, e = b + chunk < n ? b + chunk : n;
     double s = 0;
     for (int64_t i = b + threadIdx.x; i < e; i += kThreads) s += double(x[i]) * double(x[i]);
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = kThreads / 2; w > 0; w >>= 1) {
-      if (int(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
-      __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[c] = part[0];
-    __syncthreads();
+    const double total = block_sum(s, red);
+    if (threadIdx.x == 0) partial[c] = total;
   }
 }
 
@@ -117,8 +111,8 @@ cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double*
                                double* out, cudaStream_t stream) {
   const int64_t chunks = (n + chunk - 1) / chunk;
   if (chunks > 0) {
-    sum_chunks_kernel<<<unsigned(chunks < 65535 ? chunks : 65535), kThreads, 0, stream>>>(
-        x, n, chunk, chunks, partial);
+    sum_chunks_kernel<<<block_per_item(chunks), kThreads, 0, stream>>>(x, n, chunk, chunks,
+                                                                       partial);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   }
   sum_partials_kernel<<<1, 1, 0, stream>>>(partial, chunks, out);
