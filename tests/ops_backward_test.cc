@@ -726,7 +726,7 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
 // two fork rows sharing one prefix (its gradient sums both rows' shares); head dims over 64 take
 // the CUDA backward's per-key kernels instead.
 TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
-  const int64_t H = 4, D = 72, P = 45, cap = 72, L = 70;
+  const int64_t H = 4, P = 45, cap = 72, L = 70;
   const int64_t lengths[] = {70, 53}, positions[] = {P, P};
   const RowTable rows{.rows = 2, .tokens = L, .lengths = lengths, .positions = positions};
   // Row 0: a document from prefix position 10 up to its token 30, then one from P + 30; row 1:
@@ -736,19 +736,22 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
     segment[size_t(t)] = t < 30 ? 10 : int32_t(P + 30);
     segment[size_t(L + t)] = t < 41 ? 0 : int32_t(P + 41);
   }
-  for (bool wide : {false, true})
+  // Head widths: 16 (the CUDA kernels' narrow tiles), 72 (wider query tiles, the per-key
+  // kernels), 144 (the widest query tiles).
+  for (int64_t width : {16, 72, 144})
     for (bool paired : {false, true})
       for (bool offset : {false, true})
         for (bool segmented : {false, true})
           for (bool long_window : {false, true})
             for (bool shared : {false, true}) {
               if (paired && offset) continue;
+              const bool wide = width > 16;
               if (wide && !(segmented && long_window && shared)) continue;
-              const int64_t dq = wide ? 72 : 16, dv = wide ? 66 : 12;
+              const int64_t dq = width, dv = wide ? width - 6 : 12, D = wide ? width : 72;
               SCOPED_TRACE(std::string(paired ? "paired" : "plain") +
                            (offset ? " key offset" : "") + (segmented ? " segments" : "") +
                            (long_window ? " long window" : "") + (shared ? " shared prefix" : "") +
-                           (wide ? " wide" : ""));
+                           (wide ? " width " + std::to_string(width) : ""));
               // In virtual positions: paired heads' windows cover half as many tokens.
               const TwoRows c{.H = H,
                               .dq = dq,
@@ -780,9 +783,8 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
             }
 }
 
-// One row longer than the CUDA kernels keep scores for (the forward 4096 keys, the backward's
-// queries kernel 2048): its later queries recompute their scores in each pass, its early ones
-// keep them; dq's key tiles (256) and staged rows (32) end anywhere.
+// One row of 4200 tokens: windows of thousands of keys, so the CUDA query tiles walk many key
+// tiles, and the dK / dV tiles many query chunks.
 TEST(OpsBackward, AttentionF64LongRowsRecomputePastTheScoreCache) {
   const int64_t H = 2, dq = 8, dv = 8, D = 8, L = 4200, rot = 3;
   const int64_t lengths[] = {L}, positions[] = {0};

@@ -1704,6 +1704,15 @@ const std::vector<OpCase>& op_cases() {
                                     .prefix_len = {40, 3, 0, 0, 12, 100, 1},
                                     .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                    f64att));
+    c.push_back(attention_f64_case("attention_f64_wide_heads",
+                                   {.heads = 2,
+                                    .qk_dim = 160,
+                                    .v_dim = 136,
+                                    .kv_dim = 160,
+                                    .window = 30,
+                                    .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                    .own_before = {0, 4, 3, 10, 9, 2, 30}},
+                                   f64att));
     // f64 dots rounded, one f32 update per element (cpu: 5.3e-8, 3.9e-16).
     c.push_back(subtract_projection_case("subtract_projection", {5e-7, 4e-15}));
     return c;

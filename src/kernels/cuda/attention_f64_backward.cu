@@ -2,11 +2,10 @@
 // AttentionF64BackwardLaunch): kernels that recompute the forward's scores, each output element
 // summed by one thread in a fixed order, so no result depends on the launch shape or on the
 // other rows of the call (no atomics).
-//  - queries: one block per (token, head), as the forward. The softmax's maximum and 1 / sum
-//    (the forward's arithmetic) and D = sum_j p_j dp_j (dp_j = dout . v_j), kept per (token,
-//    head) for the keys' kernels, then dq (each dim one thread's, keys in order). Windows of up
-//    to kCache keys keep each key's score and dp_j in shared memory (one computation instead of
-//    four and two); longer ones recompute them in each pass.
+//  - queries: query tiles (attention_f64_queries.cuh: a warp per query, the keys staged in
+//    shared memory). The softmax's maximum and 1 / sum (the forward's arithmetic) and
+//    D = sum_j p_j dp_j (dp_j = dout . v_j), kept per (token, head) for the keys' kernels, then
+//    dq (each dim one lane's, keys in order).
 //  - keys, head dims up to kFastDim: one block per (tile of kKeyTile keys, K/V head), the
 //    queries that read the tile staged kQueryTile at a time with the tile's K/V rows in shared
 //    memory; each visible (query, key) share computed once, dK and dV of each key summed over
@@ -16,10 +15,8 @@
 //  fork call's rows read their prefix call's keys, several rows the same ones) by position,
 //  each block taking the rows in order, so a shared key adds the rows' shares in row order.
 //
-// Virtual positions: with paired heads, heads slot and slot + H/2 read one interleaved sequence
-// (head slot + e half at position p sits at 2 p + e, its queries and its keys alike); unpaired, a
-// head's positions are the tokens' (step 1). A query at virtual position qv reads the keys
-// [max(qv - window, its document's start), qv]. With the key offset a key's dims from
+// Virtual positions (attention_f64_queries.cuh's Heads): a query at virtual position qv reads
+// the keys [max(qv - window, its document's start), qv]. With the key offset a key's dims from
 // offset_from on are read from the key one position before, so those dims of key p take the
 // shares of the pairs that read key p + 1 (key 0 keeps its own as well, added first per query).
 #include <cstdint>
@@ -30,22 +27,13 @@ namespace deg::cuda {
 
 namespace {
 
+#include "kernels/cuda/attention_f64_queries.cuh"
 #include "kernels/cuda/grid.cuh"
 
 constexpr int kAttnThreads = 128;
 constexpr int kMaxDim = 512;  // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kAttnThreads;
-constexpr int kTile = 256;     // keys whose dq weights are staged at once
-constexpr int kCache = 2048;   // keys whose scores and dp_j the queries' kernel keeps
-constexpr int kFastDim = 64;   // head dims at most this stage rows in shared memory (tiled kernels)
-constexpr int kStage = 32;     // key rows the queries' kernel stages at once for dq
-constexpr int kHalfRows = 64;  // key rows it stages at once for the scores and dp_j
-static_assert(kStage <= kHalfRows && kAttnThreads % kHalfRows == 0);
-
-__device__ const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
-  if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
-  return (v ? kv.own_v : kv.own_k) + g * kv.own_stride + (p - kv.prefix_len) * D;
-}
+constexpr int kFastDim = 64;  // head dims at most this: the tiled keys' kernels
 
 // Key p's gradient row of K/V head g (null: that part's gradient is not wanted).
 __device__ float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
@@ -54,41 +42,6 @@ __device__ float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t
   if (!base) return nullptr;
   return base + (p < kv.prefix_len ? g * kv.prefix_stride + p * D
                                    : g * kv.own_stride + (p - kv.prefix_len) * D);
-}
-
-// The geometry of one call's heads.
-struct Heads {
-  int64_t step, half;
-
-  __device__ explicit Heads(const AttentionF64Launch& f)
-      : step(f.paired_heads ? 2 : 1), half(f.heads / 2) {}
-  // The slot of head h (the K/V heads a query of h reads are slot, and slot + half if paired).
-  __device__ int64_t slot(const AttentionF64Launch& f, int64_t h) const {
-    return f.paired_heads ? h % half : h;
-  }
-  // The head of virtual position j within slot s (query head or K/V head alike).
-  __device__ int64_t head(const AttentionF64Launch& f, int64_t s, int64_t j) const {
-    return f.paired_heads ? s + (j % 2) * half : s;
-  }
-  __device__ int64_t virtual_of(const AttentionF64Launch& f, int64_t h, int64_t p) const {
-    return f.paired_heads ? 2 * p + h / half : p;
-  }
-};
-
-// The first key (virtual) that token row n's query at virtual position qv reads.
-__device__ int64_t first_key(const AttentionF64Launch& f, int64_t n, int64_t qv) {
-  int64_t j0 = qv - f.window > 0 ? qv - f.window : 0;
-  if (f.segment) {  // keys before the token's packed document are hidden
-    const int64_t s = f.paired_heads ? 2 * int64_t(f.segment[n]) : int64_t(f.segment[n]);
-    j0 = s > j0 ? s : j0;
-  }
-  return j0;
-}
-
-// A score from its f64 dot product: scale * float(s), rounded as written (never fused with the
-// subtraction of the maximum that follows, so a score has the CPU's bits).
-__device__ float scaled(const AttentionF64Launch& f, double s) {
-  return __fmul_rn(f.scale, float(s));
 }
 
 // scale * float(sum_d q[d] k[d]) in f64 for key p of K/V head g, with the key offset's dims
@@ -107,171 +60,65 @@ __device__ float score(const AttentionF64Launch& f, const KvRow& kv, const float
   return scaled(f, s);
 }
 
-__device__ float block_max(float x, float* red) {
-  const int tid = threadIdx.x;
-  red[tid] = x;
-  __syncthreads();
-  for (int s = kAttnThreads / 2; s > 0; s >>= 1) {
-    if (tid < s) red[tid] = fmaxf(red[tid], red[tid + s]);
-    __syncthreads();
-  }
-  const float r = red[0];
-  __syncthreads();
-  return r;
-}
+// ---- queries: statistics and dq, in query tiles (attention_f64_queries.cuh) ----
 
-// ---- queries: statistics and dq, one block per (token, head) ----
-
-__global__ void __launch_bounds__(kAttnThreads)
+// The softmax's maximum and 1 / sum (the forward's arithmetic) and D = sum_j p_j dp_j
+// (dp_j = dout . v_j; each lane's keys in f64, then the butterfly), kept per (token, head) for
+// the keys' kernels; then dq[d] = sum over keys in order of p_j (dp_j - D) scale k_j[d] (the
+// previous key's dims from offset_from on, with the key offset), each dim one lane's.
+template <int kDim>
+__global__ void __launch_bounds__(kTileThreads)
     attention_f64_dq_kernel(AttentionF64BackwardLaunch a) {
   const AttentionF64Launch& f = a.forward;
-  const int i = blockIdx.y;
-  const int64_t t = blockIdx.x, h = blockIdx.z, tid = threadIdx.x;
-  if (t >= f.rows.length[i]) return;
-  const Heads hs(f);
-  const int64_t n = (f.rows.first + i) * f.rows.tokens + t;
-  const int64_t qv = hs.virtual_of(f, h, f.rows.position[i] + t), j0 = first_key(f, n, qv);
-  const int64_t nk = qv - j0 + 1, slot = hs.slot(f, h);
-  const KvRow& kv = f.kv[i];
-
-  __shared__ float qs[kMaxDim], gos[kMaxDim], w[kTile], maxes[kAttnThreads];
-  __shared__ float sc[kCache], dps[kCache];        // scores and dp_j of the first kCache keys
-  __shared__ float rows[kHalfRows][kFastDim + 1];  // staged K or V rows (staged: see below)
-  __shared__ double sums[kAttnThreads];
-  const float* qh = f.q + n * f.ldq + h * f.hq;
-  const float* goh = a.dout + n * a.lddo + h * a.hdo;
-  for (int64_t d = tid; d < f.qk_dim; d += kAttnThreads) qs[d] = qh[d];
-  for (int64_t d = tid; d < f.v_dim; d += kAttnThreads) gos[d] = goh[d];
-  __syncthreads();
-  auto key_score = [&](int64_t j) { return score(f, kv, qs, hs.head(f, slot, j), j / hs.step); };
-
-  // Up to kCache keys keep their scores and dp_j in shared memory (computed once; the same
-  // values, in the same threads, as recomputing them), longer windows recompute. With heads up
-  // to kFastDim wide, the rows they are computed from go through shared memory (`rows`: key
-  // rows with the key offset's dims applied, or value rows), kHalfRows keys at a time loaded
-  // coalesced: thread tid still takes keys tid, tid + kAttnThreads, ... of the window.
-  const bool cached = nk <= kCache, staged = f.qk_dim <= kFastDim && f.v_dim <= kFastDim;
-  auto stage_rows = [&](int64_t lo, bool v) {  // keys [lo, lo + kHalfRows) of the window
-    __syncthreads();                           // the previous rows are used up
-    for (int64_t e = tid; e < kHalfRows * kFastDim; e += kAttnThreads) {
-      const int64_t r = e / kFastDim, d = e % kFastDim, jj = lo + r;
-      if (jj >= nk || d >= (v ? f.v_dim : f.qk_dim)) continue;
-      const int64_t j = j0 + jj, g = hs.head(f, slot, j), p = j / hs.step;
-      const bool from_prev = !v && f.key_offset && p > 0 && d >= f.offset_from;
-      rows[r][d] = kv_at(kv, v, g, from_prev ? p - 1 : p, f.kv_dim)[d];
-    }
-    __syncthreads();
-  };
-  float mx = -INFINITY;
-  if (cached && staged) {
-    for (int64_t b = 0; b < nk; b += kAttnThreads)
-      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
-        stage_rows(b + half * kHalfRows, false);
-        if (tid / kHalfRows != half || b + tid >= nk) continue;
-        const float* kr = rows[tid % kHalfRows];
-        double s = 0;  // score()'s sum: the key offset's dims are already the previous key's
-        for (int64_t d = 0; d < f.qk_dim; ++d) s += double(qs[d]) * double(kr[d]);
-        sc[b + tid] = scaled(f, s);
-        mx = fmaxf(mx, sc[b + tid]);
-      }
-  } else {
-    for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-      const float s = key_score(j0 + jj);
-      if (cached) sc[jj] = s;
-      mx = fmaxf(mx, s);
-    }
-  }
-  mx = block_max(mx, maxes);
-  double sum = 0;
-  for (int64_t jj = tid; jj < nk; jj += kAttnThreads)
-    sum += double(expf((cached ? sc[jj] : key_score(j0 + jj)) - mx));
-  const float inv = float(1.0 / block_sum(sum, sums));
-  // p_j and dp_j of key j (the keys' kernel computes the same from the same inputs).
-  auto p_dp = [&](int64_t j, float* dp) {
-    const int64_t g = hs.head(f, slot, j), p = j / hs.step;
-    if (cached) {
-      *dp = dps[j - j0];
-      return expf(sc[j - j0] - mx) * inv;
-    }
-    *dp = float(dot_f64(gos, kv_at(kv, true, g, p, f.kv_dim), f.v_dim));
-    return expf(score(f, kv, qs, g, p) - mx) * inv;
-  };
-  if (cached && staged) {
-    for (int64_t b = 0; b < nk; b += kAttnThreads)
-      for (int64_t half = 0; half < kAttnThreads / kHalfRows; ++half) {
-        stage_rows(b + half * kHalfRows, true);
-        if (tid / kHalfRows != half || b + tid >= nk) continue;
-        dps[b + tid] = float(dot_f64(gos, rows[tid % kHalfRows], f.v_dim));
-      }
-  }
+  extern __shared__ double tile_memory[];
+  auto& sm = *reinterpret_cast<QueryTileShared<kDim>*>(tile_memory);
+  const TileQuery c = tile_query(f, sm, a.dout, a.lddo, a.hdo);
+  float mx, inv;
+  softmax_stats(c, sm, &mx, &inv);
   double dsum = 0;
-  for (int64_t jj = tid; jj < nk; jj += kAttnThreads) {
-    float dp;
-    if (cached && !staged) {
-      const int64_t j = j0 + jj;
-      dps[jj] =
-          float(dot_f64(gos, kv_at(kv, true, hs.head(f, slot, j), j / hs.step, f.kv_dim), f.v_dim));
-    }
-    const float p = p_dp(j0 + jj, &dp);
-    dsum += double(p) * dp;
-  }
-  const float D = float(block_sum(dsum, sums));
-  if (tid == 0) {
-    float* st = a.stats + (n * f.heads + h) * 3;
+  for_key_tiles(c, sm, true, [&](int64_t base, int count) {
+    for_lane_keys(c, base, count, [&](int r) {
+      const float p = expf(tile_score(c, sm, r) - mx) * inv;
+      dsum += double(p) * tile_dp(c, sm, r);
+    });
+  });
+  const float D = float(warp_sum(dsum));
+  if (c.active && c.lane == 0) {
+    float* st = a.stats + (c.n * f.heads + c.h) * 3;
     st[0] = mx;
     st[1] = inv;
     st[2] = D;
   }
-  if (!a.dq) return;
+  if (!a.dq) return;  // the same for the whole block
+  float acc[kDim / 32] = {};
+  for_key_tiles(c, sm, true, [&](int64_t base, int count) {
+    for_lane_keys(c, base, count, [&](int r) {
+      const float p = expf(tile_score(c, sm, r) - mx) * inv;
+      sm.w[c.warp][r] = p * (tile_dp(c, sm, r) - D) * f.scale;
+    });
+    accumulate_rows(c, sm, sm.k, base, count, f.qk_dim, acc);
+  });
+  if (!c.active) return;
+  float* dq = a.dq + c.n * a.lddq + c.h * a.hdq;
+#pragma unroll
+  for (int k = 0; k < kDim / 32; ++k) {
+    const int d = c.lane + 32 * k;
+    if (d < f.qk_dim) dq[d] += acc[k];
+  }
+}
 
-  // dq[d] = sum over keys in order of p_j (dp_j - D) scale k_j[d] (the previous key's dims from
-  // offset_from on, with the key offset). Heads up to kFastDim wide stage the keys' rows in
-  // shared memory (coalesced), wider ones read them from global memory; each dim is one thread's
-  // sum over the keys in order either way.
-  float acc[kDimsPerThread] = {};
-  for (int64_t base = j0; base <= qv; base += kTile) {
-    const int64_t count = qv - base + 1 < kTile ? qv - base + 1 : kTile;
-    for (int64_t jj = tid; jj < count; jj += kAttnThreads) {
-      float dp;
-      const float p = p_dp(base + jj, &dp);
-      w[jj] = p * (dp - D) * f.scale;
-    }
-    __syncthreads();
-    if (staged) {  // the keys' rows through shared memory, kStage at a time (same sums)
-      for (int64_t sub = 0; sub < count; sub += kStage) {
-        const int64_t m = count - sub < kStage ? count - sub : kStage;
-        for (int64_t e = tid; e < kStage * kFastDim; e += kAttnThreads) {
-          const int64_t r = e / kFastDim, d = e % kFastDim;
-          if (r >= m || d >= f.qk_dim) continue;
-          const int64_t j = base + sub + r, g = hs.head(f, slot, j), p = j / hs.step;
-          const bool from_prev = f.key_offset && p > 0 && d >= f.offset_from;
-          rows[r][d] = kv_at(kv, false, g, from_prev ? p - 1 : p, f.kv_dim)[d];
-        }
-        __syncthreads();
-        if (tid < f.qk_dim)
-          for (int64_t r = 0; r < m; ++r) acc[0] += w[sub + r] * rows[r][tid];
-        __syncthreads();
-      }
-      continue;
-    }
-    for (int64_t jj = 0; jj < count; ++jj) {
-      const int64_t j = base + jj, g = hs.head(f, slot, j), p = j / hs.step;
-      const float* k = kv_at(kv, false, g, p, f.kv_dim);
-      const float* prev = f.key_offset && p > 0 ? kv_at(kv, false, g, p - 1, f.kv_dim) : k;
-#pragma unroll
-      for (int c = 0; c < kDimsPerThread; ++c) {
-        const int64_t d = tid + int64_t(c) * kAttnThreads;
-        if (d < f.qk_dim) acc[c] += w[jj] * (d >= f.offset_from ? prev : k)[d];
-      }
-    }
-    __syncthreads();
-  }
-  float* dq = a.dq + n * a.lddq + h * a.hdq;
-#pragma unroll
-  for (int c = 0; c < kDimsPerThread; ++c) {
-    const int64_t d = tid + int64_t(c) * kAttnThreads;
-    if (d < f.qk_dim) dq[d] += acc[c];
-  }
+template <int kDim>
+cudaError_t launch_query_tiles(const AttentionF64BackwardLaunch& a, cudaStream_t stream) {
+  const AttentionF64Launch& f = a.forward;
+  const int bytes = int(sizeof(QueryTileShared<kDim>));
+  if (cudaError_t e = cudaFuncSetAttribute(attention_f64_dq_kernel<kDim>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess)
+    return e;
+  const unsigned tiles = unsigned((f.rows.tokens + kQueries - 1) / kQueries);
+  attention_f64_dq_kernel<kDim>
+      <<<dim3(tiles, unsigned(f.rows.count), unsigned(f.heads)), kTileThreads, bytes, stream>>>(a);
+  return launched();
 }
 
 // ---- keys: dK and dV, one block per (key, K/V head) ----
@@ -578,10 +425,12 @@ cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
   if (f.rows.count == 0 || f.rows.tokens == 0 || f.heads == 0) return cudaSuccess;
   if (f.qk_dim > kMaxDim || f.v_dim > kMaxDim || (f.paired_heads && f.heads % 2))
     return cudaErrorInvalidValue;
-  attention_f64_dq_kernel<<<dim3(unsigned(f.rows.tokens), unsigned(f.rows.count),
-                                 unsigned(f.heads)),
-                            kAttnThreads, 0, stream>>>(a);
-  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  const int64_t dims = f.qk_dim > f.v_dim ? f.qk_dim : f.v_dim;
+  if (cudaError_t e = dims <= 64    ? launch_query_tiles<64>(a, stream)
+                      : dims <= 128 ? launch_query_tiles<128>(a, stream)
+                                    : launch_query_tiles<512>(a, stream);
+      e != cudaSuccess)
+    return e;
   // Own keys per row, and the prefix positions any row can read.
   int64_t own = 0, prefix_from = INT64_MAX, prefix_to = 0;
   for (int i = 0; i < f.rows.count; ++i) {
