@@ -4,7 +4,7 @@
 // Three passes over the keys: the maximum score, the f64 normaliser, then the output, each dim
 // one lane's sum over the keys in index order, y += p_j v_j with p_j = exp(s_j - max) (1 / sum)
 // (the weights of a staged tile written to shared memory first). Any window fits: scores are
-// recomputed in each pass.
+// recomputed in each pass beyond the score cache.
 //
 // Batch invariance: a (token, head)'s result depends on its query, its keys and the fixed block
 // shape only (attention_f64_queries.cuh's sum orders).
@@ -21,7 +21,7 @@ namespace {
 template <int kDim>
 __global__ void __launch_bounds__(kTileThreads) attention_f64_kernel(AttentionF64Launch a) {
   extern __shared__ double tile_memory[];
-  auto& sm = *reinterpret_cast<QueryTileShared<kDim>*>(tile_memory);
+  auto& sm = *reinterpret_cast<QueryTileShared<kDim, false>*>(tile_memory);
   const TileQuery c = tile_query(a, sm);
   float* y = a.out + c.n * a.ldo + c.h * a.ho;
   if (c.in_call && !c.active)  // padding: zeroed
@@ -29,9 +29,9 @@ __global__ void __launch_bounds__(kTileThreads) attention_f64_kernel(AttentionF6
   float mx, inv;
   softmax_stats(c, sm, &mx, &inv);
   float acc[kDim / 32] = {};
-  for_key_tiles(c, sm, true, [&](int64_t base, int count) {
+  for_key_tiles(c, sm, !c.cached, true, [&](int64_t base, int count) {
     for_lane_keys(c, base, count,
-                  [&](int r) { sm.w[c.warp][r] = expf(tile_score(c, sm, r) - mx) * inv; });
+                  [&](int r) { sm.w[c.warp][r] = expf(score_at(c, sm, base, r) - mx) * inv; });
     accumulate_rows(c, sm, sm.v, base, count, a.v_dim, acc);
   });
   if (!c.active) return;
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kTileThreads) attention_f64_kernel(AttentionF6
 
 template <int kDim>
 cudaError_t launch_tiles(const AttentionF64Launch& a, cudaStream_t stream) {
-  const int bytes = int(sizeof(QueryTileShared<kDim>));
+  const int bytes = int(sizeof(QueryTileShared<kDim, false>));
   if (cudaError_t e = cudaFuncSetAttribute(attention_f64_kernel<kDim>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       e != cudaSuccess)

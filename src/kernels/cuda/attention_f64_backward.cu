@@ -71,15 +71,16 @@ __global__ void __launch_bounds__(kTileThreads)
     attention_f64_dq_kernel(AttentionF64BackwardLaunch a) {
   const AttentionF64Launch& f = a.forward;
   extern __shared__ double tile_memory[];
-  auto& sm = *reinterpret_cast<QueryTileShared<kDim>*>(tile_memory);
+  auto& sm = *reinterpret_cast<QueryTileShared<kDim, true>*>(tile_memory);
   const TileQuery c = tile_query(f, sm, a.dout, a.lddo, a.hdo);
   float mx, inv;
   softmax_stats(c, sm, &mx, &inv);
   double dsum = 0;
-  for_key_tiles(c, sm, true, [&](int64_t base, int count) {
+  for_key_tiles(c, sm, !c.cached, true, [&](int64_t base, int count) {
     for_lane_keys(c, base, count, [&](int r) {
-      const float p = expf(tile_score(c, sm, r) - mx) * inv;
-      dsum += double(p) * tile_dp(c, sm, r);
+      const float p = expf(score_at(c, sm, base, r) - mx) * inv, dp = tile_dp(c, sm, r);
+      if (c.cached) sm.dp[c.warp][base + r - c.kmin] = dp;
+      dsum += double(p) * dp;
     });
   });
   const float D = float(warp_sum(dsum));
@@ -91,10 +92,11 @@ __global__ void __launch_bounds__(kTileThreads)
   }
   if (!a.dq) return;  // the same for the whole block
   float acc[kDim / 32] = {};
-  for_key_tiles(c, sm, true, [&](int64_t base, int count) {
+  for_key_tiles(c, sm, true, !c.cached, [&](int64_t base, int count) {
     for_lane_keys(c, base, count, [&](int r) {
-      const float p = expf(tile_score(c, sm, r) - mx) * inv;
-      sm.w[c.warp][r] = p * (tile_dp(c, sm, r) - D) * f.scale;
+      const float p = expf(score_at(c, sm, base, r) - mx) * inv;
+      const float dp = c.cached ? sm.dp[c.warp][base + r - c.kmin] : tile_dp(c, sm, r);
+      sm.w[c.warp][r] = p * (dp - D) * f.scale;
     });
     accumulate_rows(c, sm, sm.k, base, count, f.qk_dim, acc);
   });
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(kTileThreads)
 template <int kDim>
 cudaError_t launch_query_tiles(const AttentionF64BackwardLaunch& a, cudaStream_t stream) {
   const AttentionF64Launch& f = a.forward;
-  const int bytes = int(sizeof(QueryTileShared<kDim>));
+  const int bytes = int(sizeof(QueryTileShared<kDim, true>));
   if (cudaError_t e = cudaFuncSetAttribute(attention_f64_dq_kernel<kDim>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
       e != cudaSuccess)

@@ -7,9 +7,10 @@
 // query, and walks the union of their visible keys in tiles of kKeys (a power of two set by the
 // head width) staged in shared memory: the key rows (the key offset's dims already taken from
 // the previous key) and, where a pass needs them, the value rows. So a key's row is read from
-// global memory once per kQueries queries instead of once per query. Every pass recomputes the
-// scores it needs from the staged rows; each score is one f64 dot product over qk_dim in index
-// order (one lane's), rounded to f32 and scaled, as the CPU computes it.
+// global memory once per kQueries queries instead of once per query. Each score is one f64 dot
+// product over qk_dim in index order (one lane's), rounded to f32 and scaled, as the CPU
+// computes it; blocks whose keys span at most kCacheKeys keep each score in shared memory after
+// the first pass (TileQuery below), longer spans recompute them in each pass (any window fits).
 //
 // Sum orders: lane l of a query's warp takes the keys j of the query's window with
 // (j - j0) mod 32 = l, in increasing j (j0: the query's first visible key); f64 sums are each
@@ -68,19 +69,30 @@ __device__ inline float scaled(const AttentionF64Launch& f, double s) {
 
 // ---- query tiles ----
 
-// The shared memory of a block for heads up to kDim wide (qk_dim and v_dim).
-template <int kDim>
+constexpr int kCacheKeys = 1024 + 2 * kQueries;  // block key ranges whose scores are kept
+
+// The shared memory of a block for heads up to kDim wide (qk_dim and v_dim); kGrad: the
+// backward's (output gradients and dp_j too).
+template <int kDim, bool kGrad>
 struct QueryTileShared {
-  static constexpr int kKeys = 4096 / kDim > 8 ? 4096 / kDim : 8;  // keys staged at once
-  float k[kKeys][kDim + 1];   // key rows (the key offset's dims from the previous key); padded so
-  float v[kKeys][kDim + 1];   // a warp's lanes, reading different keys, hit different banks
-  double q[kQueries][kDim];   // each warp's query,
-  double go[kQueries][kDim];  // its output gradient (the backward),
-  float w[kQueries][kKeys];   // and its weights of the staged keys
+  static constexpr int kKeys = 2048 / kDim > 8 ? 2048 / kDim : 8;  // keys staged at once
+  // Key rows (the key offset's dims from the previous key) and value rows, as doubles (each
+  // element converted once per block, not once per product); padded so that the lanes of a
+  // half warp, reading different keys, hit different banks.
+  double k[kKeys][kDim + 1];
+  double v[kKeys][kDim + 1];
+  double q[kQueries][kDim];                                // each warp's query,
+  double go[kGrad ? kQueries : 1][kGrad ? kDim : 1];       // its output gradient,
+  float w[kQueries][kKeys];                                // its weights of the staged keys,
+  float score[kQueries][kCacheKeys];                       // its scores (cached blocks: below)
+  float dp[kGrad ? kQueries : 1][kGrad ? kCacheKeys : 1];  // and dout . v_j
   int64_t first[kQueries], last[kQueries];  // each query's window (empty: first > last)
 };
 
-// One warp's query and the block's key range.
+// One warp's query and the block's key range. A block whose key range has at most kCacheKeys
+// keys is `cached`: the first pass keeps each score (and the backward each dp_j) in shared
+// memory, the later passes read them back (the same values, from the same lanes); longer
+// ranges recompute them in each pass.
 struct TileQuery {
   const AttentionF64Launch* f;
   const KvRow* kv;
@@ -92,12 +104,13 @@ struct TileQuery {
   bool active;   // a real token: a query with keys [j0, qv]
   int64_t qv, j0;
   int64_t kmin, kmax;  // the keys any of the block's queries read
+  bool cached;
 };
 
 // Sets up block (x, i, h)'s warp: its query (q, and dout when given, staged as doubles) and the
 // block's key range. Every thread calls it.
-template <int kDim>
-__device__ TileQuery tile_query(const AttentionF64Launch& f, QueryTileShared<kDim>& sm,
+template <int kDim, bool kGrad>
+__device__ TileQuery tile_query(const AttentionF64Launch& f, QueryTileShared<kDim, kGrad>& sm,
                                 const float* dout = nullptr, int64_t lddo = 0, int64_t hdo = 0) {
   const int i = int(blockIdx.y);
   TileQuery c{&f, &f.kv[i], Heads(f)};
@@ -116,7 +129,7 @@ __device__ TileQuery tile_query(const AttentionF64Launch& f, QueryTileShared<kDi
     c.j0 = first_key(f, c.n, c.qv);
     const float* q = f.q + c.n * f.ldq + c.h * f.hq;
     for (int64_t d = c.lane; d < f.qk_dim; d += 32) sm.q[c.warp][d] = q[d];
-    if (dout) {
+    if constexpr (kGrad) {
       const float* go = dout + c.n * lddo + c.h * hdo;
       for (int64_t d = c.lane; d < f.v_dim; d += 32) sm.go[c.warp][d] = go[d];
     }
@@ -132,22 +145,24 @@ __device__ TileQuery tile_query(const AttentionF64Launch& f, QueryTileShared<kDi
     c.kmin = sm.first[w] < c.kmin ? sm.first[w] : c.kmin;
     c.kmax = sm.last[w] > c.kmax ? sm.last[w] : c.kmax;
   }
+  c.cached = c.kmax - c.kmin < kCacheKeys;
   return c;
 }
 
-// Stages keys [base, base + count) (virtual) into sm.k, and into sm.v when `values`.
-template <int kDim>
-__device__ void stage_keys(const TileQuery& c, QueryTileShared<kDim>& sm, int64_t base, int count,
-                           bool values) {
+// Stages keys [base, base + count) (virtual) into sm.k when `keys`, into sm.v when `values`.
+template <int kDim, bool kGrad>
+__device__ void stage_keys(const TileQuery& c, QueryTileShared<kDim, kGrad>& sm, int64_t base,
+                           int count, bool keys, bool values) {
   const AttentionF64Launch& f = *c.f;
   const int qk = int(f.qk_dim), vd = int(f.v_dim), from = int(f.offset_from);
   __syncthreads();  // the previous tile is used up
-  for (int e = int(threadIdx.x); e < count * qk; e += kTileThreads) {
-    const int r = e / qk, d = e % qk;
-    const int64_t j = base + r, g = c.hs.head(f, c.slot, j), p = j / c.hs.step;
-    const bool prev = f.key_offset && p > 0 && d >= from;
-    sm.k[r][d] = kv_at(*c.kv, false, g, prev ? p - 1 : p, f.kv_dim)[d];
-  }
+  if (keys)
+    for (int e = int(threadIdx.x); e < count * qk; e += kTileThreads) {
+      const int r = e / qk, d = e % qk;
+      const int64_t j = base + r, g = c.hs.head(f, c.slot, j), p = j / c.hs.step;
+      const bool prev = f.key_offset && p > 0 && d >= from;
+      sm.k[r][d] = kv_at(*c.kv, false, g, prev ? p - 1 : p, f.kv_dim)[d];
+    }
   if (values)
     for (int e = int(threadIdx.x); e < count * vd; e += kTileThreads) {
       const int r = e / vd, d = e % vd;
@@ -157,15 +172,16 @@ __device__ void stage_keys(const TileQuery& c, QueryTileShared<kDim>& sm, int64_
   __syncthreads();
 }
 
-// Runs body(base, count) for each tile of the block's keys after staging it; every thread of the
-// block calls it (the staging synchronises the block), body runs for the active queries.
-template <int kDim, class Body>
-__device__ void for_key_tiles(const TileQuery& c, QueryTileShared<kDim>& sm, bool values,
-                              Body&& body) {
-  constexpr int kKeys = QueryTileShared<kDim>::kKeys;
+// Runs body(base, count) for each tile of the block's keys after staging what it reads (key
+// rows when `keys`, value rows when `values`); every thread of the block calls it (the staging
+// synchronises the block), body runs for the active queries.
+template <int kDim, bool kGrad, class Body>
+__device__ void for_key_tiles(const TileQuery& c, QueryTileShared<kDim, kGrad>& sm, bool keys,
+                              bool values, Body&& body) {
+  constexpr int kKeys = QueryTileShared<kDim, kGrad>::kKeys;
   for (int64_t base = c.kmin; base <= c.kmax; base += kKeys) {
     const int count = c.kmax - base + 1 < kKeys ? int(c.kmax - base + 1) : kKeys;
-    stage_keys(c, sm, base, count, values);
+    stage_keys(c, sm, base, count, keys, values);
     if (c.active) body(base, count);
   }
 }
@@ -191,22 +207,22 @@ __device__ void for_lane_keys(const TileQuery& c, int64_t base, int count, Key&&
 }
 
 // The score of the warp's query against staged key r.
-template <int kDim>
-__device__ float tile_score(const TileQuery& c, const QueryTileShared<kDim>& sm, int r) {
+template <int kDim, bool kGrad>
+__device__ float tile_score(const TileQuery& c, const QueryTileShared<kDim, kGrad>& sm, int r) {
   const double* q = sm.q[c.warp];
-  const float* k = sm.k[r];
+  const double* k = sm.k[r];
   double s = 0;
-  for (int d = 0; d < int(c.f->qk_dim); ++d) s += q[d] * double(k[d]);
+  for (int d = 0; d < int(c.f->qk_dim); ++d) s += q[d] * k[d];
   return scaled(*c.f, s);
 }
 
 // dout . v of staged value r, f64-accumulated, rounded to f32.
 template <int kDim>
-__device__ float tile_dp(const TileQuery& c, const QueryTileShared<kDim>& sm, int r) {
+__device__ float tile_dp(const TileQuery& c, const QueryTileShared<kDim, true>& sm, int r) {
   const double* go = sm.go[c.warp];
-  const float* v = sm.v[r];
+  const double* v = sm.v[r];
   double s = 0;
-  for (int d = 0; d < int(c.f->v_dim); ++d) s += go[d] * double(v[d]);
+  for (int d = 0; d < int(c.f->v_dim); ++d) s += go[d] * v[d];
   return float(s);
 }
 
@@ -220,29 +236,42 @@ __device__ inline double warp_sum(double x) {
   return x;
 }
 
+// The warp's score of staged key r of the tile at `base`: computed from the staged key rows, or
+// (cached, after softmax_stats) read back.
+template <int kDim, bool kGrad>
+__device__ float score_at(const TileQuery& c, QueryTileShared<kDim, kGrad>& sm, int64_t base,
+                          int r) {
+  return c.cached ? sm.score[c.warp][base + r - c.kmin] : tile_score(c, sm, r);
+}
+
 // The softmax of the warp's query: its maximum score and 1 / sum_j exp(s_j - max) (the sum in
-// f64, in the lanes' order). Every thread of the block calls it.
-template <int kDim>
-__device__ void softmax_stats(const TileQuery& c, QueryTileShared<kDim>& sm, float* mx_out,
+// f64, in the lanes' order); cached blocks keep the scores. Every thread of the block calls it.
+template <int kDim, bool kGrad>
+__device__ void softmax_stats(const TileQuery& c, QueryTileShared<kDim, kGrad>& sm, float* mx_out,
                               float* inv_out) {
   float mx = -INFINITY;
-  for_key_tiles(c, sm, false, [&](int64_t base, int count) {
-    for_lane_keys(c, base, count, [&](int r) { mx = fmaxf(mx, tile_score(c, sm, r)); });
+  for_key_tiles(c, sm, true, false, [&](int64_t base, int count) {
+    for_lane_keys(c, base, count, [&](int r) {
+      const float s = tile_score(c, sm, r);
+      if (c.cached) sm.score[c.warp][base + r - c.kmin] = s;
+      mx = fmaxf(mx, s);
+    });
   });
   mx = warp_max(mx);
   double sum = 0;
-  for_key_tiles(c, sm, false, [&](int64_t base, int count) {
-    for_lane_keys(c, base, count, [&](int r) { sum += double(expf(tile_score(c, sm, r) - mx)); });
+  for_key_tiles(c, sm, !c.cached, false, [&](int64_t base, int count) {
+    for_lane_keys(c, base, count,
+                  [&](int r) { sum += double(expf(score_at(c, sm, base, r) - mx)); });
   });
   *mx_out = mx;
   *inv_out = float(1.0 / warp_sum(sum));
 }
 
-// acc[c] += sum over the query's staged keys r in order of sm.w[warp][r] rows[r][lane + 32 c]
-// for the dims below `dims`, after the warp has written its weights.
-template <int kDim>
-__device__ void accumulate_rows(const TileQuery& c, const QueryTileShared<kDim>& sm,
-                                const float (*rows)[kDim + 1], int64_t base, int count,
+// acc[c] += sum over the query's staged keys r in order of sm.w[warp][r] float(rows[r][lane +
+// 32 c]) for the dims below `dims`, after the warp has written its weights.
+template <int kDim, bool kGrad>
+__device__ void accumulate_rows(const TileQuery& c, const QueryTileShared<kDim, kGrad>& sm,
+                                const double (*rows)[kDim + 1], int64_t base, int count,
                                 int64_t dims, float* acc) {
   __syncwarp();  // the lanes' weights are written
   int lo, hi;
@@ -252,7 +281,7 @@ __device__ void accumulate_rows(const TileQuery& c, const QueryTileShared<kDim>&
 #pragma unroll
     for (int k = 0; k < kDim / 32; ++k) {
       const int d = c.lane + 32 * k;
-      if (d < dims) acc[k] += w * rows[r][d];
+      if (d < dims) acc[k] += w * float(rows[r][d]);
     }
   }
 }
