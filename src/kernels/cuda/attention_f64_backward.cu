@@ -161,7 +161,7 @@ __device__ void add_key_grads(const AttentionF64BackwardLaunch& a, int i, int64_
     int64_t qo = 0, goo = 0;
     if (qv <= last) {
       const int64_t h = hs.head(f, slot, qv),
-                    n = (f.rows.first + i) * f.rows.tokens + qv / step - pos0;
+                    n = (f.rows.first + i) * f.rows.tokens + hs.token(qv) - pos0;
       const int64_t j0 = first_key(f, n, qv);
       const float* st = a.stats + (n * f.heads + h) * 3;
       qo = n * f.ldq + h * f.hq;
@@ -313,7 +313,7 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
       float qx = 0.0f, gx = 0.0f;
       if (r < count) {
         const int64_t h = hs.head(f, slot, qv),
-                      n = (f.rows.first + i) * f.rows.tokens + qv / step - pos0;
+                      n = (f.rows.first + i) * f.rows.tokens + hs.token(qv) - pos0;
         if (d < f.qk_dim) qx = f.q[n * f.ldq + h * f.hq + d];
         if (d < f.v_dim) gx = a.dout[n * a.lddo + h * a.hdo + d];
         if (d < 3) sm.st[r][d] = a.stats[(n * f.heads + h) * 3 + d];
@@ -390,7 +390,7 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
 }
 
 // Own keys: block (x, i, g) takes row i's own keys from max(prefix_len, lowest key) + x kKeyTile.
-__global__ void __launch_bounds__(kAttnThreads)
+__global__ void __launch_bounds__(kAttnThreads, 4)
     attention_f64_dkv_own_tiled_kernel(AttentionF64BackwardLaunch a) {
   const AttentionF64Launch& f = a.forward;
   const int i = blockIdx.y;

@@ -44,8 +44,10 @@ struct Heads {
   }
   // The head of virtual position j within slot s (query head or K/V head alike).
   __device__ int64_t head(const AttentionF64Launch& f, int64_t s, int64_t j) const {
-    return f.paired_heads ? s + (j % 2) * half : s;
+    return f.paired_heads ? s + (j & 1) * half : s;
   }
+  // The token of virtual position j (j >= 0).
+  __device__ int64_t token(int64_t j) const { return step == 2 ? j >> 1 : j; }
   __device__ int64_t virtual_of(const AttentionF64Launch& f, int64_t h, int64_t p) const {
     return f.paired_heads ? 2 * p + h / half : p;
   }
@@ -154,21 +156,22 @@ template <int kDim, bool kGrad>
 __device__ void stage_keys(const TileQuery& c, QueryTileShared<kDim, kGrad>& sm, int64_t base,
                            int count, bool keys, bool values) {
   const AttentionF64Launch& f = *c.f;
-  const int qk = int(f.qk_dim), vd = int(f.v_dim), from = int(f.offset_from);
-  __syncthreads();  // the previous tile is used up
-  if (keys)
-    for (int e = int(threadIdx.x); e < count * qk; e += kTileThreads) {
-      const int r = e / qk, d = e % qk;
-      const int64_t j = base + r, g = c.hs.head(f, c.slot, j), p = j / c.hs.step;
-      const bool prev = f.key_offset && p > 0 && d >= from;
-      sm.k[r][d] = kv_at(*c.kv, false, g, prev ? p - 1 : p, f.kv_dim)[d];
+  const int qk = int(f.qk_dim), vd = int(f.v_dim);
+  const int split = f.key_offset ? int(f.offset_from) : qk;  // dims from here: the previous key's
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  __syncthreads();                                         // the previous tile is used up
+  for (int r = warp; r < count; r += kTileThreads / 32) {  // a warp per row
+    const int64_t j = base + r, g = c.hs.head(f, c.slot, j), p = c.hs.token(j);
+    if (keys) {
+      const float* k = kv_at(*c.kv, false, g, p, f.kv_dim);
+      const float* prev = p > 0 && split < qk ? kv_at(*c.kv, false, g, p - 1, f.kv_dim) : k;
+      for (int d = lane; d < qk; d += 32) sm.k[r][d] = (d < split ? k : prev)[d];
     }
-  if (values)
-    for (int e = int(threadIdx.x); e < count * vd; e += kTileThreads) {
-      const int r = e / vd, d = e % vd;
-      const int64_t j = base + r;
-      sm.v[r][d] = kv_at(*c.kv, true, c.hs.head(f, c.slot, j), j / c.hs.step, f.kv_dim)[d];
+    if (values) {
+      const float* v = kv_at(*c.kv, true, g, p, f.kv_dim);
+      for (int d = lane; d < vd; d += 32) sm.v[r][d] = v[d];
     }
+  }
   __syncthreads();
 }
 
