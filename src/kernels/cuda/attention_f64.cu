@@ -44,15 +44,8 @@ __global__ void __launch_bounds__(kTileThreads) attention_f64_kernel(AttentionF6
 
 template <int kDim>
 cudaError_t launch_tiles(const AttentionF64Launch& a, cudaStream_t stream) {
-  const int bytes = int(sizeof(QueryTileShared<kDim, false>));
-  if (cudaError_t e = cudaFuncSetAttribute(attention_f64_kernel<kDim>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      e != cudaSuccess)
-    return e;
-  const unsigned tiles = unsigned((a.rows.tokens + kQueries - 1) / kQueries);
-  attention_f64_kernel<kDim>
-      <<<dim3(tiles, unsigned(a.rows.count), unsigned(a.heads)), kTileThreads, bytes, stream>>>(a);
-  return cudaGetLastError();
+  return launch_query_tiles(attention_f64_kernel<kDim>, a, a,
+                            int(sizeof(QueryTileShared<kDim, false>)), stream);
 }
 
 }  // namespace

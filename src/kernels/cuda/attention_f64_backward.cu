@@ -110,17 +110,9 @@ __global__ void __launch_bounds__(kTileThreads)
 }
 
 template <int kDim>
-cudaError_t launch_query_tiles(const AttentionF64BackwardLaunch& a, cudaStream_t stream) {
-  const AttentionF64Launch& f = a.forward;
-  const int bytes = int(sizeof(QueryTileShared<kDim, true>));
-  if (cudaError_t e = cudaFuncSetAttribute(attention_f64_dq_kernel<kDim>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-      e != cudaSuccess)
-    return e;
-  const unsigned tiles = unsigned((f.rows.tokens + kQueries - 1) / kQueries);
-  attention_f64_dq_kernel<kDim>
-      <<<dim3(tiles, unsigned(f.rows.count), unsigned(f.heads)), kTileThreads, bytes, stream>>>(a);
-  return launched();
+cudaError_t launch_dq_tiles(const AttentionF64BackwardLaunch& a, cudaStream_t stream) {
+  return launch_query_tiles(attention_f64_dq_kernel<kDim>, a, a.forward,
+                            int(sizeof(QueryTileShared<kDim, true>)), stream);
 }
 
 // ---- keys: dK and dV, one block per (key, K/V head) ----
@@ -428,9 +420,9 @@ cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
   if (f.qk_dim > kMaxDim || f.v_dim > kMaxDim || (f.paired_heads && f.heads % 2))
     return cudaErrorInvalidValue;
   const int64_t dims = f.qk_dim > f.v_dim ? f.qk_dim : f.v_dim;
-  if (cudaError_t e = dims <= 64    ? launch_query_tiles<64>(a, stream)
-                      : dims <= 128 ? launch_query_tiles<128>(a, stream)
-                                    : launch_query_tiles<512>(a, stream);
+  if (cudaError_t e = dims <= 64    ? launch_dq_tiles<64>(a, stream)
+                      : dims <= 128 ? launch_dq_tiles<128>(a, stream)
+                                    : launch_dq_tiles<512>(a, stream);
       e != cudaSuccess)
     return e;
   // Own keys per row, and the prefix positions any row can read.

@@ -288,3 +288,18 @@ __device__ void accumulate_rows(const TileQuery& c, const QueryTileShared<kDim, 
     }
   }
 }
+
+// Launches kernel(args) over the query tiles of `f`'s call: a block per (kQueries tokens, row,
+// head), `bytes` of shared memory.
+template <class Args>
+cudaError_t launch_query_tiles(void (*kernel)(Args), const Args& args, const AttentionF64Launch& f,
+                               int bytes, cudaStream_t stream) {
+  if (cudaError_t e =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      e != cudaSuccess)
+    return e;
+  const unsigned tiles = unsigned((f.rows.tokens + kQueries - 1) / kQueries);
+  kernel<<<dim3(tiles, unsigned(f.rows.count), unsigned(f.heads)), kTileThreads, bytes, stream>>>(
+      args);
+  return cudaGetLastError();
+}
