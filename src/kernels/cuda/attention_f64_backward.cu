@@ -327,14 +327,20 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
           const float* qr = sm.q[r];
           const float* kr = sm.k[c + 1];
           const float* prev = sm.k[c];
-          const float dp = float(dot_f64(sm.go[r], sm.v[c], f.v_dim));
-          double s = 0;
-          if (f.key_offset && key > 0) {
-            for (int64_t d = 0; d < f.offset_from; ++d) s += double(qr[d]) * double(kr[d]);
-            for (int64_t d = f.offset_from; d < f.qk_dim; ++d) s += double(qr[d]) * double(prev[d]);
-          } else {
-            for (int64_t d = 0; d < f.qk_dim; ++d) s += double(qr[d]) * double(kr[d]);
+          const float* go = sm.go[r];
+          const float* vr = sm.v[c];
+          // The score's and dp's f64 sums, each in index order, interleaved (two independent
+          // chains); the score's dims from `split` on are the previous key's.
+          const int qk = int(f.qk_dim), vd = int(f.v_dim), both = qk < vd ? qk : vd;
+          const int split = f.key_offset && key > 0 ? int(f.offset_from) : qk;
+          double s = 0, sdp = 0;
+          for (int d = 0; d < both; ++d) {
+            s += double(qr[d]) * double((d < split ? kr : prev)[d]);
+            sdp += double(go[d]) * double(vr[d]);
           }
+          for (int d = both; d < qk; ++d) s += double(qr[d]) * double((d < split ? kr : prev)[d]);
+          for (int d = both; d < vd; ++d) sdp += double(go[d]) * double(vr[d]);
+          const float dp = float(sdp);
           pk = expf(scaled(f, s) - st[0]) * st[1];
           ds = pk * (dp - st[2]) * f.scale;
         }
