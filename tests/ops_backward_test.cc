@@ -783,8 +783,9 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
             }
 }
 
-// One row of 4200 tokens: windows of thousands of keys, so the CUDA query tiles walk many key
-// tiles, and the dK / dV tiles many query chunks.
+// One row of 4200 tokens: windows of thousands of keys, past the CUDA query tiles' score cache
+// (blocks whose keys span more than 1040 recompute their scores in each pass), so those walk
+// many key tiles, and the dK / dV tiles many query chunks.
 TEST(OpsBackward, AttentionF64LongRowsRecomputePastTheScoreCache) {
   const int64_t H = 2, dq = 8, dv = 8, D = 8, L = 4200, rot = 3;
   const int64_t lengths[] = {L}, positions[] = {0};
