@@ -255,15 +255,15 @@ static_assert(kAttnThreads % kFastDim == 0 && kKeyTile % (kAttnThreads / kFastDi
               kFastDim >= 4);
 
 struct KeyTileShared {
-  float q[kQueryTile][kRowPad];           // the chunk's queries
-  float go[kQueryTile][kRowPad];          // and their output gradients
-  float k[kKeyTile + 2][kRowPad];         // keys p0 - 1 .. p0 + kKeyTile (zeros where none)
-  float v[kShares][kRowPad];              // values p0 .. p0 + kKeyTile
-  float p[kQueryTile][kShares];           // p of each visible (query, key) pair
-  float ds[kQueryTile][kShares];          // p (dp - D) scale of each visible pair
-  float st[kQueryTile][3];                // the queries' statistics (max, 1 / sum, D)
-  int64_t j0[kQueryTile];                 // and their first visible keys (virtual)
-  unsigned char in[kQueryTile][kShares];  // whether the query reads the key
+  float q[kQueryTile][kRowPad];    // the chunk's queries
+  float go[kQueryTile][kRowPad];   // and their output gradients
+  float k[kKeyTile + 2][kRowPad];  // keys p0 - 1 .. p0 + kKeyTile (zeros where none)
+  float v[kShares][kRowPad];       // values p0 .. p0 + kKeyTile
+  float p[kQueryTile][kShares];    // p of each visible (query, key) pair
+  float ds[kQueryTile][kShares];   // p (dp - D) scale of each visible pair
+  float st[kQueryTile][3];         // the queries' statistics (max, 1 / sum, D)
+  int64_t j0[kQueryTile];          // and their first visible keys (virtual)
+  int reads[kQueryTile];           // whether the query reads any of the tile's keys
 };
 
 // Adds row i's queries' shares into keys [lo, hi) of K/V head g, all within the tile
@@ -281,6 +281,8 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
   const int64_t reach = hs.virtual_of(f, g, hi - 1) + f.window + extra;
   const int64_t last = reach < q_hi ? reach : q_hi;
   if (len == 0 || first > last) return;
+  // The last key (virtual) whose pairs the tile takes: hi - 1, or hi with the key offset.
+  const int64_t jv_last = hs.virtual_of(f, g, f.key_offset ? hi : hi - 1);
   const KvRow& kv = f.kv[i];
 
   // The tile's K/V rows (keys p0 - 1 .. p0 + kKeyTile that exist; zeros elsewhere, never read).
@@ -311,10 +313,15 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
         if (d < 3) sm.st[r][d] = a.stats[(n * f.heads + h) * 3 + d];
         if (d == 3) sm.j0[r] = first_key(f, n, qv);
       }
+      if (d == 4) sm.reads[r] = 0;
       sm.q[r][d] = qx;
       sm.go[r][d] = gx;
     }
     __syncthreads();
+    // A query's first key never decreases along the row: when the chunk's first query reads
+    // none of the tile's keys for being past them (a later document, or the window), no later
+    // query does either, and the tile is done.
+    if (sm.j0[0] > jv_last) break;
     for (int64_t e = tid; e < kQueryTile * kShares; e += kAttnThreads) {
       const int64_t r = e / kShares, c = e % kShares, qv = base + r, key = p0 + c;
       const int64_t jv = hs.virtual_of(f, g, key);
@@ -345,27 +352,28 @@ __device__ void add_tile_grads(const AttentionF64BackwardLaunch& a, KeyTileShare
           ds = pk * (dp - st[2]) * f.scale;
         }
       }
-      sm.p[r][c] = pk;
+      sm.p[r][c] = pk;  // 0 for a pair the query does not read
       sm.ds[r][c] = ds;
-      sm.in[r][c] = in;
+      if (in) sm.reads[r] = 1;
     }
     __syncthreads();
     // Thread (key group, dim) sums keys key_group, key_group + 2, ... of the tile at its dim,
-    // the chunk's queries in order (add_key_grads' loop body per key).
+    // the chunk's queries in order (add_key_grads' loop body per key). A pair the query does
+    // not read adds p = ds = 0: +-0 added to a sum that starts at +0 changes no bit of it (for
+    // finite q and dout), so only queries that read none of the tile are skipped.
     for (int64_t r = 0; r < count; ++r) {
+      if (!sm.reads[r]) continue;
       const float qd = sm.q[r][d_own], gd = sm.go[r][d_own];
 #pragma unroll
       for (int c = 0; c < kKeysPerThread; ++c) {
         const int64_t kk = key_group + int64_t(c) * (kAttnThreads / kFastDim), key = p0 + kk;
-        const bool in1 = sm.in[r][kk], in2 = f.key_offset && sm.in[r][kk + 1];
-        if (!in1 && !in2) continue;
-        if (d_own < f.v_dim && in1) adv[c] += sm.p[r][kk] * gd;
+        if (d_own < f.v_dim) adv[c] += sm.p[r][kk] * gd;
         if (d_own >= f.qk_dim) continue;
         if (d_own < f.offset_from || !f.key_offset) {
-          if (in1) adk[c] += sm.ds[r][kk] * qd;
+          adk[c] += sm.ds[r][kk] * qd;
         } else {
-          if (key == 0 && in1) adk[c] += sm.ds[r][kk] * qd;  // key 0 keeps its own share
-          if (in2) adk[c] += sm.ds[r][kk + 1] * qd;
+          if (key == 0) adk[c] += sm.ds[r][kk] * qd;  // key 0 keeps its own share
+          adk[c] += sm.ds[r][kk + 1] * qd;
         }
       }
     }
