@@ -20,6 +20,7 @@
 // offset_from on are read from the key one position before, so those dims of key p take the
 // shares of the pairs that read key p + 1 (key 0 keeps its own as well, added first per query).
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cuda/launch.h"
 
@@ -223,12 +224,23 @@ __global__ void __launch_bounds__(kAttnThreads)
   add_key_grads(a, i, p, g, grad_at(a.grad[i], false, g, p, D), grad_at(a.grad[i], true, g, p, D));
 }
 
-// Prefix keys: block (x, g) takes position first + x of every row's prefix, rows in order.
+// The rows of a launch by the prefix gradient they add into: rows whose prefix gradients are
+// the same buffers (forks of one document) form a group, taken by one block in row order; groups
+// write disjoint memory, so their blocks run side by side. Rows without prefix gradients: -1.
+struct PrefixGroups {
+  int count = 0;
+  signed char of[kRows];
+};
+
+// Prefix keys: block (x, group, g) takes position first + x of the group's rows' prefix, rows in
+// order.
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_f64_dkv_prefix_kernel(AttentionF64BackwardLaunch a, int64_t first) {
+    attention_f64_dkv_prefix_kernel(AttentionF64BackwardLaunch a, int64_t first,
+                                    PrefixGroups groups) {
   const AttentionF64Launch& f = a.forward;
   const int64_t p = first + blockIdx.x, g = blockIdx.z, D = f.kv_dim;
   for (int i = 0; i < f.rows.count; ++i) {
+    if (groups.of[i] != int(blockIdx.y)) continue;
     if (p >= f.kv[i].prefix_len || p < lowest_key(f, i)) continue;
     float* dk = grad_at(a.grad[i], false, g, p, D);
     float* dv = grad_at(a.grad[i], true, g, p, D);
@@ -409,20 +421,69 @@ __global__ void __launch_bounds__(kAttnThreads, 4)
   add_tile_grads(a, sm, i, g, p0, p0, p0 + kKeyTile < end ? p0 + kKeyTile : end);
 }
 
-// Prefix keys: block (x, g) takes positions first + x kKeyTile on of every row's prefix, rows in
-// order (a key shared by rows adds their shares in row order, as the per-key kernel).
+// Prefix keys: block (x, group, g) takes positions first + x kKeyTile on of the group's rows'
+// prefix, rows in order (a key shared by rows adds their shares in row order, as the per-key
+// kernel).
 __global__ void __launch_bounds__(kAttnThreads)
-    attention_f64_dkv_prefix_tiled_kernel(AttentionF64BackwardLaunch a, int64_t first) {
+    attention_f64_dkv_prefix_tiled_kernel(AttentionF64BackwardLaunch a, int64_t first,
+                                          PrefixGroups groups) {
   const AttentionF64Launch& f = a.forward;
   const int64_t p0 = first + int64_t(blockIdx.x) * kKeyTile, g = blockIdx.z;
   __shared__ KeyTileShared sm;
   for (int i = 0; i < f.rows.count; ++i) {
-    if (!a.grad[i].prefix_k && !a.grad[i].prefix_v) continue;
+    if (groups.of[i] != int(blockIdx.y)) continue;
     const int64_t lowest = lowest_key(f, i), prefix = f.kv[i].prefix_len;
     const int64_t lo = p0 > lowest ? p0 : lowest;
     const int64_t hi = p0 + kKeyTile < prefix ? p0 + kKeyTile : prefix;
     if (lo < hi) add_tile_grads(a, sm, i, g, p0, lo, hi);
   }
+}
+
+// The launch's prefix groups: rows by their prefix gradient buffers (equal pointers and strides).
+// Should two groups' buffers overlap anyway, every row joins one group (one block in row order).
+PrefixGroups prefix_groups(const AttentionF64BackwardLaunch& a) {
+  const AttentionF64Launch& f = a.forward;
+  PrefixGroups out;
+  int first_row[kRows];  // each group's first row
+  for (int i = 0; i < f.rows.count; ++i) {
+    const KvRow& gi = a.grad[i];
+    out.of[i] = -1;
+    if (!gi.prefix_k && !gi.prefix_v) continue;
+    for (int k = 0; k < out.count && out.of[i] < 0; ++k) {
+      const KvRow& gk = a.grad[first_row[k]];
+      if (gk.prefix_k == gi.prefix_k && gk.prefix_v == gi.prefix_v &&
+          gk.prefix_stride == gi.prefix_stride)
+        out.of[i] = static_cast<signed char>(k);
+    }
+    if (out.of[i] < 0) {
+      first_row[out.count] = i;
+      out.of[i] = static_cast<signed char>(out.count++);
+    }
+  }
+  // Each group's extent in each buffer; any overlap between groups: one group.
+  auto span = [&](const float* base, int i) {
+    const int64_t longest = a.grad[i].prefix_len > 0 ? a.grad[i].prefix_len : 0;
+    const float* end = base + (f.heads - 1) * a.grad[i].prefix_stride + longest * f.kv_dim;
+    return std::pair<const float*, const float*>{base, end};
+  };
+  bool overlap = false;
+  for (int x = 0; x < out.count && !overlap; ++x)
+    for (int y = x + 1; y < out.count && !overlap; ++y)
+      for (int kv = 0; kv < 2 && !overlap; ++kv) {
+        const KvRow& gx = a.grad[first_row[x]];
+        const KvRow& gy = a.grad[first_row[y]];
+        const float* bx = kv ? gx.prefix_v : gx.prefix_k;
+        const float* by = kv ? gy.prefix_v : gy.prefix_k;
+        if (!bx || !by) continue;
+        const auto sx = span(bx, first_row[x]), sy = span(by, first_row[y]);
+        overlap = sx.first < sy.second && sy.first < sx.second;
+      }
+  if (overlap) {
+    for (int i = 0; i < f.rows.count; ++i)
+      if (out.of[i] >= 0) out.of[i] = 0;
+    out.count = out.count > 0 ? 1 : 0;
+  }
+  return out;
 }
 
 }  // namespace
@@ -464,15 +525,17 @@ cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a,
                                    kAttnThreads, 0, stream>>>(a);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   }
+  const PrefixGroups groups = prefix_to > prefix_from ? prefix_groups(a) : PrefixGroups{};
   if (prefix_to > prefix_from && tiled) {
-    attention_f64_dkv_prefix_tiled_kernel<<<
-        dim3(unsigned((prefix_to - prefix_from + kKeyTile - 1) / kKeyTile), 1u, unsigned(f.heads)),
-        kAttnThreads, 0, stream>>>(a, prefix_from);
+    attention_f64_dkv_prefix_tiled_kernel<<<dim3(unsigned((prefix_to - prefix_from + kKeyTile - 1) /
+                                                          kKeyTile),
+                                                 unsigned(groups.count), unsigned(f.heads)),
+                                            kAttnThreads, 0, stream>>>(a, prefix_from, groups);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   } else if (prefix_to > prefix_from) {
-    attention_f64_dkv_prefix_kernel<<<
-        dim3(unsigned(prefix_to - prefix_from), 1u, unsigned(f.heads)), kAttnThreads, 0, stream>>>(
-        a, prefix_from);
+    attention_f64_dkv_prefix_kernel<<<dim3(unsigned(prefix_to - prefix_from),
+                                           unsigned(groups.count), unsigned(f.heads)),
+                                      kAttnThreads, 0, stream>>>(a, prefix_from, groups);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   }
   return cudaSuccess;
