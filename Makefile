@@ -44,7 +44,7 @@ test-asan: deps setup
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEG_SANITIZE=ON -DDEG_CUDA=OFF \
 	  -DDEG_BUILD_BENCH=OFF -DDEG_WERROR=ON -DDEG_TEST_SET=sanitize \
 	  -DCMAKE_CXX_FLAGS="-O1 -Wno-maybe-uninitialized" -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-	  -DDEG_FRONTEND_CXX_FLAGS=-O0 -DDEG_TEST_PCH=ON $(CMAKE_ARGS) >/dev/null
+	  -DDEG_FRONTEND_CXX_FLAGS=-O0 $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1 ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
