@@ -210,6 +210,52 @@ TEST(TrainGradcheck, WholeTinyModelForkLayout) {
   expect_model_grads(p, b, o, rng);
 }
 
+// The fork layout split into calls by length (documents of 7 and 12 tokens, queries of 2 to 5
+// tokens forked off both, each call reading prefixes of two calls) gives the loss and gradients
+// of the unsplit layout, which the check above verifies.
+TEST(TrainGradcheck, ForkLayoutSplitByLengthEqualsOneCall) {
+  Rng rng(12);
+  GptParams p = perturbed_tiny(rng);
+  const GptConfig& c = p.config();
+  GptBatch b;
+  auto add = [&](int64_t n, int64_t ctx_lo, int64_t ctx_len) {
+    const int64_t start = b.size();
+    for (int64_t u = 0; u < n; ++u) {
+      b.inputs.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+      b.targets.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+      b.seg_start.push_back(int32_t(start));
+      b.prev.push_back(u > 0     ? int32_t(start + u - 1)
+                       : ctx_len ? int32_t(ctx_lo + ctx_len - 1)
+                                 : -1);
+      b.pos.push_back(int32_t(ctx_len + u));
+      b.ctx_lo.push_back(int32_t(ctx_lo));
+      b.ctx_hi.push_back(int32_t(ctx_lo + ctx_len));
+    }
+  };
+  add(12, 0, 0);
+  add(7, 0, 0);
+  add(3, 0, 12);
+  add(5, 12, 7);
+  add(2, 12, 7);
+  add(4, 0, 12);
+  add(5, 0, 12);
+  GptStepOptions one{.window_short = 4, .window_long = 7};
+  one.call_tokens = int64_t(1) << 30;
+  GptStepOptions split = one;
+  split.call_tokens = 0;
+  auto g1 = p.zeros_like(), g2 = p.zeros_like();
+  const double l1 = gpt_loss_and_grad(p, b, one, g1), l2 = gpt_loss_and_grad(p, b, split, g2);
+  EXPECT_NEAR(l1, l2, 1e-6 * std::fabs(l1));
+  for (size_t k = 0; k < g1.size(); ++k) {
+    float amax = 0;
+    for (float v : g1[k].data) amax = std::max(amax, std::fabs(v));
+    EXPECT_GT(amax, 0.0f) << g1[k].name;
+    for (size_t i = 0; i < g1[k].data.size(); ++i)
+      ASSERT_NEAR(g1[k].data[i], g2[k].data[i], 1e-5f * amax + 1e-7f)
+          << g1[k].name << "[" << i << "]";
+  }
+}
+
 // Every head loss's gradients (answers, options, context, each head tensor and the relative
 // bias) against central differences, on one set of queries that uses every head.
 TEST(TrainGradcheck, HeadLosses) {

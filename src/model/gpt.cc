@@ -611,9 +611,15 @@ std::vector<float*> GptNet::train_forward(const Exec& x, std::span<const GptTrai
   tape.calls.assign(calls.size(), CallTape{});
   for (size_t k = 0; k < calls.size(); ++k) {
     const GptTrainCall& call = calls[k];
-    DEG_CHECK(call.prefix_call < int(k), "gpt training: call {} continues a later call", k);
-    DEG_CHECK(call.prefix_call < 0 || int64_t(call.prefix_rows.size()) == call.rows.rows,
-              "gpt training: call {} needs one prefix row per row", k);
+    DEG_CHECK(call.prefix_calls.empty() || (int64_t(call.prefix_calls.size()) == call.rows.rows &&
+                                            call.prefix_rows.size() == call.prefix_calls.size()),
+              "gpt training: call {} needs one prefix call and row per row", k);
+    for (size_t b = 0; b < call.prefix_calls.size(); ++b) {
+      const int pc = call.prefix_calls[b];
+      DEG_CHECK(pc >= 0 && pc < int(k) && call.prefix_rows[b] >= 0 &&
+                    call.prefix_rows[b] < calls[size_t(pc)].rows.rows,
+                "gpt training: call {} row {} continues a later call or a missing row", k, b);
+    }
     CallTape& ct = tape.calls[k];
     ct.call = call;
     ct.h = x.arena.floats(call.rows.n() * S);
@@ -625,9 +631,10 @@ std::vector<float*> GptNet::train_forward(const Exec& x, std::span<const GptTrai
       CallTape& ct = tape.calls[k];
       const GptTrainCall& call = calls[k];
       std::vector<RowView> prefixes;  // a fork call's rows read their prefix row's keys
-      if (call.prefix_call >= 0 && cfg_.has_attn(i)) {
-        const AttnTape& src = tape.calls[size_t(call.prefix_call)].layers[size_t(i)].attn;
+      if (!call.prefix_calls.empty() && cfg_.has_attn(i)) {
         for (int64_t b = 0; b < call.rows.rows; ++b) {
+          const AttnTape& src =
+              tape.calls[size_t(call.prefix_calls[size_t(b)])].layers[size_t(i)].attn;
           const RowView& p = src.views[size_t(call.prefix_rows[size_t(b)])];
           prefixes.push_back({.prefix_k = p.own_k,
                               .prefix_v = p.own_v,

@@ -37,16 +37,17 @@ std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weight
 
 // One call of a training pass, laid out as the family's calls: rows right-padded to L tokens,
 // row b's first token at position positions[b]. segment non-null: token i sees keys from position
-// segment[i] of its row on (documents packed in one row, as the pretraining stream). prefix_call
-// >= 0 (an earlier call of the pass): row b continues row prefix_rows[b] of that call, reading
-// its keys [0, positions[b]) as its prefix (deg train's fork rows); its history is the caller's.
+// segment[i] of its row on (documents packed in one row, as the pretraining stream). With
+// prefix_calls set, row b continues row prefix_rows[b] of the earlier call prefix_calls[b],
+// reading its keys [0, positions[b]) as its prefix (deg train's fork rows; the rows of one call
+// may continue different calls); its history is the caller's.
 struct GptTrainCall {
   RowTable rows;                     // host tables
   const int32_t* ids = nullptr;      // [B, L] on the backend's device (padding: valid ids)
   const int32_t* history = nullptr;  // [B, 2] ids before each row, oldest first (-1: none)
   const int32_t* segment = nullptr;  // [B L] or null
-  int prefix_call = -1;
-  std::vector<int64_t> prefix_rows;  // [B] when prefix_call >= 0
+  std::vector<int> prefix_calls;     // [B], or empty: rows without a prefix
+  std::vector<int64_t> prefix_rows;  // [B] with prefix_calls
 };
 
 // What a training forward keeps for its backward (memory of the forward's arena).

@@ -360,9 +360,9 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
           RowView v{.own_k = dqkv[k] + b * Lt * P + H * D,
                     .own_v = dqkv[k] + b * Lt * P + 2 * H * D,
                     .own_stride = D};
-          if (call.prefix_call >= 0) {
+          if (!call.prefix_calls.empty()) {
             const RowView& p =
-                dviews[size_t(call.prefix_call)][size_t(call.prefix_rows[size_t(b)])];
+                dviews[size_t(call.prefix_calls[size_t(b)])][size_t(call.prefix_rows[size_t(b)])];
             v.prefix_k = p.own_k;
             v.prefix_v = p.own_v;
             v.prefix_len = call.rows.positions[b];

@@ -281,6 +281,7 @@ class Trainer {
   // trunk is waited for at the end of each phase, so its time lands in its own phase.
   struct StepTimes {
     int64_t records = 0;
+    int64_t tokens = 0, calls = 0, padded = 0;  // the trunk's: real tokens, calls, padded tokens
     double pack = 0, forward = 0, heads = 0, backward = 0, optimizer = 0;
   };
   const StepTimes& last_times() const { return times_; }
@@ -314,6 +315,9 @@ class Trainer {
       times_.pack = lap();
       gpt_forward(*params_, p.batch, so, acts);
       times_.forward = lap();
+      times_.tokens = p.batch.size();
+      times_.calls = acts.calls();
+      times_.padded = acts.padded_tokens();
       const int64_t C = params_->config().model_dim;
       Buf dfinal = zeros(p.batch.size() * C);
       for (size_t k = 0; k < exs.size(); ++k) {
@@ -573,9 +577,11 @@ void write_profile(const fs::path& path, int64_t step, const Trainer::StepTimes&
   for (const OpTime& x : ops) device += x.ms;
   std::string text = fmt::format(
       "deg train --profile-step {}: {} records, {:.1f} ms wall\n"
+      "  trunk: {} tokens in {} calls, {} with padding\n"
       "  pack {:.1f} ms, forward {:.1f}, heads {:.1f} (host), backward {:.1f}, optimizer {:.1f}\n"
       "  device time in ops {:.1f} ms:\n",
-      step, t.records, wall, t.pack, t.forward, t.heads, t.backward, t.optimizer, device);
+      step, t.records, wall, t.tokens, t.calls, t.padded, t.pack, t.forward, t.heads, t.backward,
+      t.optimizer, device);
   for (const OpTime& x : ops)
     text += fmt::format("    {:<28} {:9.2f} ms {:6.1f}%  {:6d} calls\n", x.op, x.ms,
                         wall > 0 ? 100 * x.ms / wall : 0.0, x.calls);
@@ -724,6 +730,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     line["tokens_per_s"] = pr.tokens_per_s;
     const Trainer::StepTimes& tm = tr.last_times();
     line["records"] = tm.records;
+    if (tm.calls > 0) line["trunk"] = {{"calls", tm.calls}, {"padded_tokens", tm.padded}};
     line["ms"] = {{"pack", tm.pack},
                   {"forward", tm.forward},
                   {"heads", tm.heads},

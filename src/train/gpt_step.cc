@@ -7,6 +7,7 @@
 #include "train/gpt_step.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 #include "core/error.h"
@@ -114,13 +115,65 @@ GptActs::~GptActs() = default;
 GptActs::GptActs(GptActs&&) noexcept = default;
 GptActs& GptActs::operator=(GptActs&&) noexcept = default;
 
+int64_t GptActs::calls() const {
+  return pass ? int64_t(pass->calls.size()) : 0;
+}
+
+int64_t GptActs::padded_tokens() const {
+  int64_t n = 0;
+  if (pass)
+    for (const GptTrainCall& c : pass->calls) n += c.rows.n();
+  return n;
+}
+
 namespace {
 
+// Rows of the given lengths (ascending) cut into consecutive bands, one call each, so that the
+// sum over the bands of (rows x longest + call_tokens) is least: the first row of each band.
+std::vector<size_t> length_bands(const std::vector<int64_t>& sorted, int64_t call_tokens) {
+  const size_t n = sorted.size();
+  std::vector<int64_t> cost(n + 1, 0);  // of the first i rows
+  std::vector<size_t> cut(n + 1, 0);    // where the last band of the first i rows starts
+  for (size_t i = 1; i <= n; ++i) {
+    cost[i] = INT64_MAX;
+    for (size_t j = i; j-- > 0;) {  // band [j, i)
+      const int64_t c = cost[j] + int64_t(i - j) * sorted[i - 1] + call_tokens;
+      if (c <= cost[i]) cost[i] = c, cut[i] = j;  // ties: the longer band
+    }
+  }
+  std::vector<size_t> starts;
+  for (size_t i = n; i > 0; i = cut[i]) starts.push_back(cut[i]);
+  std::reverse(starts.begin(), starts.end());
+  return starts;
+}
+
+// Segments as rows of calls, one call per band of lengths (length_bands), rows in stream order
+// within a length. Appends to pass's per-call tables; sets each segment's call and row.
+void add_calls(std::vector<Segment>& segs, int64_t call_tokens, GptPass& pass) {
+  std::stable_sort(segs.begin(), segs.end(),
+                   [](const Segment& x, const Segment& y) { return x.length < y.length; });
+  std::vector<int64_t> sorted;
+  for (const Segment& s : segs) sorted.push_back(s.length);
+  const std::vector<size_t> starts = length_bands(sorted, call_tokens);
+  for (size_t f = 0, band = 0; f < segs.size(); ++f) {
+    if (band < starts.size() && starts[band] == f) {
+      ++band;
+      pass.lengths.emplace_back();
+      pass.positions.emplace_back();
+      pass.history.emplace_back();
+      pass.calls.emplace_back();
+    }
+    segs[f].call = int(pass.calls.size()) - 1;
+    segs[f].row = int64_t(pass.lengths.back().size());
+    pass.lengths.back().push_back(segs[f].length);
+  }
+}
+
 // The batch's segments as rows of calls: the plain stream is one row (documents apart by
-// attention segments); with the fork layout, segments without a context range are the rows of
-// call 0 and the others rows of later calls (by length), each continuing the call-0 row of its
-// context.
-void lay_out(const GptBatch& b, GptPass& pass) {
+// attention segments); with the fork layout, segments without a context range (documents) are
+// rows of the first calls and the others (queries) rows of later calls, each continuing the
+// row of its context; both are split into calls by length so that padding stays small.
+void lay_out(const GptBatch& b, int64_t call_tokens, GptPass& pass) {
   const int64_t T = b.size();
   const bool fork = !b.prev.empty();
   DEG_CHECK(int64_t(b.seg_start.size()) == T && int64_t(b.targets.size()) == T, "batch shapes");
@@ -135,9 +188,7 @@ void lay_out(const GptBatch& b, GptPass& pass) {
     pass.positions = {{0}};
     pass.segments = {{.start = 0, .length = T}};
   } else {
-    // Documents: the rows of call 0.
-    std::map<int64_t, int64_t> row_of_start;  // their rows by stream start
-    std::vector<Segment> forks;               // the queries, placed below
+    std::vector<Segment> docs, forks;
     for (int64_t t = 0; t < T;) {
       int64_t e = t + 1;
       while (e < T && b.seg_start[size_t(e)] == b.seg_start[size_t(t)]) ++e;
@@ -147,50 +198,39 @@ void lay_out(const GptBatch& b, GptPass& pass) {
                       b.ctx_lo[size_t(u)] == b.ctx_lo[size_t(t)] &&
                       b.ctx_hi[size_t(u)] == b.ctx_hi[size_t(t)],
                   "segment at {}: tokens must follow each other", t);
-      Segment s{.start = t, .length = e - t};
+      const Segment s{.start = t, .length = e - t};
       if (b.ctx_hi[size_t(t)] <= b.ctx_lo[size_t(t)]) {
         DEG_CHECK(b.pos[size_t(t)] == 0 && b.prev[size_t(t)] == -1,
                   "segment at {} without context must start a sequence", t);
-        s.row = int64_t(row_of_start.size());
-        row_of_start[t] = s.row;
-        pass.segments.push_back(s);
+        docs.push_back(s);
       } else {
         forks.push_back(s);
       }
       t = e;
     }
-    pass.lengths.emplace_back();
-    for (const Segment& s : pass.segments) pass.lengths[0].push_back(s.length);
-    pass.positions.emplace_back(pass.lengths[0].size(), 0);
-    pass.history.emplace_back(size_t(kHistory) * pass.lengths[0].size(), -1);
-    pass.calls.emplace_back();
-    // Queries: rows of calls that continue call 0, one call per band of lengths (within 1.5x of
-    // each other) so that padding stays small.
-    std::stable_sort(forks.begin(), forks.end(),
-                     [](const Segment& x, const Segment& y) { return x.length < y.length; });
-    for (size_t f = 0; f < forks.size(); ++f) {
-      Segment s = forks[f];
+    add_calls(docs, call_tokens, pass);
+    std::map<int64_t, const Segment*> doc_at;  // documents by stream start
+    for (const Segment& d : docs) {
+      doc_at[d.start] = &d;
+      pass.positions[size_t(d.call)].push_back(0);
+      for (int64_t k = 0; k < kHistory; ++k) pass.history[size_t(d.call)].push_back(-1);
+    }
+    add_calls(forks, call_tokens, pass);
+    for (const Segment& s : forks) {
       const int64_t lo = b.ctx_lo[size_t(s.start)], hi = b.ctx_hi[size_t(s.start)];
-      auto it = row_of_start.find(lo);
-      DEG_CHECK(it != row_of_start.end() && pass.lengths[0][size_t(it->second)] == hi - lo &&
+      auto it = doc_at.find(lo);
+      DEG_CHECK(it != doc_at.end() && it->second->length == hi - lo &&
                     b.pos[size_t(s.start)] == hi - lo && b.prev[size_t(s.start)] == hi - 1,
                 "segment at {} must continue a whole earlier segment", s.start);
-      const bool fresh = f == 0 || 2 * s.length > 3 * pass.lengths.back().front();
-      if (fresh) {
-        pass.lengths.emplace_back();
-        pass.positions.emplace_back();
-        pass.history.emplace_back();
-        pass.calls.push_back({.prefix_call = 0});
-      }
-      s.call = int(pass.calls.size()) - 1;
-      s.row = int64_t(pass.lengths.back().size());
-      pass.calls.back().prefix_rows.push_back(it->second);
-      pass.lengths.back().push_back(s.length);
-      pass.positions.back().push_back(hi - lo);
+      GptTrainCall& c = pass.calls[size_t(s.call)];
+      c.prefix_calls.push_back(it->second->call);
+      c.prefix_rows.push_back(it->second->row);
+      pass.positions[size_t(s.call)].push_back(hi - lo);
       for (int64_t k = kHistory; k > 0; --k)
-        pass.history.back().push_back(hi - k >= lo ? b.inputs[size_t(hi - k)] : -1);
-      pass.segments.push_back(s);
+        pass.history[size_t(s.call)].push_back(hi - k >= lo ? b.inputs[size_t(hi - k)] : -1);
     }
+    pass.segments = std::move(docs);
+    pass.segments.insert(pass.segments.end(), forks.begin(), forks.end());
     pass.ids.assign(pass.calls.size(), {});
     pass.segment.assign(pass.calls.size(), {});
   }
@@ -298,7 +338,7 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   }
   GptPass& pass = *a.pass;
   pass.model = model_of(p, o, pass.ops);
-  lay_out(b, pass);
+  lay_out(b, o.call_tokens, pass);
   const Exec x{pass.ops, pass.arena};
   std::vector<GptTrainCall> calls = pass.calls;
   if (o.device != Device::cpu) {  // the calls' id tables where the GPU reads them

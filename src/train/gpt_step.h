@@ -68,6 +68,10 @@ struct GptStepOptions {
   // (the host `grads` passed are not read or written: an empty vector will do). On o.device's
   // backend.
   GptResident* resident = nullptr;
+  // The fork layout splits documents, and queries, into calls by length: each call costs its
+  // padded tokens (rows x longest) plus this many (its launches); the split minimises the sum.
+  // 0: a call per length.
+  int64_t call_tokens = 512;
 };
 
 // A forward kept for its backward: the model over the parameters, the pass's memory and tape.
@@ -80,6 +84,9 @@ struct GptActs {
   GptActs& operator=(GptActs&&) noexcept;
   Buf final_xn;  // [T, C] the final normed hidden state, in stream order
   std::unique_ptr<GptPass> pass;
+  // The forward's calls and the tokens they ran over, padding included (a step's profile).
+  int64_t calls() const;
+  int64_t padded_tokens() const;
 };
 
 // The forward up to the final normed hidden state (acts.final_xn).
