@@ -122,6 +122,28 @@ inline void for_row_chunks(const RowTable& t, F&& launch) {
   }
 }
 
+// ngram_embed's launch for one chunk of rows.
+inline cuda::NgramLaunch ngram_launch(const NgramEmbedArgs& a, const cuda::Rows& r) {
+  const Tensor& t = *a.table;
+  cuda::NgramLaunch l{.rows = r,
+                      .ids = a.ids,
+                      .prev1 = a.prev1,
+                      .prev2 = a.prev2,
+                      .table = t.raw(),
+                      .bf16 = t.dtype() == DType::bf16,
+                      .table_rows = t.dim(0),
+                      .dim = t.dim(1),
+                      .sign_pool = a.sign_pool,
+                      .sign_rows = a.sign_rows,
+                      .y = a.y,
+                      .ldy = a.ldy};
+  std::copy(a.bigram_rows.begin(), a.bigram_rows.end(), l.bigram_rows);
+  std::copy(a.trigram_rows.begin(), a.trigram_rows.end(), l.trigram_rows);
+  std::copy(a.bigram_signs.begin(), a.bigram_signs.end(), l.bigram_signs);
+  std::copy(a.trigram_signs.begin(), a.trigram_signs.end(), l.trigram_signs);
+  return l;
+}
+
 inline cuda::KvRow kv_row(const RowView& v) {
   return {v.prefix_k, v.prefix_v, v.prefix_len, v.prefix_stride,
           v.own_k,    v.own_v,    v.own_before, v.own_stride};
@@ -236,12 +258,8 @@ class CudaOps final : public Ops {
   // Device memory for one op's work, freed once the stream has finished with it.
   class DeviceTemp {
    public:
-    DeviceTemp(const CudaOps& ops, size_t bytes)
-        : ops_(ops), data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
-    ~DeviceTemp() {
-      cudaStreamSynchronize(ops_.stream_);
-      cuda_free(data_);
-    }
+    DeviceTemp(const CudaOps&, size_t bytes) : data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
+    ~DeviceTemp() { cuda_free(data_); }  // stream-ordered: after the work queued before
     DeviceTemp(const DeviceTemp&) = delete;
     DeviceTemp& operator=(const DeviceTemp&) = delete;
     void* get() const { return data_; }
@@ -251,13 +269,13 @@ class CudaOps final : public Ops {
     }
 
    private:
-    const CudaOps& ops_;
     void* data_;
   };
 
-  // dtable rows [0, rows) += their positions' terms (order / starts of gather_order).
-  void scatter(const std::vector<int64_t>& order, const std::vector<int64_t>& starts, int64_t rows,
-               int64_t cols, cuda::ScatterRowsLaunch l) const;
+  // dtable rows [0, rows) += the terms of the entries whose keys (device, [entries]) are theirs,
+  // each row's in entry order (grouped on the device: launch_row_order).
+  void scatter(const int32_t* keys, int64_t entries, int64_t rows, int64_t cols,
+               cuda::ScatterRowsLaunch l) const;
 
   // Device scratch `slot` of at least `bytes` (kept and grown; stream order makes reuse safe).
   // Callers hold mu_.

@@ -311,6 +311,10 @@ struct NgramLaunch {
   int64_t ldy;
 };
 cudaError_t launch_ngram_embed(const NgramLaunch& a, cudaStream_t stream);
+// The table rows and sign rows ngram_embed reads, every token of the chunk's rows: entry 2 t + 0
+// (bigram) and 2 t + 1 (trigram) of rows[] and signs[] (table and y unused).
+cudaError_t launch_ngram_entries(const NgramLaunch& a, int32_t* rows, int32_t* signs,
+                                 cudaStream_t stream);
 
 // ---- attention_f64.cu: AttendF64Args of kernels/ops.h for the rows of one chunk ----
 struct AttentionF64Launch {
@@ -383,7 +387,15 @@ struct CombineBackwardLaunch {
 };
 cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t stream);
 
-// Table rows' positions grouped (order / starts: device arrays built by the caller).
+// ---- row_order.cu: a table's positions grouped by row on the device ----
+// order: the entries i whose keys[i] are in [0, rows), by key and, within a key, in increasing i;
+// starts [rows + 1]: where each key's entries begin (gather_order of kernels/cpu/backward.h).
+// temp: row_order_bytes(n, rows) of device scratch.
+size_t row_order_bytes(int64_t n, int64_t rows);
+cudaError_t launch_row_order(const int32_t* keys, int64_t n, int64_t rows, int64_t* order,
+                             int64_t* starts, void* temp, size_t temp_bytes, cudaStream_t stream);
+
+// Table rows' positions grouped (order / starts of launch_row_order).
 struct ScatterRowsLaunch {
   const int64_t* order;   // [entries]
   const int64_t* starts;  // [rows + 1]

@@ -151,37 +151,59 @@ __device__ float table_at(const NgramLaunch& a, int64_t row, int64_t d) {
   return __uint_as_float(uint32_t(b) << 16);
 }
 
+// The table rows (bigram, trigram) and sign rows of the token at `at` of its row, position pos.
+struct NgramHit {
+  int32_t rows[2], signs[2];
+};
+
+__device__ NgramHit ngram_hit(const NgramLaunch& a, int64_t at, int64_t pos) {
+  const int32_t half = int32_t(a.table_rows / 2), bmod = half - 1;
+  const int32_t tmod = int32_t(a.table_rows) - half - 1, mask = int32_t(a.sign_rows - 1);
+  const int32_t x = a.ids[at], p1 = a.prev1[at], p2 = a.prev2[at];
+  const int32_t prev = pos == 1 ? bmod : p1;
+  NgramHit h;
+  h.rows[0] = pos == 0
+                  ? bmod
+                  : py_mod(wrap_mul(a.bigram_rows[0], x) ^ wrap_mul(a.bigram_rows[1], prev), bmod);
+  h.rows[1] = pos < 2 ? half + tmod
+                      : py_mod(wrap_mul(a.trigram_rows[0], x) ^ wrap_mul(a.trigram_rows[1], p1) ^
+                                   wrap_mul(a.trigram_rows[2], p2),
+                               tmod) +
+                            half;
+  h.signs[0] =
+      pos < 1 ? 0 : (wrap_mul(a.bigram_signs[1], p1) ^ wrap_mul(a.bigram_signs[0], x)) & mask;
+  h.signs[1] = pos < 2 ? 0
+                       : (wrap_mul(a.trigram_signs[2], p2) ^ wrap_mul(a.trigram_signs[1], p1) ^
+                          wrap_mul(a.trigram_signs[0], x)) &
+                             mask;
+  return h;
+}
+
 // y[token, d] = bigram row[d] * its sign[d] + trigram row[d] * its sign[d] (0 + the first, then
 // the second, as the CPU sums), every token of the chunk's rows.
 __global__ void ngram_embed_kernel(NgramLaunch a) {
   const int i = blockIdx.y;
   const int64_t L = a.rows.tokens, b = a.rows.first + i, Dn = a.dim;
-  const int32_t half = int32_t(a.table_rows / 2), bmod = half - 1;
-  const int32_t tmod = int32_t(a.table_rows) - half - 1, mask = int32_t(a.sign_rows - 1);
   DEG_GRID_LOOP(e, L * Dn) {
-    const int64_t t = e / Dn, d = e % Dn, at = b * L + t, pos = a.rows.position[i] + t;
-    const int32_t x = a.ids[at], p1 = a.prev1[at], p2 = a.prev2[at];
-    const int32_t prev = pos == 1 ? bmod : p1;
-    const int32_t br =
-        pos == 0 ? bmod
-                 : py_mod(wrap_mul(a.bigram_rows[0], x) ^ wrap_mul(a.bigram_rows[1], prev), bmod);
-    const int32_t tr =
-        pos < 2 ? half + tmod
-                : py_mod(wrap_mul(a.trigram_rows[0], x) ^ wrap_mul(a.trigram_rows[1], p1) ^
-                             wrap_mul(a.trigram_rows[2], p2),
-                         tmod) +
-                      half;
-    const int32_t bs =
-        pos < 1 ? 0 : (wrap_mul(a.bigram_signs[1], p1) ^ wrap_mul(a.bigram_signs[0], x)) & mask;
-    const int32_t ts = pos < 2
-                           ? 0
-                           : (wrap_mul(a.trigram_signs[2], p2) ^ wrap_mul(a.trigram_signs[1], p1) ^
-                              wrap_mul(a.trigram_signs[0], x)) &
-                                 mask;
+    const int64_t t = e / Dn, d = e % Dn, at = b * L + t;
+    const NgramHit h = ngram_hit(a, at, a.rows.position[i] + t);
     float out = 0.0f;
-    out += table_at(a, br, d) * a.sign_pool[int64_t(bs) * Dn + d];
-    out += table_at(a, tr, d) * a.sign_pool[int64_t(ts) * Dn + d];
+    out += table_at(a, h.rows[0], d) * a.sign_pool[int64_t(h.signs[0]) * Dn + d];
+    out += table_at(a, h.rows[1], d) * a.sign_pool[int64_t(h.signs[1]) * Dn + d];
     a.y[at * a.ldy + d] = out;
+  }
+}
+
+__global__ void ngram_entries_kernel(NgramLaunch a, int32_t* rows, int32_t* signs) {
+  const int i = blockIdx.y;
+  const int64_t L = a.rows.tokens, b = a.rows.first + i;
+  DEG_GRID_LOOP(t, L) {
+    const int64_t at = b * L + t;
+    const NgramHit h = ngram_hit(a, at, a.rows.position[i] + t);
+    for (int c = 0; c < 2; ++c) {
+      rows[2 * at + c] = h.rows[c];
+      signs[2 * at + c] = h.signs[c];
+    }
   }
 }
 
@@ -238,6 +260,14 @@ cudaError_t launch_shift_ids(const ShiftIdsLaunch& a, cudaStream_t stream) {
   if (a.rows.count == 0 || a.rows.tokens == 0) return cudaSuccess;
   shift_ids_kernel<<<dim3(grid_for(a.rows.tokens), unsigned(a.rows.count)), kThreads, 0, stream>>>(
       a);
+  return launched();
+}
+
+cudaError_t launch_ngram_entries(const NgramLaunch& a, int32_t* rows, int32_t* signs,
+                                 cudaStream_t stream) {
+  if (a.rows.count == 0 || a.rows.tokens == 0) return cudaSuccess;
+  ngram_entries_kernel<<<dim3(grid_for(a.rows.tokens), unsigned(a.rows.count)), kThreads, 0,
+                         stream>>>(a, rows, signs);
   return launched();
 }
 

@@ -410,23 +410,7 @@ void CudaOps::ngram_embed(const NgramEmbedArgs& a) const {
                 (t.dtype() == DType::f32 || t.dtype() == DType::bf16),
             "cuda ngram_embed: table {} is not an f32 / bf16 device matrix", t.describe());
   for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t) {
-    cuda::NgramLaunch l{.rows = r,
-                        .ids = a.ids,
-                        .prev1 = a.prev1,
-                        .prev2 = a.prev2,
-                        .table = t.raw(),
-                        .bf16 = t.dtype() == DType::bf16,
-                        .table_rows = t.dim(0),
-                        .dim = t.dim(1),
-                        .sign_pool = a.sign_pool,
-                        .sign_rows = a.sign_rows,
-                        .y = a.y,
-                        .ldy = a.ldy};
-    std::copy(a.bigram_rows.begin(), a.bigram_rows.end(), l.bigram_rows);
-    std::copy(a.trigram_rows.begin(), a.trigram_rows.end(), l.trigram_rows);
-    std::copy(a.bigram_signs.begin(), a.bigram_signs.end(), l.bigram_signs);
-    std::copy(a.trigram_signs.begin(), a.trigram_signs.end(), l.trigram_signs);
-    check(cuda::launch_ngram_embed(l, stream_), "ngram_embed");
+    check(cuda::launch_ngram_embed(ngram_launch(a, r), stream_), "ngram_embed");
   });
 }
 

@@ -123,11 +123,7 @@ void CudaOps::gather_backward(const GatherBackwardArgs& a) const {
     ids = dev_ids.as<int32_t>();
   }
   if (a.dtable) {
-    std::vector<int32_t> host(static_cast<size_t>(n));
-    to_host(host.data(), ids, size_t(n) * sizeof(int32_t));
-    std::vector<int64_t> starts;
-    const std::vector<int64_t> order = gather_order(host.data(), n, V, starts);
-    scatter(order, starts, V, C,
+    scatter(ids, n, V, C,
             {.dy = a.dy,
              .ldy = a.ldy,
              .row_scale = f.row_scale,
@@ -206,27 +202,19 @@ void CudaOps::ngram_embed_backward(const NgramBackwardArgs& a) const {
   const NgramEmbedArgs& f = a.forward;
   DEG_CHECK(f.table->dtype() == DType::f32, "cuda ngram_embed_backward: an f32 table");
   const int64_t n = f.rows.n(), V = f.table->dim(0), Dn = f.table->dim(1);
-  // The hashes on the host (from the ids, which are few bytes), then a scatter per table row.
-  std::vector<int32_t> ids(static_cast<size_t>(n)), p1(ids.size()), p2(ids.size());
-  to_host(ids.data(), f.ids, ids.size() * sizeof(int32_t));
-  to_host(p1.data(), f.prev1, p1.size() * sizeof(int32_t));
-  to_host(p2.data(), f.prev2, p2.size() * sizeof(int32_t));
-  NgramEmbedArgs host = f;
-  host.ids = ids.data();
-  host.prev1 = p1.data();
-  host.prev2 = p2.data();
-  std::vector<int32_t> rows(size_t(2 * n)), signs(size_t(2 * n));
-  for (int64_t i = 0; i < n; ++i)
-    ngram_rows_of(host, i, &rows[size_t(2 * i)], &signs[size_t(2 * i)]);
-  std::vector<int64_t> starts;
-  const std::vector<int64_t> order = gather_order(rows.data(), 2 * n, V, starts);
-  DeviceTemp dev_signs(*this, signs.size() * sizeof(int32_t));
-  to_device(dev_signs.get(), signs.data(), signs.size() * sizeof(int32_t));
-  scatter(order, starts, V, Dn,
+  // The table rows and sign rows every token read, then a scatter per table row.
+  DeviceTemp rows(*this, size_t(2 * n) * sizeof(int32_t)),
+      signs(*this, size_t(2 * n) * sizeof(int32_t));
+  for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t) {
+    check(cuda::launch_ngram_entries(ngram_launch(f, r), rows.as<int32_t>(), signs.as<int32_t>(),
+                                     stream_),
+          "ngram_embed_backward");
+  });
+  scatter(rows.as<int32_t>(), 2 * n, V, Dn,
           {.dy = a.dy,
            .ldy = a.ldy,
            .entry_shift = 1,
-           .signs = dev_signs.as<int32_t>(),
+           .signs = signs.as<int32_t>(),
            .sign_pool = f.sign_pool,
            .dtable = a.dtable});
 }
@@ -388,11 +376,14 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
   }
 }
 
-void CudaOps::scatter(const std::vector<int64_t>& order, const std::vector<int64_t>& starts,
-                      int64_t rows, int64_t cols, cuda::ScatterRowsLaunch l) const {
-  DeviceTemp o(*this, order.size() * sizeof(int64_t)), st(*this, starts.size() * sizeof(int64_t));
-  to_device(o.get(), order.data(), order.size() * sizeof(int64_t));
-  to_device(st.get(), starts.data(), starts.size() * sizeof(int64_t));
+void CudaOps::scatter(const int32_t* keys, int64_t entries, int64_t rows, int64_t cols,
+                      cuda::ScatterRowsLaunch l) const {
+  const size_t temp_bytes = cuda::row_order_bytes(entries, rows);
+  DeviceTemp o(*this, size_t(entries) * sizeof(int64_t)),
+      st(*this, size_t(rows + 1) * sizeof(int64_t)), temp(*this, temp_bytes);
+  check(cuda::launch_row_order(keys, entries, rows, o.as<int64_t>(), st.as<int64_t>(), temp.get(),
+                               temp_bytes, stream_),
+        "scatter");
   l.order = o.as<int64_t>();
   l.starts = st.as<int64_t>();
   l.rows = rows;
