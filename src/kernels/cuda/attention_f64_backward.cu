@@ -460,10 +460,13 @@ PrefixGroups prefix_groups(const AttentionF64BackwardLaunch& a) {
       out.of[i] = static_cast<signed char>(out.count++);
     }
   }
-  // Each group's extent in each buffer; any overlap between groups: one group.
-  auto span = [&](const float* base, int i) {
-    const int64_t longest = a.grad[i].prefix_len > 0 ? a.grad[i].prefix_len : 0;
-    const float* end = base + (f.heads - 1) * a.grad[i].prefix_stride + longest * f.kv_dim;
+  // Each group's extent in each buffer (up to the last dim of its last key of its last head);
+  // any overlap between groups: one group.
+  auto span = [&](const float* base, int i, int64_t dim) {
+    const int64_t longest = a.grad[i].prefix_len;
+    const float* end = longest > 0 ? base + (f.heads - 1) * a.grad[i].prefix_stride +
+                                         (longest - 1) * f.kv_dim + dim
+                                   : base;
     return std::pair<const float*, const float*>{base, end};
   };
   bool overlap = false;
@@ -475,7 +478,8 @@ PrefixGroups prefix_groups(const AttentionF64BackwardLaunch& a) {
         const float* bx = kv ? gx.prefix_v : gx.prefix_k;
         const float* by = kv ? gy.prefix_v : gy.prefix_k;
         if (!bx || !by) continue;
-        const auto sx = span(bx, first_row[x]), sy = span(by, first_row[y]);
+        const int64_t dim = kv ? f.v_dim : f.qk_dim;
+        const auto sx = span(bx, first_row[x], dim), sy = span(by, first_row[y], dim);
         overlap = sx.first < sy.second && sy.first < sx.second;
       }
   if (overlap) {
