@@ -292,8 +292,8 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
   }
   EXPECT_NE(deg::testing::read_text(t / "straight" / "train_state" / "backbone.safetensors"),
             deg::testing::read_text(ckpt / "backbone.safetensors"));  // the trunk trained
-  // One worker thread: the same bits (the heads' losses run in groups fixed by the step's
-  // examples, not by the threads).
+  // One worker thread: the same bits (each example's head gradients are its own, added in
+  // example order whatever thread ran them).
   r = deg::testing::run_deg({"--threads", "1", "train", "--base", ckpt.string(), "--out",
                              (t / "one").string(), "--task", task, "--steps", "6", "--batch-tokens",
                              "600", "--eval-every", "2", "--quiet"});

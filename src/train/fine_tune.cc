@@ -20,6 +20,7 @@
 #include "schema/plan.h"
 #include "train/calibrate.h"
 #include "train/features.h"
+#include "train/ops.h"
 #include "train/optim.h"
 
 namespace deg::train {
@@ -219,6 +220,14 @@ void scale(Heads& g, float f) {
   }
 }
 
+// into += from (tensor by tensor, element by element).
+void add(Heads& from, Heads& into) {
+  auto f = from.tensors(true), t = into.tensors(true);
+  for (size_t j = 0; j < t.size(); ++j)
+    axpy(1.0f, f[j].second->data<float>(), t[j].second->mutable_data<float>(),
+         t[j].second->numel());
+}
+
 // Linear warmup, constant, then a linear decay to zero over the last `cooldown` share.
 float lr_scale(int64_t step, int64_t total, int64_t warmup, double cooldown) {
   if (step < warmup) return float(step + 1) / float(warmup);
@@ -320,12 +329,12 @@ class Trainer {
       times_.padded = acts.padded_tokens();
       const int64_t C = params_->config().model_dim;
       Buf dfinal = zeros(p.batch.size() * C);
-      for (size_t k = 0; k < exs.size(); ++k) {
+      heads_of(exs.size(), st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
         const Feats f = packed_features(p, exs, k, acts.final_xn.data(), C);
         Feats df = zeros_like(f);
-        example_loss(heads_, hgrad_, *exs[k], f, df, &st, weight, o_.anchor_pos_weight);
-        scatter_features(p, exs, k, df, dfinal.data(), C);
-      }
+        example_loss(heads_, g, *exs[k], f, df, &s, w, o_.anchor_pos_weight);
+        scatter_features(p, exs, k, df, dfinal.data(), C);  // each example's own rows
+      });
       times_.heads = lap();
       std::vector<ParamTensor> resident_grads;  // not read: the gradients are resident
       gpt_backward(*params_, p.batch, so, acts, dfinal.data(), resident_grads);
@@ -333,11 +342,11 @@ class Trainer {
       times_.backward = lap();
     } else {
       times_.pack = lap();
-      for (size_t i : batch) {
+      heads_of(batch.size(), st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
+        const size_t i = batch[k];
         Feats df = zeros_like(train_feats_[i]);
-        example_loss(heads_, hgrad_, ds_.train[i], train_feats_[i], df, &st, weight,
-                     o_.anchor_pos_weight);
-      }
+        example_loss(heads_, g, ds_.train[i], train_feats_[i], df, &s, w, o_.anchor_pos_weight);
+      });
       times_.heads = lap();
     }
     if (stats) stats->add(st);
@@ -365,6 +374,26 @@ class Trainer {
     }
     times_.optimizer = lap();
     return loss;
+  }
+
+  // The heads' losses and gradients of a step's n examples: run(k, grads, stats, weights) for
+  // each, on the pool's threads, each example into gradients of its own; then added into hgrad_
+  // and `st` in example order, so the sums do not depend on the thread count.
+  template <class Run>
+  void heads_of(size_t n, LossStats& st, const float* weight, Run&& run) {
+    while (example_grads_.size() < n) example_grads_.push_back(heads_.zeros_like());
+    std::vector<LossStats> stats(n);
+    parallel_for(int64_t(n), [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        Heads& g = example_grads_[size_t(k)];
+        scale(g, 0.0f);
+        run(size_t(k), g, stats[size_t(k)], weight);
+      }
+    });
+    for (size_t k = 0; k < n; ++k) {
+      add(example_grads_[k], hgrad_);
+      st.add(stats[k]);
+    }
   }
 
   // The balanced loss over the dev examples (all, then by task) and, per head kind, the share
@@ -556,6 +585,7 @@ class Trainer {
   bool train_trunk_;
   Device device_;
   Heads heads_, hgrad_;
+  std::vector<Heads> example_grads_;  // heads_of's, one per example of a step
   HeadsAdam hadam_;
   std::optional<GptParams> params_;      // a trunk that trains: the host copy (checkpoints)
   std::optional<GptResident> resident_;  // ... and the one that trains, on device_
