@@ -2,6 +2,7 @@
 // with its heads or for heads on a frozen trunk, dev loss and early stopping, checkpoints and
 // resume, calibration.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -329,7 +330,7 @@ class Trainer {
       times_.padded = acts.padded_tokens();
       const int64_t C = params_->config().model_dim;
       Buf dfinal = zeros(p.batch.size() * C);
-      heads_of(exs.size(), st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
+      heads_of(exs, st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
         const Feats f = packed_features(p, exs, k, acts.final_xn.data(), C);
         Feats df = zeros_like(f);
         example_loss(heads_, g, *exs[k], f, df, &s, w, o_.anchor_pos_weight);
@@ -342,7 +343,9 @@ class Trainer {
       times_.backward = lap();
     } else {
       times_.pack = lap();
-      heads_of(batch.size(), st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
+      std::vector<const TaskExample*> exs;
+      for (size_t i : batch) exs.push_back(&ds_.train[i]);
+      heads_of(exs, st, weight, [&](size_t k, Heads& g, LossStats& s, const float* w) {
         const size_t i = batch[k];
         Feats df = zeros_like(train_feats_[i]);
         example_loss(heads_, g, ds_.train[i], train_feats_[i], df, &s, w, o_.anchor_pos_weight);
@@ -376,18 +379,29 @@ class Trainer {
     return loss;
   }
 
-  // The heads' losses and gradients of a step's n examples: run(k, grads, stats, weights) for
-  // each, on the pool's threads, each example into gradients of its own; then added into hgrad_
-  // and `st` in example order, so the sums do not depend on the thread count.
+  // The heads' losses and gradients of a step's examples (their cost: context tokens x queries)
+  // : run(k, grads, stats, weights) for each, on the pool's threads, the costliest first, each
+  // thread taking the next example left; each example into gradients of its own, added into
+  // hgrad_ and `st` in example order, so no sum depends on the threads or who ran what.
   template <class Run>
-  void heads_of(size_t n, LossStats& st, const float* weight, Run&& run) {
+  void heads_of(const std::vector<const TaskExample*>& exs, LossStats& st, const float* weight,
+                Run&& run) {
+    const size_t n = exs.size();
     while (example_grads_.size() < n) example_grads_.push_back(heads_.zeros_like());
     std::vector<LossStats> stats(n);
-    parallel_for(int64_t(n), [&](int64_t b, int64_t e) {
-      for (int64_t k = b; k < e; ++k) {
-        Heads& g = example_grads_[size_t(k)];
+    std::vector<size_t> order(n);
+    for (size_t k = 0; k < n; ++k) order[k] = k;
+    auto cost = [&](size_t k) { return exs[k]->ctx_tokens * int64_t(1 + exs[k]->queries.size()); };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return cost(a) > cost(b); });
+    std::atomic<size_t> next{0};
+    const int64_t workers = std::min<int64_t>(int64_t(n), thread_pool().size());
+    parallel_for(workers, [&](int64_t, int64_t) {
+      for (size_t at = next++; at < n; at = next++) {
+        const size_t k = order[at];
+        Heads& g = example_grads_[k];
         scale(g, 0.0f);
-        run(size_t(k), g, stats[size_t(k)], weight);
+        run(k, g, stats[k], weight);
       }
     });
     for (size_t k = 0; k < n; ++k) {

@@ -1,73 +1,67 @@
-// Plain f32 training kernels (see ops.h). Inner loops are contiguous axpys so the compiler
+// Plain f32 training kernels (see ops.h). The products run the CPU's product kernels
+// (kernels/gemm.h) over chunks of rows; other inner loops are contiguous axpys so the compiler
 // vectorizes them without reassociating any sum.
 #include "train/ops.h"
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "core/thread_pool.h"
+#include "kernels/gemm.h"
 
 namespace deg::train {
 namespace {
 
-// Enough work per chunk that tiny matrices stay on one thread.
-int64_t grain_for(int64_t work_per_row) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row));
+// Rows of y in chunks of enough work that tiny products stay on one thread; each chunk one call
+// of the single-threaded product kernels (kernels/gemm.h), whose every element's order depends
+// on K only, so the chunking never changes a bit.
+void rows_in_chunks(int64_t N, int64_t work_per_row,
+                    const std::function<void(int64_t, int64_t)>& f) {
+  parallel_for(N, f, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row)));
 }
 
 }  // namespace
 
 void matmul_nn(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
                bool accumulate) {
-  parallel_for(
-      N,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t n = begin; n < end; ++n) {
-          float* yr = y + n * M;
-          if (!accumulate) std::memset(yr, 0, sizeof(float) * size_t(M));
-          const float* xr = x + n * K;
-          for (int64_t k = 0; k < K; ++k) {
-            const float a = xr[k];
-            if (a == 0.0f) continue;
-            const float* wr = w + k * M;
-            for (int64_t m = 0; m < M; ++m) yr[m] += a * wr[m];
-          }
-        }
-      },
-      grain_for(K * M));
+  rows_in_chunks(N, K * M, [&](int64_t b, int64_t e) {
+    deg::matmul_nn({.a = x + b * K,
+                    .lda = K,
+                    .b = w,
+                    .ldb = M,
+                    .m = e - b,
+                    .n = M,
+                    .k = K,
+                    .c = y + b * M,
+                    .ldc = M,
+                    .accumulate = accumulate});
+  });
 }
 
 void matmul_nt(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
                bool accumulate) {
-  // y = x . (w^T): transpose w once into [K, M], then the axpy form.
-  std::vector<float> wt(size_t(K * M));
-  parallel_for(
-      M,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t m = begin; m < end; ++m)
-          for (int64_t k = 0; k < K; ++k) wt[size_t(k * M + m)] = w[m * K + k];
-      },
-      grain_for(K));
-  matmul_nn(x, wt.data(), y, N, K, M, accumulate);
+  rows_in_chunks(N, K * M, [&](int64_t b, int64_t e) {
+    deg::matmul_nt({.a = x + b * K,
+                    .lda = K,
+                    .b = w,
+                    .ldb = K,
+                    .m = e - b,
+                    .n = M,
+                    .k = K,
+                    .c = y + b * M,
+                    .ldc = M,
+                    .accumulate = accumulate});
+  });
 }
 
 void matmul_tn(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
                bool accumulate) {
-  parallel_for(
-      K,
-      [&](int64_t begin, int64_t end) {
-        for (int64_t k = begin; k < end; ++k) {
-          float* yr = y + k * M;
-          if (!accumulate) std::memset(yr, 0, sizeof(float) * size_t(M));
-          for (int64_t n = 0; n < N; ++n) {
-            const float a = x[n * K + k];
-            if (a == 0.0f) continue;
-            const float* wr = w + n * M;
-            for (int64_t m = 0; m < M; ++m) yr[m] += a * wr[m];
-          }
-        }
-      },
-      grain_for(N * M));
+  // x^T [K, N] once, then the nn form.
+  std::vector<float> xt(size_t(K * N));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) xt[size_t(k * N + n)] = x[n * K + k];
+  matmul_nn(xt.data(), w, y, K, N, M, accumulate);
 }
 
 void rmsnorm_forward(const float* x, float* y, float* rstd, int64_t N, int64_t C, float eps) {
