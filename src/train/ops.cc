@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 
 #include "core/thread_pool.h"
 #include "kernels/gemm.h"
@@ -13,46 +12,39 @@
 namespace deg::train {
 namespace {
 
-// Rows of y in chunks of enough work that tiny products stay on one thread; each chunk one call
-// of the single-threaded product kernels (kernels/gemm.h), whose every element's order depends
-// on K only, so the chunking never changes a bit.
-void rows_in_chunks(int64_t N, int64_t work_per_row,
-                    const std::function<void(int64_t, int64_t)>& f) {
-  parallel_for(N, f, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, work_per_row)));
+// y[N, M] (+)= x[N, K] . B by `kernel` (kernels/gemm.h's matmul_nn or matmul_nt, B's rows ldb
+// apart) over chunks of rows of enough work that tiny products stay on one thread. Every
+// element's order depends on K only, so the chunking never changes a bit.
+void product(void (*kernel)(const MatmulArgs&), const float* x, const float* b, int64_t ldb,
+             float* y, int64_t N, int64_t K, int64_t M, bool accumulate) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, K * M));
+  parallel_for(
+      N,
+      [&](int64_t r0, int64_t r1) {
+        kernel({.a = x + r0 * K,
+                .lda = K,
+                .b = b,
+                .ldb = ldb,
+                .m = r1 - r0,
+                .n = M,
+                .k = K,
+                .c = y + r0 * M,
+                .ldc = M,
+                .accumulate = accumulate});
+      },
+      grain);
 }
 
 }  // namespace
 
 void matmul_nn(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
                bool accumulate) {
-  rows_in_chunks(N, K * M, [&](int64_t b, int64_t e) {
-    deg::matmul_nn({.a = x + b * K,
-                    .lda = K,
-                    .b = w,
-                    .ldb = M,
-                    .m = e - b,
-                    .n = M,
-                    .k = K,
-                    .c = y + b * M,
-                    .ldc = M,
-                    .accumulate = accumulate});
-  });
+  product(deg::matmul_nn, x, w, M, y, N, K, M, accumulate);
 }
 
 void matmul_nt(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
                bool accumulate) {
-  rows_in_chunks(N, K * M, [&](int64_t b, int64_t e) {
-    deg::matmul_nt({.a = x + b * K,
-                    .lda = K,
-                    .b = w,
-                    .ldb = K,
-                    .m = e - b,
-                    .n = M,
-                    .k = K,
-                    .c = y + b * M,
-                    .ldc = M,
-                    .accumulate = accumulate});
-  });
+  product(deg::matmul_nt, x, w, K, y, N, K, M, accumulate);
 }
 
 void matmul_tn(const float* x, const float* w, float* y, int64_t N, int64_t K, int64_t M,
