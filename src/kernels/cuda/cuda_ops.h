@@ -258,7 +258,7 @@ class CudaOps final : public Ops {
   // Device memory for one op's work, freed once the stream has finished with it.
   class DeviceTemp {
    public:
-    DeviceTemp(const CudaOps&, size_t bytes) : data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
+    explicit DeviceTemp(size_t bytes) : data_(cuda_malloc(std::max<size_t>(bytes, 1))) {}
     ~DeviceTemp() { cuda_free(data_); }  // stream-ordered: after the work queued before
     DeviceTemp(const DeviceTemp&) = delete;
     DeviceTemp& operator=(const DeviceTemp&) = delete;

@@ -115,7 +115,7 @@ void CudaOps::gather_backward(const GatherBackwardArgs& a) const {
   DEG_CHECK(t.dtype() == DType::f32 && t.device() == Device::cuda && f.mix == 1.0f && !f.soft_rows,
             "cuda gather_backward: an f32 device table without mix or soft rows");
   const int64_t n = f.n, V = t.dim(0), C = t.dim(1);
-  DeviceTemp dev_ids(*this, size_t(n) * sizeof(int32_t));
+  DeviceTemp dev_ids(size_t(n) * sizeof(int32_t));
   const int32_t* ids = f.ids;
   if (f.id_lane) {
     check(cuda::launch_lane_ids(f.id_lane, f.ld_id, n, dev_ids.as<int32_t>(), stream_),
@@ -147,7 +147,7 @@ void CudaOps::gather_backward(const GatherBackwardArgs& a) const {
 
 void CudaOps::sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const {
   const SigmoidGateArgs& f = a.forward;
-  DeviceTemp dz(*this, size_t(std::max<int64_t>(f.rows * f.heads, 1)) * sizeof(float));
+  DeviceTemp dz(size_t(std::max<int64_t>(f.rows * f.heads, 1)) * sizeof(float));
   check(cuda::launch_sigmoid_gates_backward({.forward = {.x = f.x,
                                                          .ldx = f.ldx,
                                                          .x2 = f.x2,
@@ -203,8 +203,7 @@ void CudaOps::ngram_embed_backward(const NgramBackwardArgs& a) const {
   DEG_CHECK(f.table->dtype() == DType::f32, "cuda ngram_embed_backward: an f32 table");
   const int64_t n = f.rows.n(), V = f.table->dim(0), Dn = f.table->dim(1);
   // The table rows and sign rows every token read, then a scatter per table row.
-  DeviceTemp rows(*this, size_t(2 * n) * sizeof(int32_t)),
-      signs(*this, size_t(2 * n) * sizeof(int32_t));
+  DeviceTemp rows(size_t(2 * n) * sizeof(int32_t)), signs(size_t(2 * n) * sizeof(int32_t));
   for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t) {
     check(cuda::launch_ngram_entries(ngram_launch(f, r), rows.as<int32_t>(), signs.as<int32_t>(),
                                      stream_),
@@ -221,7 +220,7 @@ void CudaOps::ngram_embed_backward(const NgramBackwardArgs& a) const {
 
 void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
   const AttendF64Args& f = a.forward;
-  DeviceTemp stats(*this, size_t(std::max<int64_t>(f.rows.n() * f.heads * 3, 1)) * sizeof(float));
+  DeviceTemp stats(size_t(std::max<int64_t>(f.rows.n() * f.heads * 3, 1)) * sizeof(float));
   for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t first) {
     cuda::AttentionF64BackwardLaunch l{.forward = {.rows = r,
                                                    .q = f.q,
@@ -274,7 +273,7 @@ void CudaOps::nesterov(const NesterovArgs& a) const {
 }
 
 void CudaOps::normuon_step(const NorMuonStepArgs& a) const {
-  DeviceTemp work(*this, size_t(2 * std::max(a.rows, a.cols) + 1) * sizeof(float));
+  DeviceTemp work(size_t(2 * std::max(a.rows, a.cols) + 1) * sizeof(float));
   check(cuda::launch_normuon_step({.u = a.u,
                                    .p = a.p,
                                    .second = a.second,
@@ -290,7 +289,7 @@ void CudaOps::normuon_step(const NorMuonStepArgs& a) const {
 
 double CudaOps::sum_squares(const float* x, int64_t n) const {
   const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;
-  DeviceTemp work(*this, size_t(chunks + 1) * sizeof(double));
+  DeviceTemp work(size_t(chunks + 1) * sizeof(double));
   double* out = work.as<double>() + chunks;
   check(cuda::launch_sum_squares(x, n, kSumChunk, work.as<double>(), out, stream_), "sum_squares");
   double s = 0;
@@ -379,8 +378,8 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
 void CudaOps::scatter(const int32_t* keys, int64_t entries, int64_t rows, int64_t cols,
                       cuda::ScatterRowsLaunch l) const {
   const size_t temp_bytes = cuda::row_order_bytes(entries, rows);
-  DeviceTemp o(*this, size_t(entries) * sizeof(int64_t)),
-      st(*this, size_t(rows + 1) * sizeof(int64_t)), temp(*this, temp_bytes);
+  DeviceTemp o(size_t(entries) * sizeof(int64_t)), st(size_t(rows + 1) * sizeof(int64_t)),
+      temp(temp_bytes);
   check(cuda::launch_row_order(keys, entries, rows, o.as<int64_t>(), st.as<int64_t>(), temp.get(),
                                temp_bytes, stream_),
         "scatter");

@@ -77,8 +77,8 @@ cudaError_t launch_row_order(const int32_t* keys, int64_t n, int64_t rows, int64
   at += aligned(size_t(n) * sizeof(int32_t));
   auto* positions = reinterpret_cast<int64_t*>(at);
   at += aligned(size_t(n) * sizeof(int64_t));
-  size_t sort_temp = temp_bytes - size_t(at - static_cast<unsigned char*>(temp));
   if (temp_bytes < row_order_bytes(n, rows)) return cudaErrorInvalidValue;
+  size_t sort_temp = temp_bytes - size_t(at - static_cast<unsigned char*>(temp));
   if (n > 0) {
     row_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(keys, n, rows, clamped, positions);
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
