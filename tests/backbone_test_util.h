@@ -18,6 +18,7 @@
 #include "io/npy.h"
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "model/backbone.h"
 #include "model/load.h"
 
 namespace deg::testing {
@@ -165,6 +166,19 @@ inline std::pair<double, double> bf16_distances(const std::filesystem::path& dir
   return {rel_max_error(logits, fp32),
           rel_max_error(npy_read(dir / "logits_native_bf16.npy"), fp32)};
 }
+
+// A document's hidden states read in one prefill from an empty state: what forks and chunks
+// must reproduce.
+inline Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {
+  State s = bb.empty_state(1);
+  return bb.prefill(TokenBatch::single(ids), s);
+}
+
+// A document the property tests prefill once and fork from: its ids and the state they left.
+struct Doc {
+  std::vector<int32_t> prefix;
+  State state;
+};
 
 inline std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -19,10 +19,10 @@ namespace {
 
 using testing::rel_max_error;
 
-const char* kFixtures[] = {"ssf_shared_f32", "sssf_wide_bf16", "sfssf_multimodal",
-                           "ssf_plain_untied"};
+const char* kGemma4Fixtures[] = {"ssf_shared_f32", "sssf_wide_bf16", "sfssf_multimodal",
+                                 "ssf_plain_untied"};
 
-std::vector<int32_t> fixture_ids(const std::string& name) {
+std::vector<int32_t> gemma4_fixture_ids(const std::string& name) {
   return testing::npy_ids(testing::fixture_path("gemma4/" + name + "/ids.npy"));
 }
 
@@ -32,12 +32,12 @@ TEST_P(Gemma4Golden, LogitsHiddenAndForksMatchHf) {
   // Forks over prefixes shorter and longer than the sliding window; 64-token reads make the
   // sliding tails cross reads.
   const auto dir = testing::fixture_path(std::string("gemma4/") + GetParam());
-  const auto T = int64_t(fixture_ids(GetParam()).size());
+  const auto T = int64_t(gemma4_fixture_ids(GetParam()).size());
   const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1});
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden, ::testing::ValuesIn(kFixtures));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden, ::testing::ValuesIn(kGemma4Fixtures));
 
 TEST(Gemma4GoldenBf16, DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection; HF's bf16 model keeps
@@ -55,7 +55,7 @@ TEST(Gemma4GoldenMeta, ParameterCountsMatchPyTorch) {
   // meta.json: num_parameters (torch, tied weights once) and the persistent buffers HF saves
   // beside them (layer_scalar). The file holds exactly those; `deg inspect` counts every stored
   // tensor once.
-  for (const char* name : kFixtures) {
+  for (const char* name : kGemma4Fixtures) {
     const auto dir = testing::fixture_path(std::string("gemma4/") + name);
     Json meta = json_load(dir / "meta.json");
     int64_t buffers = 0;

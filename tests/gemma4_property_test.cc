@@ -24,6 +24,8 @@ namespace {
 
 using testing::bitwise_equal;
 using testing::concat;
+using testing::Doc;
+using testing::full_hidden;
 using testing::random_ids;
 using testing::rel_max_error;
 using testing::row_of;
@@ -37,16 +39,6 @@ std::vector<float> kv_of(const Tensor& t, int64_t row, int64_t n) {
   const float* p = t.data<float>() + row * per;
   return std::vector<float>(p, p + n * t.dim(3));
 }
-
-Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {
-  State s = bb.empty_state(1);
-  return bb.prefill(TokenBatch::single(ids), s);
-}
-
-struct Doc {
-  std::vector<int32_t> prefix;
-  State state;
-};
 
 class Gemma4Property : public ::testing::TestWithParam<GemmPrecision> {
  protected:

@@ -31,6 +31,8 @@ namespace {
 
 using testing::bitwise_equal;
 using testing::concat;
+using testing::Doc;
+using testing::full_hidden;
 using testing::random_ids;
 using testing::rel_max_error;
 using testing::row_of;
@@ -80,11 +82,6 @@ std::vector<float> trainer_logits(const train::GptParams& p, const std::vector<i
                     .prefix = {},
                     .seg_start = std::vector<int32_t>(ids.size(), 0)};
   return train::gpt_logits(p, b, {.window_short = c.window_short, .window_long = c.window_long});
-}
-
-Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {
-  State s = bb.empty_state(1);
-  return bb.prefill(TokenBatch::single(ids), s);
 }
 
 TEST(GptInference, TensorTableIsTheTrainers) {
@@ -228,11 +225,6 @@ TEST_P(GptBackends, FillAnswersAsTheCpu) {  // GetParam() is Device::cuda
 
 INSTANTIATE_TEST_SUITE_P(Device, GptBackends, ::testing::ValuesIn(testing::gpu_devices()),
                          [](const auto&) { return std::string("cuda"); });
-
-struct Doc {
-  std::vector<int32_t> prefix;
-  State state;
-};
 
 // On each of testing::test_devices(): the CPU, and CUDA where a GPU is visible.
 class GptProperty : public ::testing::TestWithParam<Device> {

@@ -9,29 +9,23 @@
 #include <vector>
 
 #include "kernels/conv.h"
+#include "test_util.h"
 
 namespace deg {
 namespace {
 
-struct Case {
+struct ConvCase {
   int64_t n, channels, kernel;
 };
 
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-class KernelsConv : public ::testing::TestWithParam<Case> {};
+class KernelsConv : public ::testing::TestWithParam<ConvCase> {};
 
 TEST_P(KernelsConv, MatchesDirectSumAndCarriesTheTail) {
   const auto [n, C, K] = GetParam();
   const int64_t K1 = K - 1;
-  std::vector<float> x = randn(size_t(n * C), 1), w = randn(size_t(C * K), 2);
-  std::vector<float> tail = randn(size_t(K1 * C), 3);
+  std::vector<float> x = testing::random_normal(size_t(n * C), 1),
+                     w = testing::random_normal(size_t(C * K), 2);
+  std::vector<float> tail = testing::random_normal(size_t(K1 * C), 3);
   for (bool silu : {false, true}) {
     auto run = silu ? causal_conv_silu : causal_conv;
     std::vector<float> y(size_t(n * C)), tail_out(size_t(K1 * C));
@@ -81,8 +75,8 @@ TEST_P(KernelsConv, MatchesDirectSumAndCarriesTheTail) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, KernelsConv,
-                         ::testing::Values(Case{7, 5, 3}, Case{1, 8, 4}, Case{12, 3, 2},
-                                           Case{5, 4, 1}, Case{0, 3, 3}));
+                         ::testing::Values(ConvCase{7, 5, 3}, ConvCase{1, 8, 4}, ConvCase{12, 3, 2},
+                                           ConvCase{5, 4, 1}, ConvCase{0, 3, 3}));
 
 }  // namespace
 }  // namespace deg

@@ -12,7 +12,7 @@
 namespace deg {
 namespace {
 
-struct Case {
+struct GemmCase {
   int64_t m, n, k;
 };
 
@@ -54,12 +54,12 @@ std::vector<GemmIsa> isas() {
 }
 
 TEST(KernelsGemm, MatchesScalarReference) {
-  const Case cases[] = {{1, 1, 1}, {3, 5, 37}, {13, 17, 64}, {70, 33, 100}, {5, 64, 1024}};
+  const GemmCase cases[] = {{1, 1, 1}, {3, 5, 37}, {13, 17, 64}, {70, 33, 100}, {5, 64, 1024}};
   for (GemmIsa isa : isas()) {
     ForceIsa force(isa);
     for (DType dt : {DType::f32, DType::bf16}) {
       for (GemmPrecision prec : {GemmPrecision::exact, GemmPrecision::bf16}) {
-        for (const Case& c : cases) {
+        for (const GemmCase& c : cases) {
           Tensor w = random_weight(c.n, c.k, dt, 7);
           std::vector<float> x = random_x(c.m, c.k, 11);
           std::vector<float> y(size_t(c.m * c.n)), ref(size_t(c.m * c.n));
@@ -140,10 +140,10 @@ TEST(KernelsGemm, SeveralOutputsAndAccumulate) {
 
 TEST(KernelsGemm, SmallMatmulsMatchReference) {
   // Raw row-major products used inside the delta rule and attention, with leading dimensions.
-  const Case cases[] = {{1, 1, 1}, {3, 70, 5}, {17, 33, 64}, {64, 128, 64}, {5, 16, 0}};
+  const GemmCase cases[] = {{1, 1, 1}, {3, 70, 5}, {17, 33, 64}, {64, 128, 64}, {5, 16, 0}};
   for (GemmIsa isa : isas()) {
     ForceIsa force(isa);
-    for (const Case& c : cases) {
+    for (const GemmCase& c : cases) {
       for (bool acc : {false, true}) {
         const int64_t lda = c.k + 3, ldb_nt = c.k + 1, ldb_nn = c.n + 2, ldc = c.n + 5;
         std::vector<float> a = random_x(c.m, lda, 1), bt = random_x(c.n, ldb_nt, 2),

@@ -9,17 +9,10 @@
 
 #include "kernels/attention.h"
 #include "kernels/delta_rule.h"
+#include "test_util.h"
 
 namespace deg {
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 
 void l2(std::vector<float>& x, int64_t n, int64_t d, float post) {
   for (int64_t t = 0; t < n; ++t) {
@@ -32,7 +25,9 @@ void l2(std::vector<float>& x, int64_t n, int64_t d, float post) {
 TEST(KernelsDeltaRule, ChunkedEqualsRecurrence) {
   for (int64_t n : {1, 5, 64, 65, 150}) {
     const int64_t dk = 16, dv = 8;
-    auto q = randn(size_t(n * dk), 1), k = randn(size_t(n * dk), 2), v = randn(size_t(n * dv), 3);
+    auto q = testing::random_normal(size_t(n * dk), 1),
+         k = testing::random_normal(size_t(n * dk), 2),
+         v = testing::random_normal(size_t(n * dv), 3);
     l2(q, n, dk, 1.0f / std::sqrt(float(dk)));
     l2(k, n, dk, 1.0f);
     std::vector<float> g(static_cast<size_t>(n)), beta(static_cast<size_t>(n));
@@ -42,7 +37,7 @@ TEST(KernelsDeltaRule, ChunkedEqualsRecurrence) {
       g[size_t(t)] = -0.2f * u(rng);  // some memory across chunks
       beta[size_t(t)] = u(rng);
     }
-    auto s0 = randn(size_t(dk * dv), 5, 0.3f);
+    auto s0 = testing::random_normal(size_t(dk * dv), 5, 0.3f);
     std::vector<float> s_rec = s0, s_chunk = s0, o_rec(size_t(n * dv)), o_chunk(size_t(n * dv));
     DeltaRuleArgs a{.n = n,
                     .dk = dk,
@@ -74,10 +69,11 @@ TEST(KernelsDeltaRule, ChunkedEqualsRecurrence) {
 
 TEST(KernelsDeltaRule, ZeroBetaAndGLeaveStateAlone) {
   const int64_t n = 7, dk = 8, dv = 8;
-  auto q = randn(size_t(n * dk), 1), k = randn(size_t(n * dk), 2), v = randn(size_t(n * dv), 3);
+  auto q = testing::random_normal(size_t(n * dk), 1), k = testing::random_normal(size_t(n * dk), 2),
+       v = testing::random_normal(size_t(n * dv), 3);
   std::vector<float> g(static_cast<size_t>(n), 0.0f), beta(static_cast<size_t>(n), 0.0f),
       out(size_t(n * dv));
-  auto s0 = randn(size_t(dk * dv), 5);
+  auto s0 = testing::random_normal(size_t(dk * dv), 5);
   for (bool chunked : {false, true}) {
     std::vector<float> s = s0;
     DeltaRuleArgs a{.n = n,
@@ -101,8 +97,10 @@ TEST(KernelsDeltaRule, ZeroBetaAndGLeaveStateAlone) {
 
 TEST(KernelsAttention, MatchesReferenceWithPrefixAndOwnKeys) {
   const int64_t G = 3, D = 20, P = 37, before = 5, n = 11;
-  auto q = randn(size_t(n * G * D), 1), pk = randn(size_t(P * D), 2), pv = randn(size_t(P * D), 3);
-  auto ok = randn(size_t((before + n) * D), 4), ov = randn(size_t((before + n) * D), 5);
+  auto q = testing::random_normal(size_t(n * G * D), 1),
+       pk = testing::random_normal(size_t(P * D), 2), pv = testing::random_normal(size_t(P * D), 3);
+  auto ok = testing::random_normal(size_t((before + n) * D), 4),
+       ov = testing::random_normal(size_t((before + n) * D), 5);
   std::vector<float> out(size_t(n * G * D)), ref(size_t(n * G * D));
   AttentionArgs a{.t0 = 0,
                   .t1 = n,
@@ -140,9 +138,11 @@ TEST(KernelsAttention, QueryHeadsAloneEqualTheirGroupBitwise) {
   // attend_rows splits a KV head's query heads among threads when there are few work units (a
   // decode step): a head computed alone must give its bits in the group.
   const int64_t G = 8, D = 24, P = 300, before = 3, n = 2;
-  auto q = randn(size_t(n * G * D), 11), pk = randn(size_t(P * D), 12),
-       pv = randn(size_t(P * D), 13);
-  auto ok = randn(size_t((before + n) * D), 14), ov = randn(size_t((before + n) * D), 15);
+  auto q = testing::random_normal(size_t(n * G * D), 11),
+       pk = testing::random_normal(size_t(P * D), 12),
+       pv = testing::random_normal(size_t(P * D), 13);
+  auto ok = testing::random_normal(size_t((before + n) * D), 14),
+       ov = testing::random_normal(size_t((before + n) * D), 15);
   for (int64_t window : {int64_t(0), int64_t(100)}) {
     std::vector<float> group(size_t(n * G * D)), alone(size_t(n * G * D), -1.0f);
     AttentionArgs a{.t0 = 0,
@@ -178,9 +178,11 @@ TEST(KernelsAttention, QueryHeadsAloneEqualTheirGroupBitwise) {
 
 TEST(KernelsAttention, SlidingWindowMatchesReferenceAndIgnoresKeysBeyondIt) {
   const int64_t G = 2, D = 16, W = 7, P = 9, before = 4, n = 13;
-  auto q = randn(size_t(n * G * D), 11), pk = randn(size_t(P * D), 12),
-       pv = randn(size_t(P * D), 13);
-  auto ok = randn(size_t((before + n) * D), 14), ov = randn(size_t((before + n) * D), 15);
+  auto q = testing::random_normal(size_t(n * G * D), 11),
+       pk = testing::random_normal(size_t(P * D), 12),
+       pv = testing::random_normal(size_t(P * D), 13);
+  auto ok = testing::random_normal(size_t((before + n) * D), 14),
+       ov = testing::random_normal(size_t((before + n) * D), 15);
   std::vector<float> out(size_t(n * G * D)), ref(size_t(n * G * D));
   AttentionArgs a{.t0 = 0,
                   .t1 = n,
@@ -228,8 +230,9 @@ TEST(KernelsAttention, SlidingWindowOverATailEqualsOverAllKeysBitwise) {
   // The same queries with all earlier keys in the own buffer, or only the last W - 1 of them:
   // bitwise equal (masked keys add exact zeros), as chunked prefill relies on.
   const int64_t G = 2, D = 16, W = 6, before = 23, n = 9;
-  auto q = randn(size_t(n * G * D), 21);
-  auto ok = randn(size_t((before + n) * D), 22), ov = randn(size_t((before + n) * D), 23);
+  auto q = testing::random_normal(size_t(n * G * D), 21);
+  auto ok = testing::random_normal(size_t((before + n) * D), 22),
+       ov = testing::random_normal(size_t((before + n) * D), 23);
   std::vector<float> all(size_t(n * G * D)), tail(size_t(n * G * D));
   AttentionArgs a{.t0 = 0,
                   .t1 = n,

@@ -20,13 +20,13 @@ namespace {
 
 using testing::rel_max_error;
 
-const char* kFixtures[] = {"ccaca_tied", "acc_untied", "cc_conv2", "aa_mha", "ccaca_bf16"};
+const char* kLfm2Fixtures[] = {"ccaca_tied", "acc_untied", "cc_conv2", "aa_mha", "ccaca_bf16"};
 
 std::filesystem::path fixture(const std::string& name) {
   return testing::fixture_path("lfm2/" + name);
 }
 
-std::vector<int32_t> fixture_ids(const std::string& name) {
+std::vector<int32_t> lfm2_fixture_ids(const std::string& name) {
   return testing::npy_ids(fixture(name) / "ids.npy");
 }
 
@@ -37,13 +37,13 @@ TEST_P(Lfm2Backend, LogitsHiddenAndForksMatchHf) {
   const char* name = std::get<0>(GetParam());
   const auto dir = fixture(name);
   ASSERT_EQ(backbone_open(dir)->spec().family, "lfm2");
-  const auto T = int64_t(fixture_ids(name).size());
+  const auto T = int64_t(lfm2_fixture_ids(name).size());
   const double err = testing::expect_matches_hf(dir, {1, 2, T / 2, T - 1}, std::get<1>(GetParam()));
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backend,
-                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                         ::testing::Combine(::testing::ValuesIn(kLfm2Fixtures),
                                             ::testing::ValuesIn(testing::test_devices())),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) +
@@ -60,7 +60,7 @@ TEST_P(Lfm2Backends, AgreeWithTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backends,
-                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                         ::testing::Combine(::testing::ValuesIn(kLfm2Fixtures),
                                             ::testing::ValuesIn(testing::gpu_devices())));
 
 class Lfm2Golden : public ::testing::TestWithParam<const char*> {};
@@ -89,7 +89,7 @@ TEST_P(Lfm2Golden, EveryMixerKindMovesTheLogitsWellAboveTheTolerance) {
   // well over it (HF's figures for the same edit are in meta.json; deg's are measured here).
   const std::string name = GetParam();
   const auto dir = fixture(name);
-  const std::vector<int32_t> ids = fixture_ids(name);
+  const std::vector<int32_t> ids = lfm2_fixture_ids(name);
   const Tensor base = backbone_forward(*backbone_open(dir), ids, /*logits=*/true);
   const WeightStore store = WeightStore::open_dir(dir);
   int kinds = 0;
@@ -115,7 +115,7 @@ TEST_P(Lfm2Golden, EveryMixerKindMovesTheLogitsWellAboveTheTolerance) {
   EXPECT_GE(kinds, 1) << name;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Golden, ::testing::ValuesIn(kFixtures));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Golden, ::testing::ValuesIn(kLfm2Fixtures));
 
 TEST(Lfm2GoldenBf16, Bf16DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection, as HF's bf16 model

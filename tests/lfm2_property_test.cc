@@ -19,6 +19,8 @@ namespace {
 
 using testing::bitwise_equal;
 using testing::concat;
+using testing::Doc;
+using testing::full_hidden;
 using testing::random_ids;
 using testing::rel_max_error;
 using testing::row_of;
@@ -34,16 +36,6 @@ const std::filesystem::path& tiny_dir() {
   }();
   return dir->path();
 }
-
-Tensor full_hidden(const Backbone& bb, const std::vector<int32_t>& ids) {
-  State s = bb.empty_state(1);
-  return bb.prefill(TokenBatch::single(ids), s);
-}
-
-struct Doc {
-  std::vector<int32_t> prefix;
-  State state;
-};
 
 // Every property on each backend (the CUDA one where a GPU is visible) and GEMM precision.
 class Lfm2Property : public ::testing::TestWithParam<std::tuple<GemmPrecision, Device>> {

@@ -23,18 +23,8 @@ namespace {
 
 using Floats = testing::ManagedVector<float>;
 using Ids = testing::ManagedVector<int32_t>;
-
-// Waits after every op, so the host reads what a device wrote.
-class Synchronized final : public OpsDecorator {
- public:
-  using OpsDecorator::OpsDecorator;
-
- protected:
-  void run(const char*, const std::function<void()>& call) const override {
-    call();
-    inner().synchronize();
-  }
-};
+using testing::randn;
+using testing::Synchronized;
 
 std::vector<const Ops*> backends() {
   std::vector<const Ops*> b = {&cpu_ops()};
@@ -43,13 +33,6 @@ std::vector<const Ops*> backends() {
     b.push_back(&cuda);
   }
   return b;
-}
-
-Floats randn(size_t n, std::mt19937& rng, float sd = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, sd);
-  Floats v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
 }
 
 double dot(const Floats& a, const Floats& b) {

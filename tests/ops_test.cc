@@ -40,6 +40,8 @@ namespace {
 
 using Floats = testing::ManagedVector<float>;
 using Ids = testing::ManagedVector<int32_t>;
+using testing::randn;
+using testing::Synchronized;
 
 // ---- backends under test ----
 
@@ -51,19 +53,6 @@ struct Backend {
 void PrintTo(const Backend& b, std::ostream* os) {
   *os << b.name;
 }
-
-// A device backend as the table runs it: each op, then a wait until its results are in memory
-// the host reads (ops on a device return before they finish).
-class Synchronized final : public OpsDecorator {
- public:
-  using OpsDecorator::OpsDecorator;
-
- protected:
-  void run(const char*, const std::function<void()>& call) const override {
-    call();
-    inner().synchronize();
-  }
-};
 
 // Each is scored against reference_ops(). The CUDA column joins where a GPU is visible (the
 // scripts/device-test run).
@@ -138,13 +127,6 @@ Layout padded(const std::vector<int64_t>& lengths, const std::vector<int>& order
   }
   lay.rows = int64_t(order.size()) * lay.tokens;
   return lay;
-}
-
-Floats randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
-  std::normal_distribution<float> nd(0.0f, scale);
-  Floats v(n);
-  for (float& x : v) x = nd(rng);
-  return v;
 }
 
 Floats uniform(size_t n, std::mt19937& rng, float lo, float hi) {

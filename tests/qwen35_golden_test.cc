@@ -21,9 +21,10 @@ namespace {
 
 using testing::rel_max_error;
 
-const char* kFixtures[] = {"lllf_untied", "fl_tied", "lflf_multimodal", "lllf_bf16", "ll_conv3"};
+const char* kQwen35Fixtures[] = {"lllf_untied", "fl_tied", "lflf_multimodal", "lllf_bf16",
+                                 "ll_conv3"};
 
-std::vector<int32_t> fixture_ids(const std::string& name) {
+std::vector<int32_t> qwen35_fixture_ids(const std::string& name) {
   return testing::npy_ids(testing::fixture_path("qwen35/" + name + "/ids.npy"));
 }
 
@@ -38,7 +39,7 @@ TEST_P(Qwen35Golden, LogitsHiddenAndForksMatchHf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden,
-                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                         ::testing::Combine(::testing::ValuesIn(kQwen35Fixtures),
                                             ::testing::ValuesIn(testing::test_devices())),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) +
@@ -56,7 +57,7 @@ TEST_P(Qwen35Backends, AgreeWithTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Backends,
-                         ::testing::Combine(::testing::ValuesIn(kFixtures),
+                         ::testing::Combine(::testing::ValuesIn(kQwen35Fixtures),
                                             ::testing::ValuesIn(testing::gpu_devices())));
 
 TEST(Qwen35Golden, Bf16DotProductsStayCloseToHfBf16) {
@@ -75,7 +76,7 @@ TEST(Qwen35Golden, TensorTableCountsHfParameters) {
   // (meta.json: sum of numel over the text model's parameters(), tied weights once): an entry
   // missing, duplicated or of the wrong shape changes the sum. Every entry is in the file with its
   // shape.
-  for (const char* name : kFixtures) {
+  for (const char* name : kQwen35Fixtures) {
     const auto dir = testing::fixture_path(std::string("qwen35/") + name);
     const Qwen35Config cfg = Qwen35Config::from_json(JsonConfig::load(dir / "config.json"));
     auto store = SafetensorsFile::open(dir / "model.safetensors");
@@ -108,7 +109,7 @@ TEST(Qwen35Cli, ForwardWritesLogitsAndForkAtAgrees) {
     Tensor expected = npy_read(dir / "logits.npy");
     EXPECT_LT(rel_max_error(npy_read(tmp / "a.npy"), expected), 1e-4) << dev;
     // Text ids file, --fork-at and --hidden.
-    std::vector<int32_t> ids = fixture_ids("fl_tied");
+    std::vector<int32_t> ids = qwen35_fixture_ids("fl_tied");
     std::string text;
     for (int32_t id : ids) text += std::to_string(id) + " ";
     testing::write_text(tmp / "ids.txt", text);

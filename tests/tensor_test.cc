@@ -92,6 +92,24 @@ TEST(ThreadPool, CoversRangeOnceWithFixedChunks) {
   }
 }
 
+// Chunks are claimed from a counter shared by the caller and the workers: over many short
+// calls (where late workers meet later generations) every chunk still runs exactly once.
+TEST(ThreadPool, ManyShortCallsRunEveryChunkOnce) {
+  ThreadPool pool(4);
+  std::vector<int64_t> hits(7);
+  for (int call = 0; call < 20000; ++call) {
+    const int64_t n = 1 + call % 7;
+    pool.parallel_for(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) ++hits[size_t(i)];  // chunks are disjoint
+    });
+  }
+  for (int64_t i = 0; i < 7; ++i) {
+    int64_t want = 0;
+    for (int call = 0; call < 20000; ++call) want += i < 1 + call % 7;
+    EXPECT_EQ(hits[size_t(i)], want) << i;
+  }
+}
+
 TEST(ThreadPool, NestedCallsRunInline) {
   ThreadPool pool(3);
   std::atomic<int64_t> sum{0};

@@ -1,7 +1,9 @@
 // Helpers shared by the tests: fixture paths, scratch directories, running the `deg` binary.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,15 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// n draws of N(0, sd^2) from a generator seeded with `seed`.
+inline std::vector<float> random_normal(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
 
 void write_text(const std::filesystem::path& path, const std::string& text);
 std::string read_text(const std::filesystem::path& path);

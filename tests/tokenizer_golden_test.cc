@@ -97,5 +97,11 @@ TEST_P(TokenizerGolden, ByteOffsetsAgreeWithCharOffsets) {
 INSTANTIATE_TEST_SUITE_P(Configs, TokenizerGolden, ::testing::ValuesIn(config_names()),
                          [](const auto& info) { return info.param; });
 
+// Every real tokenizer and variant on damaged and unusual input (the sanitizer pass fuzzes a
+// subset: tokenizer_unit_test.cc).
+TEST(TokenizerFuzz, EveryConfigNeverCrashes) {
+  fuzz_tokenizers(config_names(), 150);
+}
+
 }  // namespace
 }  // namespace deg::testing

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "io/json.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 namespace deg::testing {
 
@@ -63,6 +65,81 @@ inline Json config_json(const std::string& name) {
   }
   const Json* base = cached_tokenizer_json(name);
   return base ? *base : Json();
+}
+
+// The real tokenizer `name`, built from its cached tokenizer.json.
+inline text::Tokenizer load_tokenizer(const std::string& name) {
+  const Json* j = cached_tokenizer_json(name);
+  if (!j) throw std::runtime_error("missing " + name);
+  return text::Tokenizer::from_json(*j, name);
+}
+
+inline void expect_well_formed(const text::Encoding& enc, std::string_view input,
+                               const std::string& what) {
+  ASSERT_EQ(enc.ids.size(), enc.offsets.size()) << what;
+  ASSERT_EQ(enc.ids.size(), enc.byte_offsets.size()) << what;
+  std::vector<uint32_t> map;
+  const std::string repaired = text::utf8_repair(input, &map);
+  const auto chars = static_cast<int64_t>(text::utf8_count(repaired));
+  for (size_t k = 0; k < enc.ids.size(); ++k) {
+    EXPECT_GE(enc.ids[k], 0) << what;
+    EXPECT_TRUE(enc.offsets[k].first >= 0 && enc.offsets[k].first <= enc.offsets[k].second &&
+                enc.offsets[k].second <= chars)
+        << what << " token " << k;
+    EXPECT_TRUE(enc.byte_offsets[k].first >= 0 &&
+                enc.byte_offsets[k].first <= enc.byte_offsets[k].second &&
+                enc.byte_offsets[k].second <= int64_t(input.size()))
+        << what << " token " << k;
+  }
+}
+
+inline std::string random_unicode(std::mt19937& rng, size_t n) {
+  std::string s;
+  std::uniform_int_distribution<int> kind(0, 9);
+  for (size_t i = 0; i < n; ++i) {
+    char32_t c;
+    switch (kind(rng)) {
+      case 0: c = std::uniform_int_distribution<char32_t>(0x300, 0x36F)(rng); break;  // marks
+      case 1: c = std::uniform_int_distribution<char32_t>(0x1F300, 0x1FAFF)(rng); break;
+      case 2: c = U" \t\n\r\u00a0\u3000\u200d\ufe0f"[rng() % 9]; break;
+      case 3: c = std::uniform_int_distribution<char32_t>(0xAC00, 0xD7A3)(rng); break;
+      case 4: c = std::uniform_int_distribution<char32_t>(0x20, 0x7E)(rng); break;
+      default: c = std::uniform_int_distribution<char32_t>(1, 0x10FFFF)(rng); break;
+    }
+    if (c >= 0xD800 && c <= 0xDFFF) c = 0xFFFD;
+    text::utf8_append(s, c);
+  }
+  return s;
+}
+
+// Random bytes (mostly invalid UTF-8) and random Unicode with special strings spliced in, encoded
+// and decoded by each config of `names` (config_json): never a crash, ids and offsets in range.
+inline void fuzz_tokenizers(const std::vector<std::string>& names, int rounds) {
+  std::vector<std::pair<std::string, text::Tokenizer>> toks;
+  for (const std::string& name : names) {
+    toks.emplace_back(name, text::Tokenizer::from_json(config_json(name), name));
+  }
+  std::mt19937 rng(20261129);
+  const std::vector<std::string> specials = {"<|im_start|>", "<|endoftext|>", "<bos>",  "\n\n",
+                                             "\t\t",         "[MASK]",        "<mask>", "hello"};
+  for (int round = 0; round < rounds; ++round) {
+    std::string input;
+    const size_t n = rng() % 200;
+    if (round % 3 == 0) {  // raw bytes, mostly invalid UTF-8
+      for (size_t i = 0; i < n; ++i) input.push_back(static_cast<char>(rng() & 0xFF));
+    } else {
+      input = random_unicode(rng, n);
+      if (round % 3 == 2) {  // splice in special strings and cut bytes at random
+        input.insert(rng() % (input.size() + 1), specials[rng() % specials.size()]);
+        if (!input.empty()) input.erase(rng() % input.size(), rng() % 3);
+      }
+    }
+    for (const auto& [name, tok] : toks) {
+      const text::Encoding enc = tok.encode(input);
+      expect_well_formed(enc, input, name + " round " + std::to_string(round));
+      tok.decode(enc.ids, round % 2 == 0);
+    }
+  }
 }
 
 inline std::vector<std::string> config_names() {

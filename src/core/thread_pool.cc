@@ -19,7 +19,7 @@ thread_local bool t_inside_worker = false;
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  threads = std::max(1, threads);
+  threads = std::clamp(threads, 1, 0xffff);  // chunks are counted in 16 bits (claim_)
   for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i + 1); });
 }
 
@@ -55,7 +55,7 @@ bool spin_until(const Ready& ready) {
 }
 }  // namespace
 
-void ThreadPool::worker_loop(int index) {
+void ThreadPool::worker_loop(int) {
   t_inside_worker = true;
   uint64_t seen = 0;
   for (;;) {
@@ -71,15 +71,27 @@ void ThreadPool::worker_loop(int index) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    if (index < job_chunks_) {
-      int64_t b, e;
-      chunk_bounds(job_n_, job_chunks_, index, &b, &e);
-      if (b < e) (*job_)(b, e);
+    run_chunks(seen);
+  }
+}
+
+void ThreadPool::run_chunks(uint64_t generation) {
+  uint64_t c = claim_.load(std::memory_order_acquire);
+  for (;;) {
+    const auto chunk = int(c & 0xffffu), chunks = int((c >> 16) & 0xffffu);
+    if ((c >> 32) != (generation & 0xffffffffu) || chunk >= chunks) return;
+    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+      continue;  // c now holds the current value
     }
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    int64_t b, e;
+    chunk_bounds(job_n_, chunks, chunk, &b, &e);
+    if (b < e) (*job_)(b, e);
+    if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (done_waiting_) done_cv_.notify_one();
     }
+    c = claim_.load(std::memory_order_acquire);
   }
 }
 
@@ -95,21 +107,21 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   std::lock_guard<std::mutex> run(run_mutex_);
   job_ = &fn;
   job_n_ = n;
-  job_chunks_ = chunks;
-  pending_.store(int(workers_.size()), std::memory_order_relaxed);
+  unfinished_.store(chunks, std::memory_order_relaxed);
+  const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store((generation & 0xffffffffu) << 32 | uint64_t(chunks) << 16,
+               std::memory_order_release);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.store(generation, std::memory_order_release);
     wake = sleepers_ > 0;
   }
   if (wake) start_cv_.notify_all();
-  int64_t b, e;
-  chunk_bounds(n, chunks, 0, &b, &e);
   t_inside_worker = true;
-  fn(b, e);
+  run_chunks(generation);
   t_inside_worker = false;
-  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  auto done = [&] { return unfinished_.load(std::memory_order_acquire) == 0; };
   if (!spin_until(done)) {
     std::unique_lock<std::mutex> lock(mutex_);
     done_waiting_ = true;

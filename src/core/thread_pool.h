@@ -1,9 +1,11 @@
 // The one thread pool of the process (DESIGN.md §2: the only global mutable state besides the
 // CUDA context). parallel_for splits [0, n) into fixed contiguous chunks by index, so which
-// thread computes an element never changes a result; the calling thread takes a chunk too.
-// Nested calls from inside a worker run inline. Workers and the caller spin briefly before they
-// sleep: a training step issues thousands of short parallel_fors, and a futex sleep and wake-up
-// per call cost more than the work (40% of a tiny CPU pretrain step went to them).
+// thread computes an element never changes a result. The caller and the workers claim chunks
+// from a shared counter, so a worker the OS has not scheduled (more threads than free cores: a
+// busy machine, several processes) delays nothing; the caller waits only for chunks a worker has
+// started. Nested calls from inside a worker run inline. Workers and the caller spin briefly
+// before they sleep: a training step issues thousands of short parallel_fors, and a futex sleep
+// and wake-up per call cost more than the work (40% of a tiny CPU pretrain step went to them).
 #pragma once
 
 #include <atomic>
@@ -33,13 +35,19 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time from outside the pool
-  // The job: written by the caller before it bumps generation_ (release), read by a worker after
-  // it sees the new generation (acquire).
+  // Runs chunks of the generation `generation` until none is left unclaimed.
+  void run_chunks(uint64_t generation);
+
+  // The job: written by the caller before it publishes claim_ (release); read by a thread only
+  // after it has claimed a chunk of that generation (acquire), so it is still the caller's.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  int job_chunks_ = 0;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};  // workers yet to finish the current generation
+  // generation (32 bits) | chunks (16) | next unclaimed chunk (16): claiming is a
+  // compare-and-swap that fails once the generation has moved on, so a late worker never takes
+  // a chunk of a later job.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<uint64_t> generation_{0};  // wakes the workers (bumped after claim_)
+  std::atomic<int> unfinished_{0};       // chunks of the current generation not yet done
   // Sleeping: generation_ and stop_ change under mutex_, so a worker that checks them under
   // mutex_ before it waits cannot miss a wake-up; likewise the caller's done_waiting_.
   std::mutex mutex_;

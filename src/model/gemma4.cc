@@ -27,7 +27,7 @@ namespace {
 constexpr const char* kSliding = "sliding_attention";
 constexpr const char* kGlobal = "full_attention";
 
-struct LayerWeights {
+struct Gemma4LayerWeights {
   // Every tensor on the family's backend (small f32 vectors too).
   Tensor input_norm, post_attn_norm, pre_ff_norm, post_ff_norm;  // [C]
   Tensor q, k, v, o;          // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
@@ -77,7 +77,7 @@ class Gemma4 final : public Family {
       const Gemma4Layer& g = cfg.layers[size_t(i)];
       const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim, I = g.intermediate;
       auto n = [&](const std::string& s) { return layer_name(i, s); };
-      LayerWeights l;
+      Gemma4LayerWeights l;
       l.input_norm = vector_on(ops, weight_f32(w, n("input_layernorm.weight"), {C}));
       l.post_attn_norm = vector_on(ops, weight_f32(w, n("post_attention_layernorm.weight"), {C}));
       l.pre_ff_norm = vector_on(ops, weight_f32(w, n("pre_feedforward_layernorm.weight"), {C}));
@@ -158,7 +158,7 @@ class Gemma4 final : public Family {
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
-    const LayerWeights& w = layers_[size_t(index)];
+    const Gemma4LayerWeights& w = layers_[size_t(index)];
     const Gemma4Layer& g = cfg_.layers[size_t(index)];
     const int64_t N = c.rows.n(), C = cfg_.hidden, S = spec_.stream_width();
     float* xn = x.arena.floats(N * C);
@@ -195,7 +195,7 @@ class Gemma4 final : public Family {
 
   // out [N, C] = o_proj(attention(rope(norm(q)), rope(norm(k)), norm(v))); owner layers write
   // this call's real K/V into the rows' own buffers first.
-  void attention_block(const Exec& x, const LayerWeights& w, const Gemma4Layer& g,
+  void attention_block(const Exec& x, const Gemma4LayerWeights& w, const Gemma4Layer& g,
                        const LayerCall& c, const float* xn, float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim;
@@ -249,7 +249,7 @@ class Gemma4 final : public Family {
   }
 
   // h += post_ff_norm(down(gelu(gate(x)) * up(x))), x = pre_ff_norm(h).
-  void mlp(const Exec& x, const LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
+  void mlp(const Exec& x, const Gemma4LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
            float* xn, float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, I = g.intermediate;
     norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data<float>());
@@ -273,7 +273,7 @@ class Gemma4 final : public Family {
   }
 
   // h += post_ple_norm(proj(gelu(gate(h)) * ple_layer)), ple_layer = stream lanes of `index`.
-  void per_layer_input(const Exec& x, const LayerWeights& w, int index, const LayerCall& c,
+  void per_layer_input(const Exec& x, const Gemma4LayerWeights& w, int index, const LayerCall& c,
                        float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, P = cfg_.ple_dim;
     const int64_t S = spec_.stream_width();
@@ -301,7 +301,7 @@ class Gemma4 final : public Family {
   Tensor ple_table_, ple_model_proj_;  // [Vp, NL*P] (mapped on the CPU), [NL*P, C]
   Tensor ple_norm_;                    // [P]
   Tensor final_norm_;                  // [C]
-  std::vector<LayerWeights> layers_;
+  std::vector<Gemma4LayerWeights> layers_;
 };
 
 }  // namespace

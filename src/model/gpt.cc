@@ -39,10 +39,6 @@ namespace {
 
 constexpr int64_t kHistory = 2;  // ids before a token that its embedding reads
 
-float sigmoid(float x) {  // of a scalar weight
-  return 1.0f / (1.0f + std::exp(-x));
-}
-
 // The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device: an f32
 // matrix by the backend's transpose where it is (a training step's resident parameters never
 // leave the GPU), a bf16 one on the host.

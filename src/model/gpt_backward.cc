@@ -230,14 +230,6 @@ class GradOps {
   const GptGrads& grads_;
 };
 
-namespace {
-
-float sigmoid(float x) {
-  return 1.0f / (1.0f + std::exp(-x));
-}
-
-}  // namespace
-
 void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInputs& in,
                         const float* dout, const AttnGrads& g) {
   const Exec& x = go.x_;

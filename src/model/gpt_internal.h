@@ -8,6 +8,7 @@
 // M MUDD hidden, G mix groups, Dn n-gram dim, n coefficients of a MUDD head.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -20,6 +21,10 @@
 #include "model/gpt_config.h"
 
 namespace deg::gpt_detail {
+
+inline float sigmoid(float x) {  // of a scalar weight
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 // One attention layer's weights and settings.
 struct AttnWeights {

@@ -30,7 +30,7 @@ struct AttentionWeights {
   Tensor q_norm, k_norm;  // [D]
 };
 
-struct LayerWeights {
+struct Lfm2LayerWeights {
   LayerKind kind = LayerKind::recurrent;
   Tensor operator_norm, ffn_norm;  // [C]
   Tensor w1, w3, w2;               // [I, C], [I, C], [C, I]
@@ -48,7 +48,7 @@ class Lfm2 final : public Family {
     final_norm_ = vector_on(ops, weight_f32(w, "embedding_norm.weight", {C}));
     spec_ = {.family = "lfm2", .hidden = C, .vocab = V, .layers = {}};
     for (int64_t i = 0; i < int64_t(cfg.layers.size()); ++i) {
-      LayerWeights l;
+      Lfm2LayerWeights l;
       l.kind = cfg.layers[size_t(i)];
       l.operator_norm = vector_on(ops, weight_f32(w, layer_name(i, "operator_norm.weight"), {C}));
       l.ffn_norm = vector_on(ops, weight_f32(w, layer_name(i, "ffn_norm.weight"), {C}));
@@ -97,7 +97,7 @@ class Lfm2 final : public Family {
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
-    const LayerWeights& w = layers_[size_t(index)];
+    const Lfm2LayerWeights& w = layers_[size_t(index)];
     const int64_t N = c.rows.n();
     float* xn = x.arena.floats(N * cfg_.hidden);
     norm_rows(x, c.h, xn, N, w.operator_norm);
@@ -209,7 +209,7 @@ class Lfm2 final : public Family {
   BackboneSpec spec_;
   Tensor embed_, head_;
   Tensor final_norm_;
-  std::vector<LayerWeights> layers_;
+  std::vector<Lfm2LayerWeights> layers_;
   RopeTable rope_;
 };
 

@@ -30,7 +30,7 @@ struct AttentionWeights {
   Tensor q_norm, k_norm;  // [D]
 };
 
-struct LayerWeights {
+struct Qwen35LayerWeights {
   LayerKind kind = LayerKind::recurrent;
   Tensor input_norm, post_norm;  // [C]
   Tensor gate, up, down;         // [I, C], [I, C], [C, I]
@@ -49,7 +49,7 @@ class Qwen35 final : public Family {
     final_norm_ = vector_on(ops, weight_f32(w, "norm.weight", {C}));
     spec_ = {.family = "qwen3_5", .hidden = C, .vocab = V, .layers = {}};
     for (int64_t i = 0; i < int64_t(cfg.layers.size()); ++i) {
-      LayerWeights l;
+      Qwen35LayerWeights l;
       l.kind = cfg.layers[size_t(i)];
       l.input_norm = vector_on(ops, weight_f32(w, layer_name(i, "input_layernorm.weight"), {C}));
       l.post_norm =
@@ -113,7 +113,7 @@ class Qwen35 final : public Family {
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
-    const LayerWeights& w = layers_[size_t(index)];
+    const Qwen35LayerWeights& w = layers_[size_t(index)];
     const int64_t N = c.rows.n();
     float* xn = x.arena.floats(N * cfg_.hidden);
     norm_rows(x, c.h, xn, N, w.input_norm);
@@ -296,7 +296,7 @@ class Qwen35 final : public Family {
   BackboneSpec spec_;
   Tensor embed_, head_;
   Tensor final_norm_;
-  std::vector<LayerWeights> layers_;
+  std::vector<Qwen35LayerWeights> layers_;
   RopeTable rope_;
 };
 

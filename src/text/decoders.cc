@@ -15,7 +15,7 @@ std::string lossy(std::string_view bytes) {
   return utf8_repair(bytes, nullptr);
 }
 
-class ByteLevel final : public Decoder {
+class ByteLevelDecoder final : public Decoder {
  public:
   void decode_chain(std::vector<std::string>& tokens) const override {
     const ByteLevelAlphabet& a = byte_level_alphabet();
@@ -89,9 +89,9 @@ class Fuse final : public Decoder {
   }
 };
 
-class Strip final : public Decoder {
+class StripDecoder final : public Decoder {
  public:
-  Strip(char32_t content, size_t start, size_t stop)
+  StripDecoder(char32_t content, size_t start, size_t stop)
       : content_(content), start_(start), stop_(stop) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (std::string& t : tokens) {
@@ -118,9 +118,9 @@ class Strip final : public Decoder {
   size_t start_, stop_;
 };
 
-class Replace final : public Decoder {
+class ReplaceDecoder final : public Decoder {
  public:
-  Replace(const Json& j, const std::string& pointer)
+  ReplaceDecoder(const Json& j, const std::string& pointer)
       : pattern_(j.at("pattern"), pointer + "/pattern"),
         content_(j.at("content").get<std::string>()) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
@@ -142,9 +142,10 @@ class Replace final : public Decoder {
   std::string content_;
 };
 
-class Metaspace final : public Decoder {
+class MetaspaceDecoder final : public Decoder {
  public:
-  Metaspace(char32_t replacement, bool prepend) : replacement_(replacement), prepend_(prepend) {}
+  MetaspaceDecoder(char32_t replacement, bool prepend)
+      : replacement_(replacement), prepend_(prepend) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (size_t k = 0; k < tokens.size(); ++k) {
       std::string out;
@@ -193,9 +194,10 @@ class BpeSuffix final : public Decoder {
   std::string suffix_;
 };
 
-class Sequence final : public Decoder {
+class DecoderSequence final : public Decoder {
  public:
-  explicit Sequence(std::vector<std::unique_ptr<Decoder>> items) : items_(std::move(items)) {}
+  explicit DecoderSequence(std::vector<std::unique_ptr<Decoder>> items)
+      : items_(std::move(items)) {}
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& d : items_) d->decode_chain(tokens);
   }
@@ -223,14 +225,15 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& pointer)
   }
   const std::string type = j["type"].get<std::string>();
   try {
-    if (type == "ByteLevel") return std::make_unique<ByteLevel>();
+    if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
     if (type == "ByteFallback") return std::make_unique<ByteFallback>();
     if (type == "Fuse") return std::make_unique<Fuse>();
     if (type == "Strip") {
-      return std::make_unique<Strip>(one_char(j.at("content"), pointer + "/content"),
-                                     j.at("start").get<size_t>(), j.at("stop").get<size_t>());
+      return std::make_unique<StripDecoder>(one_char(j.at("content"), pointer + "/content"),
+                                            j.at("start").get<size_t>(),
+                                            j.at("stop").get<size_t>());
     }
-    if (type == "Replace") return std::make_unique<Replace>(j, pointer);
+    if (type == "Replace") return std::make_unique<ReplaceDecoder>(j, pointer);
     if (type == "Metaspace") {
       const std::string scheme = j.value("prepend_scheme", std::string("always"));
       bool prepend = scheme != "never";
@@ -238,8 +241,8 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& pointer)
           !j["add_prefix_space"].get<bool>()) {
         prepend = false;
       }
-      return std::make_unique<Metaspace>(one_char(j.at("replacement"), pointer + "/replacement"),
-                                         prepend);
+      return std::make_unique<MetaspaceDecoder>(
+          one_char(j.at("replacement"), pointer + "/replacement"), prepend);
     }
     if (type == "BPEDecoder") {
       return std::make_unique<BpeSuffix>(j.value("suffix", std::string("</w>")));
@@ -251,7 +254,7 @@ std::unique_ptr<Decoder> make_decoder(const Json& j, const std::string& pointer)
         auto d = make_decoder(list[i], pointer + "/decoders/" + std::to_string(i));
         if (d) items.push_back(std::move(d));
       }
-      return std::make_unique<Sequence>(std::move(items));
+      return std::make_unique<DecoderSequence>(std::move(items));
     }
   } catch (const Json::exception& e) {
     throw Error(ErrorKind::format, fmt::format("bad {} decoder: {}", type, e.what()),

@@ -25,9 +25,9 @@ class Lowercase final : public Normalizer {
   void normalize(NormalizedText& text) const override { text.lowercase(); }
 };
 
-class Replace final : public Normalizer {
+class ReplaceNormalizer final : public Normalizer {
  public:
-  Replace(const Json& j, const std::string& pointer)
+  ReplaceNormalizer(const Json& j, const std::string& pointer)
       : pattern_(j.at("pattern"), pointer + "/pattern"), content_(j.at("content")) {}
   void normalize(NormalizedText& text) const override {
     text.replace(pattern_.find(text.text()), content_);
@@ -47,9 +47,9 @@ class Prepend final : public Normalizer {
   std::string prepend_;
 };
 
-class Strip final : public Normalizer {
+class StripNormalizer final : public Normalizer {
  public:
-  Strip(bool left, bool right) : left_(left), right_(right) {}
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
   void normalize(NormalizedText& text) const override { text.strip(left_, right_); }
 
  private:
@@ -66,9 +66,10 @@ class ByteLevelNormalizer final : public Normalizer {
   void normalize(NormalizedText& text) const override { text.to_byte_level(); }
 };
 
-class Sequence final : public Normalizer {
+class NormalizerSequence final : public Normalizer {
  public:
-  explicit Sequence(std::vector<std::unique_ptr<Normalizer>> items) : items_(std::move(items)) {}
+  explicit NormalizerSequence(std::vector<std::unique_ptr<Normalizer>> items)
+      : items_(std::move(items)) {}
   void normalize(NormalizedText& text) const override {
     for (const auto& n : items_) n->normalize(text);
   }
@@ -97,11 +98,11 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& po
     if (type == "NFKC") return std::make_unique<Unicode>(NormForm::nfkc);
     if (type == "NFKD") return std::make_unique<Unicode>(NormForm::nfkd);
     if (type == "Lowercase") return std::make_unique<Lowercase>();
-    if (type == "Replace") return std::make_unique<Replace>(j, pointer);
+    if (type == "Replace") return std::make_unique<ReplaceNormalizer>(j, pointer);
     if (type == "Prepend") return std::make_unique<Prepend>(j.at("prepend").get<std::string>());
     if (type == "Strip") {
-      return std::make_unique<Strip>(bool_field(j, "strip_left", true),
-                                     bool_field(j, "strip_right", true));
+      return std::make_unique<StripNormalizer>(bool_field(j, "strip_left", true),
+                                               bool_field(j, "strip_right", true));
     }
     if (type == "StripAccents") return std::make_unique<StripAccents>();
     if (type == "ByteLevel") return std::make_unique<ByteLevelNormalizer>();
@@ -112,7 +113,7 @@ std::unique_ptr<Normalizer> make_normalizer(const Json& j, const std::string& po
         auto n = make_normalizer(list[i], pointer + "/normalizers/" + std::to_string(i));
         if (n) items.push_back(std::move(n));
       }
-      return std::make_unique<Sequence>(std::move(items));
+      return std::make_unique<NormalizerSequence>(std::move(items));
     }
   } catch (const Json::exception& e) {
     throw Error(ErrorKind::format, fmt::format("bad {} normalizer: {}", type, e.what()),

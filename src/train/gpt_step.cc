@@ -47,14 +47,14 @@ std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o, co
   return gpt_family(cfg, w, ops);
 }
 
+}  // namespace
+
 // Where a segment of the stream lives in the calls.
 struct Segment {
   int64_t start = 0, length = 0;
   int call = 0;
   int64_t row = 0;
 };
-
-}  // namespace
 
 struct GptPass {
   explicit GptPass(Device device) : ops(ops_for(device)), arena(device) {}
