@@ -19,7 +19,7 @@ thread_local bool t_inside_worker = false;
 }  // namespace
 
 ThreadPool::ThreadPool(int threads) {
-  threads = std::clamp(threads, 1, 0xffff);  // chunks are counted in 16 bits (claim_)
+  threads = std::max(1, threads);
   for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i + 1); });
 }
 
@@ -71,27 +71,24 @@ void ThreadPool::worker_loop(int) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    run_chunks(seen);
+    run_chunks();
   }
 }
 
-void ThreadPool::run_chunks(uint64_t generation) {
-  uint64_t c = claim_.load(std::memory_order_acquire);
+void ThreadPool::run_chunks() {
   for (;;) {
-    const auto chunk = int(c & 0xffffu), chunks = int((c >> 16) & 0xffffu);
-    if ((c >> 32) != (generation & 0xffffffffu) || chunk >= chunks) return;
-    if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel,
-                                      std::memory_order_acquire)) {
-      continue;  // c now holds the current value
-    }
+    // Any chunk this takes below the count is a chunk of the job being run now: its caller
+    // waits for it, so job_ and job_n_ stay as published. Past the count, nothing is taken.
+    const uint64_t c = claim_.fetch_add(1, std::memory_order_acq_rel);
+    const auto chunk = int64_t(c & 0xffffffffu), chunks = int64_t(c >> 32);
+    if (chunk >= chunks) return;
     int64_t b, e;
-    chunk_bounds(job_n_, chunks, chunk, &b, &e);
+    chunk_bounds(job_n_, int(chunks), int(chunk), &b, &e);
     if (b < e) (*job_)(b, e);
     if (unfinished_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (done_waiting_) done_cv_.notify_one();
     }
-    c = claim_.load(std::memory_order_acquire);
   }
 }
 
@@ -109,8 +106,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   job_n_ = n;
   unfinished_.store(chunks, std::memory_order_relaxed);
   const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
-  claim_.store((generation & 0xffffffffu) << 32 | uint64_t(chunks) << 16,
-               std::memory_order_release);
+  claim_.store(uint64_t(chunks) << 32, std::memory_order_release);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -119,7 +115,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
   }
   if (wake) start_cv_.notify_all();
   t_inside_worker = true;
-  run_chunks(generation);
+  run_chunks();
   t_inside_worker = false;
   auto done = [&] { return unfinished_.load(std::memory_order_acquire) == 0; };
   if (!spin_until(done)) {

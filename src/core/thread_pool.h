@@ -35,16 +35,16 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time from outside the pool
-  // Runs chunks of the generation `generation` until none is left unclaimed.
-  void run_chunks(uint64_t generation);
+  // Takes and runs chunks of the current job until none is left.
+  void run_chunks();
 
   // The job: written by the caller before it publishes claim_ (release); read by a thread only
-  // after it has claimed a chunk of that generation (acquire), so it is still the caller's.
+  // after it has taken one of its chunks (acquire), so the caller is still waiting for it.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
-  // generation (32 bits) | chunks (16) | next unclaimed chunk (16): claiming is a
-  // compare-and-swap that fails once the generation has moved on, so a late worker never takes
-  // a chunk of a later job.
+  // chunks (upper 32 bits) | next chunk to take (lower 32): a thread takes a chunk with one
+  // fetch_add, and a number at or past the count means none is left (each thread overshoots
+  // at most once a job, so the lower half never overflows).
   std::atomic<uint64_t> claim_{0};
   std::atomic<uint64_t> generation_{0};  // wakes the workers (bumped after claim_)
   std::atomic<int> unfinished_{0};       // chunks of the current generation not yet done
