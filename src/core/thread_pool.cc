@@ -20,7 +20,7 @@ thread_local bool t_inside_worker = false;
 
 ThreadPool::ThreadPool(int threads) {
   threads = std::max(1, threads);
-  for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i + 1); });
+  for (int i = 0; i < threads - 1; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -55,7 +55,7 @@ bool spin_until(const Ready& ready) {
 }
 }  // namespace
 
-void ThreadPool::worker_loop(int) {
+void ThreadPool::worker_loop() {
   t_inside_worker = true;
   uint64_t seen = 0;
   for (;;) {

@@ -31,7 +31,7 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t grain = 1);
 
  private:
-  void worker_loop(int index);
+  void worker_loop();
 
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one parallel_for at a time from outside the pool
