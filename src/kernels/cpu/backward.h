@@ -49,8 +49,5 @@ inline constexpr int64_t kSumChunk = 4096;
 double sum_squares_chunk(const float* x, int64_t n, int64_t chunk);
 void normuon_step(const NorMuonStepArgs& a);  // one thread: the block is one matrix group
 
-// Slot `slot` (a head, or with paired heads the query heads slot and slot + H/2 and the K/V
-// heads they read) over every row in order.
-void attention_f64_backward_task(const AttendF64BackwardArgs& a, int64_t slot);
 
 }  // namespace deg

@@ -18,6 +18,7 @@
 #include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/conv.h"
+#include "kernels/cpu/attention_f64.h"
 #include "kernels/cpu/backward.h"
 #include "kernels/cpu/scalar_ops.h"
 #include "kernels/delta_rule.h"
@@ -30,7 +31,6 @@ namespace {
 constexpr int64_t kQueryBlock = 16;            // attention work unit (queries)
 constexpr int64_t kConvChannelBlock = 512;     // conv work unit (channels)
 constexpr int64_t kRowGrain = 16;              // token rows per piece of a row-wise op
-constexpr int kScoreSlot = kKernelSlots + 14;  // attention_f64 scores of one query (any thread)
 
 void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
   parallel_for(
@@ -504,10 +504,9 @@ class CpuOps final : public Ops {
       for (int64_t h = 0; h < a.heads; ++h)
         for (int64_t t = 0; t < r.lengths[b]; t += kQueryBlock)
           tasks.push_back({b, h, t, std::min(r.lengths[b], t + kQueryBlock)});
-    const auto scores = size_t(attention_f64_scores(a));
     for_each_index(int64_t(tasks.size()), 1, [&](int64_t i) {
       const Task& tk = tasks[size_t(i)];
-      attention_f64_range(a, tk.b, tk.h, tk.t0, tk.t1, scratch_floats(kScoreSlot, scores));
+      attention_f64_range(a, tk.b, tk.h, tk.t0, tk.t1);
     });
   }
 
