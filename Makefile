@@ -46,7 +46,7 @@ asan-build: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDEG_SANITIZE=ON -DDEG_CUDA=OFF \
 	  -DDEG_BUILD_BENCH=OFF -DDEG_WERROR=ON -DDEG_TEST_SET=sanitize \
 	  -DCMAKE_CXX_FLAGS="-O1 -Wno-maybe-uninitialized" -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-	  -DDEG_FRONTEND_CXX_FLAGS=-O0 $(CMAKE_ARGS) >/dev/null
+	  -DDEG_FRONTEND_CXX_FLAGS=-O0 -DDEG_LIGHT_LIBRARY_FLAGS=-O0 $(CMAKE_ARGS) >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 
 test-asan: setup asan-build

@@ -37,8 +37,6 @@ namespace deg::gpt_detail {
 
 namespace {
 
-constexpr int64_t kHistory = 2;  // ids before a token that its embedding reads
-
 // The [F, C] checkpoint tensor `name` transposed to [C, F] (contiguous) on `ops`' device: an f32
 // matrix by the backend's transpose where it is (a training step's resident parameters never
 // leave the GPU), a bf16 one on the host.
@@ -84,7 +82,7 @@ GptNet::GptNet(const GptConfig& cfg, const TensorMap& w, const Ops& ops)
     attn_scale_.push_back(weight_f32(w, pre + ".attn_scale", {1})[0]);
   }
   const int64_t F = cfg.mlp_hidden;
-  spec_ = {.family = "gpt", .hidden = C, .vocab = V, .stream = 0, .history = kHistory};
+  spec_ = {.family = "gpt", .hidden = C, .vocab = V, .stream = 0, .history = kGptHistory};
   for (int i = 0; i < int(L); ++i) {
     LayerWeights l;
     l.attn = cfg.has_attn(i);
@@ -188,7 +186,7 @@ void GptNet::embed(const Exec& x, const EmbedCall& e, CallTape* tape) const {
     x.ops.shift_ids({.rows = e.rows,
                      .ids = e.ids,
                      .history = e.history,
-                     .history_len = kHistory,
+                     .history_len = kGptHistory,
                      .back = back,
                      .out = out,
                      .lane = lane,

@@ -35,6 +35,10 @@ std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weight
 
 // ---- training: the same forward, kept for its backward (src/model/gpt_backward.cc) ----
 
+// Token ids before a token that its embedding reads (the bigram and trigram of the n-gram
+// embedding).
+inline constexpr int64_t kGptHistory = 2;
+
 // One call of a training pass, laid out as the family's calls: rows right-padded to L tokens,
 // row b's first token at position positions[b]. segment non-null: token i sees keys from position
 // segment[i] of its row on (documents packed in one row, as the pretraining stream). With

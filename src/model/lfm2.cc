@@ -25,7 +25,7 @@ struct ConvWeights {
   Tensor conv;     // [C, K]
 };
 
-struct AttentionWeights {
+struct Lfm2AttentionWeights {
   Tensor q, k, v, o;      // [Hq*D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
   Tensor q_norm, k_norm;  // [D]
 };
@@ -35,7 +35,7 @@ struct Lfm2LayerWeights {
   Tensor operator_norm, ffn_norm;  // [C]
   Tensor w1, w3, w2;               // [I, C], [I, C], [C, I]
   ConvWeights cv;
-  AttentionWeights at;
+  Lfm2AttentionWeights at;
 };
 
 class Lfm2 final : public Family {
@@ -164,7 +164,7 @@ class Lfm2 final : public Family {
   }
 
   // Full attention: h += out_proj(attention(rope(norm(q)), rope(norm(k)), v)).
-  void attention_mixer(const Exec& x, const AttentionWeights& w, const LayerCall& c,
+  void attention_mixer(const Exec& x, const Lfm2AttentionWeights& w, const LayerCall& c,
                        const float* xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;

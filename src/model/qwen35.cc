@@ -25,7 +25,7 @@ struct DeltaNetWeights {
   Tensor norm;               // [Dv] gated RMSNorm weight
 };
 
-struct AttentionWeights {
+struct Qwen35AttentionWeights {
   Tensor q, k, v, o;      // [Hq*2D, C], [Hkv*D, C], [Hkv*D, C], [C, Hq*D]
   Tensor q_norm, k_norm;  // [D]
 };
@@ -35,7 +35,7 @@ struct Qwen35LayerWeights {
   Tensor input_norm, post_norm;  // [C]
   Tensor gate, up, down;         // [I, C], [I, C], [C, I]
   DeltaNetWeights dn;
-  AttentionWeights at;
+  Qwen35AttentionWeights at;
 };
 
 class Qwen35 final : public Family {
@@ -232,7 +232,7 @@ class Qwen35 final : public Family {
   }
 
   // Gated full attention: h += o_proj(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)).
-  void attention_mixer(const Exec& x, const AttentionWeights& w, const LayerCall& c,
+  void attention_mixer(const Exec& x, const Qwen35AttentionWeights& w, const LayerCall& c,
                        const float* xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;

@@ -5,6 +5,7 @@
 // most max_queue wait for the engine, more answer 429.
 #include "deg/server.h"
 
+#include <fmt/format.h>
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>

@@ -18,8 +18,6 @@ namespace deg::train {
 
 namespace {
 
-constexpr int64_t kHistory = 2;
-
 // The model over the parameters (views, no copies but the family's own transposes) with the
 // step's windows.
 std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o, const Ops& ops) {
@@ -213,7 +211,7 @@ void lay_out(const GptBatch& b, int64_t call_tokens, GptPass& pass) {
     for (const Segment& d : docs) {
       doc_at[d.start] = &d;
       pass.positions[size_t(d.call)].push_back(0);
-      for (int64_t k = 0; k < kHistory; ++k) pass.history[size_t(d.call)].push_back(-1);
+      for (int64_t k = 0; k < kGptHistory; ++k) pass.history[size_t(d.call)].push_back(-1);
     }
     add_calls(forks, call_tokens, pass);
     for (const Segment& s : forks) {
@@ -226,7 +224,7 @@ void lay_out(const GptBatch& b, int64_t call_tokens, GptPass& pass) {
       c.prefix_calls.push_back(it->second->call);
       c.prefix_rows.push_back(it->second->row);
       pass.positions[size_t(s.call)].push_back(hi - lo);
-      for (int64_t k = kHistory; k > 0; --k)
+      for (int64_t k = kGptHistory; k > 0; --k)
         pass.history[size_t(s.call)].push_back(hi - k >= lo ? b.inputs[size_t(hi - k)] : -1);
     }
     pass.segments = std::move(docs);

@@ -52,7 +52,7 @@ double cross_entropy(const float* logits, int64_t n, int64_t target, float* dlog
 }
 
 // log(1 + e^x) without overflow.
-double softplus(double x) {
+double stable_softplus(double x) {
   return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
 }
 
@@ -172,7 +172,7 @@ double anchor_loss(const Heads& heads, Heads& grad, const float* answers, int64_
       const double l = lg[size_t(i * T + c)];
       if (!std::isfinite(l)) continue;
       const bool pos = is_start[size_t(c)];
-      loss += pos ? pos_weight * softplus(-l) : softplus(l);
+      loss += pos ? pos_weight * stable_softplus(-l) : stable_softplus(l);
       const float d = float(1.0 / (1.0 + std::exp(-l)) - (pos ? 1 : 0));
       dl[size_t(i * T + c)] = weight * (pos ? pos_weight * d : d);
     }

@@ -46,10 +46,10 @@ struct Located {
   int64_t first = 0, last = 0;  // inclusive context tokens
 };
 
-class Builder {
+class TaskBuilder {
  public:
-  Builder(const engine::DegModel& model, const engine::ContextText& context, TaskExample& ex,
-          Rng* shuffle)
+  TaskBuilder(const engine::DegModel& model, const engine::ContextText& context, TaskExample& ex,
+              Rng* shuffle)
       : model_(model),
         ctx_(context),
         ex_(ex),
@@ -275,7 +275,7 @@ TaskExample make_example(const engine::DegModel& model, const schema::Plan& plan
   const engine::ContextText context{std::move(dc.text), schema::TokenOffsets(std::move(dc.ranges))};
   std::optional<Rng> shuffle;
   if (shuffle_options) shuffle.emplace(shuffle_options);
-  Builder(model, context, ex, shuffle ? &*shuffle : nullptr).visit(plan.root, {}, &expected);
+  TaskBuilder(model, context, ex, shuffle ? &*shuffle : nullptr).visit(plan.root, {}, &expected);
   return ex;
 }
 

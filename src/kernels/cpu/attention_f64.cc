@@ -176,7 +176,7 @@ struct Scratch {
   std::vector<double> sums;
   std::vector<float> e, w, dp;
   std::vector<float> probs, shares;  // a backward block's, query after query
-  std::vector<float> qpad, gopad;  // a backward block's queries and output gradients, padded
+  std::vector<float> qpad, gopad;    // a backward block's queries and output gradients, padded
 };
 
 Scratch& scratch() {
@@ -222,7 +222,8 @@ DEG_CPU_CLONES void attention_f64_range(const AttendF64Args& a, int64_t b, int64
     float* y = a.out + qr.n * a.ldo + h * a.ho;
     const float* rows = p.v.data() + (qr.first - p.lo) * dvp;
     for (int64_t c0 = 0; c0 < dv; c0 += kCols)
-      store8(y + c0, weighted_rows(sc.w.data(), rows + c0, dvp, nk, F8{}), std::min(kCols, dv - c0));
+      store8(y + c0, weighted_rows(sc.w.data(), rows + c0, dvp, nk, F8{}),
+             std::min(kCols, dv - c0));
   }
 }
 
@@ -329,8 +330,8 @@ DEG_CPU_CLONES void attention_f64_backward_task(const AttendF64BackwardArgs& a, 
             for (int64_t i = 0; i < nb; ++i) {
               const Query& qr = block[size_t(i)].qr;
               if (j >= qr.first && j <= qr.last)
-                acc += weight[block[size_t(i)].at + size_t(j - qr.first)] *
-                       load8(rows + i * ld + c0);
+                acc +=
+                    weight[block[size_t(i)].at + size_t(j - qr.first)] * load8(rows + i * ld + c0);
             }
             store8(row + c0, acc, cn);
           }

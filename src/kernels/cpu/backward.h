@@ -49,5 +49,4 @@ inline constexpr int64_t kSumChunk = 4096;
 double sum_squares_chunk(const float* x, int64_t n, int64_t chunk);
 void normuon_step(const NorMuonStepArgs& a);  // one thread: the block is one matrix group
 
-
 }  // namespace deg

@@ -28,9 +28,9 @@ namespace deg {
 
 namespace {
 
-constexpr int64_t kQueryBlock = 16;            // attention work unit (queries)
-constexpr int64_t kConvChannelBlock = 512;     // conv work unit (channels)
-constexpr int64_t kRowGrain = 16;              // token rows per piece of a row-wise op
+constexpr int64_t kQueryBlock = 16;         // attention work unit (queries)
+constexpr int64_t kConvChannelBlock = 512;  // conv work unit (channels)
+constexpr int64_t kRowGrain = 16;           // token rows per piece of a row-wise op
 
 void for_each_index(int64_t n, int64_t grain, const std::function<void(int64_t)>& fn) {
   parallel_for(
