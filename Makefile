@@ -9,8 +9,9 @@
 #                                 schema, engine, CLI, core, fuzz corpora replays (warnings are
 #                                 errors too, except maybe-uninitialized, which GCC 12 reports
 #                                 falsely inside libstdc++'s regex under -O1 + sanitizers); the
-#                                 library at -O1, the CLI and tests at -O0 (tests with precompiled
-#                                 gtest / JSON headers), line tables only (-g1)
+#                                 library's compute layers at -O1, its schema / engine / server
+#                                 code, the CLI and tests at -O0 (tests with precompiled gtest /
+#                                 JSON headers), line tables only (-g1)
 #   make run      build and fill the example schema from the example documents
 #   make build    configure and build into build/
 #   make format   rewrite sources with clang-format
