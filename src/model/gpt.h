@@ -33,11 +33,11 @@ std::vector<std::pair<std::string, Shape>> gpt_tensor_table(const GptConfig& cfg
 using TensorMap = std::map<std::string, Tensor>;
 std::unique_ptr<Family> gpt_family(const GptConfig& cfg, const TensorMap& weights, const Ops& ops);
 
-// ---- training: the same forward, kept for its backward (src/model/gpt_backward.cc) ----
-
 // Token ids before a token that its embedding reads (the bigram and trigram of the n-gram
 // embedding).
 inline constexpr int64_t kGptHistory = 2;
+
+// ---- training: the same forward, kept for its backward (src/model/gpt_backward.cc) ----
 
 // One call of a training pass, laid out as the family's calls: rows right-padded to L tokens,
 // row b's first token at position positions[b]. segment non-null: token i sees keys from position

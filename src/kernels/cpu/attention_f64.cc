@@ -133,6 +133,13 @@ typedef float F8 __attribute__((vector_size(32)));
   return v;
 }
 
+// The first n (<= kCols) columns at p, the rest zero.
+[[gnu::always_inline]] inline F8 load8(const float* p, int64_t n) {
+  float t[kCols] = {};
+  std::copy(p, p + n, t);
+  return load8(t);
+}
+
 [[gnu::always_inline]] inline void store8(float* p, F8 v, int64_t n) {
   float t[kCols];
   std::memcpy(t, &v, sizeof t);
@@ -304,9 +311,7 @@ DEG_CPU_CLONES void attention_f64_backward_task(const AttendF64BackwardArgs& a, 
           const float* krows = p.k.data() + off * dqp;
           for (int64_t c0 = 0; c0 < dq; c0 += kCols) {
             const int64_t cn = std::min(kCols, dq - c0);
-            float init[kCols] = {};
-            std::copy(gq + c0, gq + c0 + cn, init);
-            store8(gq + c0, weighted_rows(sh, krows + c0, dqp, nk, load8(init)), cn);
+            store8(gq + c0, weighted_rows(sh, krows + c0, dqp, nk, load8(gq + c0, cn)), cn);
           }
         }
         // The block's shares into each key's rows: key j's own dims from its share, and with the
@@ -324,9 +329,7 @@ DEG_CPU_CLONES void attention_f64_backward_task(const AttendF64BackwardArgs& a, 
                               int64_t ld, float* row, int64_t n) {
           for (int64_t c0 = 0; c0 < n; c0 += kCols) {
             const int64_t cn = std::min(kCols, n - c0);
-            float init[kCols] = {};
-            std::copy(row + c0, row + c0 + cn, init);
-            F8 acc = load8(init);
+            F8 acc = load8(row + c0, cn);
             for (int64_t i = 0; i < nb; ++i) {
               const Query& qr = block[size_t(i)].qr;
               if (j >= qr.first && j <= qr.last)
