@@ -2297,6 +2297,49 @@ TEST(OpsCopyRows, PackingManyRowsInPlaceKeepsEveryRow) {
   }
 }
 
+// A projection row's bits do not depend on how many rows share the GEMM, across every class of
+// row counts the CUDA backend may give its own cuBLASLt algorithm (CudaOps::tune: up to 64, up to
+// 512, more): rows computed in calls of 1 .. 2100 rows == the same rows of one call of 2100, for
+// plain and accumulating outputs, bf16 and exact products.
+TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
+  const int64_t K = 512, N = 384, rows = 2100, ldx = K, ldy = N;
+  const std::vector<float> xv = randn_seeded(size_t(rows * K), 51);
+  const std::vector<float> y0 = randn_seeded(size_t(rows * N), 52);
+  std::vector<float> wf = randn_seeded(size_t(N * K), 53, 0.05f);
+  std::vector<bf16> wb;
+  for (float v : wf) wb.push_back(f32_to_bf16(v));
+  const Tensor w = Tensor::from_vector(wb, {N, K});
+  const int64_t calls[][2] = {{37, 1}, {100, 64}, {200, 65}, {900, 512}, {1, 513}, {0, 1700}};
+  for (const Backend& b : backends_under_test()) {
+    const Tensor on = b.ops->upload(w);
+    for (GemmPrecision prec : {GemmPrecision::bf16, GemmPrecision::exact}) {
+      for (bool acc : {false, true}) {
+        Floats x(xv.begin(), xv.end());
+        auto run = [&](int64_t first, int64_t m) {
+          Floats y(y0.begin() + first * N, y0.begin() + (first + m) * N);
+          const GemmOutput go{.w = &on, .y = y.data(), .ldy = ldy, .accumulate = acc};
+          b.ops->gemm({.x = x.data() + first * ldx,
+                       .m = m,
+                       .k = K,
+                       .ldx = ldx,
+                       .outputs = {&go, 1},
+                       .precision = prec});
+          b.ops->synchronize();
+          return y;
+        };
+        const Floats all = run(0, rows);
+        for (const auto& [first, m] : calls) {
+          const Floats part = run(first, m);
+          EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
+              << b.name << (prec == GemmPrecision::bf16 ? " bf16" : " exact")
+              << (acc ? " accumulating" : "") << ": rows " << first << " .. " << first + m - 1
+              << " in a call of " << m << " != in a call of " << rows;
+        }
+      }
+    }
+  }
+}
+
 // transpose is a copy: every backend's equals the loop, bit for bit, over shapes that are and
 // are not multiples of the 32 x 32 tiles, with row strides wider than the rows.
 TEST(OpsTranspose, EveryBackendEqualsTheLoop) {

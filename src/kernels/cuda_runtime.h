@@ -38,7 +38,9 @@ void cuda_free(void* p) noexcept;  // null: nothing
 // Zero-filled device memory as a tensor buffer (Device::cuda).
 std::shared_ptr<Buffer> cuda_buffer(size_t bytes);
 // A profile of the CUDA backend's ops: from start to stop, each op's device time is taken with
-// CUDA events (nothing waits), summed per op; stop returns the sums, the largest first.
+// CUDA events (nothing waits), summed per op; stop returns the sums, the largest first. The same
+// range is the CUDA profiler's (cudaProfilerStart / Stop), so `ncu --profile-from-start off`
+// measures the kernels of exactly the profiled work.
 struct OpTime {
   std::string op;
   double ms = 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -318,18 +319,38 @@ class CudaOps final : public Ops {
  private:
   // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
   // and without split-K reduction (neither stream-K fix-ups nor split-K sums, whose order would
-  // depend on n). Pin::every_n: one for every n — the heuristic's first choice for n = 1024 that
-  // also runs n = 1, else its first choice for n = 1 that also runs n = 1024. Pin::this_n: one
-  // for this very n. Pin::every_n_or_this_n: every_n where cuBLASLt has one, else this_n.
+  // depend on n). Pin::every_n: the pinned rule's choice — the heuristic's first for n = 1024
+  // that also runs n = 1, else its first for n = 1 that also runs n = 1024 — or, per class of
+  // n, a faster algorithm that gives the same bits (tune). Pin::this_n: one for this very n.
+  // Pin::every_n_or_this_n: the pinned rule's choice where cuBLASLt has one, else this_n.
   const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
                                           Pin pin) const;
 
   [[noreturn]] static void no_algorithm(const LtGemm& g, int align, const char* which);
 
-  // The first of the heuristic's candidates for g at n = probe (no workspace, no reduction) that
-  // also runs n = check without workspace; none when there is no such candidate.
+  // The heuristic's candidates for g at n = probe (no workspace, no reduction) that also run
+  // n = check without workspace, in its order; first_running: the first of them, if any.
+  std::vector<cublasLtMatmulAlgo_t> candidates(const MatmulDesc& desc, const LtGemm& g, int align,
+                                               int64_t probe, int64_t check) const;
   std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
                                                     int align, int64_t probe, int64_t check) const;
+
+  // Pin::every_n's algorithm for each class of n (kTunedUpTo: n <= 64, n <= 512, larger): of
+  // the heuristic's candidates at n = 1024 and n = 64, those whose results on random operands
+  // are bitwise the pinned choice's (at n = 293, with and without accumulation), the fastest
+  // at the class's n (64, 512, 2048; timed as CUDA graphs on a private stream). Every
+  // candidate sums each output over k in the same order, or it is left out: the class an n
+  // falls in never changes a row's bits. Which one is fastest may differ from run to run; the
+  // results may not. `base` (the pinned rule's choice) stays where nothing else qualifies, for
+  // operands of other strides than B's plain column-major, and for products with more than 2^26
+  // weight elements (a vocabulary-sized LM head: seconds and gigabytes to time).
+  static constexpr int kSizeClasses = 3;
+  static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {64, 512, INT64_MAX};
+  struct Tuned {
+    std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;
+  };
+  Tuned tune(const MatmulDesc& desc, const LtGemm& g, int align,
+             const cublasLtMatmulAlgo_t& base) const;
 
   struct Scratch {
     std::shared_ptr<void> data;
@@ -343,6 +364,7 @@ class CudaOps final : public Ops {
   mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
   mutable std::recursive_mutex mu_;
   mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
+  mutable std::map<GemmKey, Tuned> tuned_;                                // Pin::every_n
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
   // bf16, dz in bf16 and widened W.
   mutable std::array<Scratch, 8> scratch_;

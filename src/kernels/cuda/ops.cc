@@ -5,6 +5,7 @@
 //
 // Every op of the table runs here.
 #include <cublasLt.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda_runtime.h"
@@ -607,6 +609,13 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
       if (!a) a = first_running(desc, g, align, 1, kProbeN);
       it = algos_.emplace(every, a).first;
     }
+    if (it->second && pin == Pin::every_n) {
+      auto t = tuned_.find(every);
+      if (t == tuned_.end()) t = tuned_.emplace(every, tune(desc, g, align, *it->second)).first;
+      size_t c = 0;
+      while (g.n > kTunedUpTo[c]) ++c;
+      return t->second.by_class[c];
+    }
     if (it->second) return *it->second;
     if (pin == Pin::every_n) no_algorithm(g, align, "for every n");
   }
@@ -616,6 +625,154 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
   return *it->second;
 }
 
+namespace {
+
+// Random operand values in [-1, 1) as t's bytes (bf16 or f32), from a fixed seed.
+std::vector<uint8_t> random_operand(cudaDataType t, size_t count, uint32_t seed) {
+  const size_t bytes = t == CUDA_R_32F ? 4 : 2;
+  std::vector<uint8_t> out(count * bytes);
+  uint32_t x = seed;
+  for (size_t i = 0; i < count; ++i) {
+    x = x * 1664525u + 1013904223u;
+    const float v = float(int32_t(x >> 8) - (1 << 23)) / float(1 << 23);
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    if (bytes == 4) {
+      std::memcpy(out.data() + i * 4, &u, 4);
+    } else {
+      const uint16_t h = uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      std::memcpy(out.data() + i * 2, &h, 2);
+    }
+  }
+  return out;
+}
+
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+}  // namespace
+
+CudaOps::Tuned CudaOps::tune(const MatmulDesc& desc, const LtGemm& g, int align,
+                             const cublasLtMatmulAlgo_t& base) const {
+  Tuned tuned;
+  tuned.by_class.fill(base);
+  if (g.tb != CUBLAS_OP_N) return tuned;  // B's stride is tied to n: one algorithm for every n
+  // Vocabulary-sized products (a [V, C] LM head) are left alone: timing them would take seconds
+  // and gigabytes.
+  if (g.m * g.k > (int64_t(1) << 26)) return tuned;
+  std::vector<cublasLtMatmulAlgo_t> cand{base};
+  for (int64_t probe : {int64_t(1024), int64_t(64)})
+    for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
+      if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
+        cand.push_back(a);
+  if (cand.size() == 1) return tuned;
+
+  constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
+  constexpr std::array<int64_t, kSizeClasses> kTimeN = {64, 512, 2048};
+  const int64_t nmax = kTimeN.back();
+  const size_t a_count = size_t(g.lda) * size_t(g.a_cols()), b_count = size_t(g.ldb) * size_t(nmax),
+               d_count = size_t(g.ldd) * size_t(nmax), c_count = size_t(g.ldd) * size_t(kVerifyN);
+  const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
+                             bh = random_operand(g.bt, b_count, 29),
+                             ch = random_operand(CUDA_R_32F, c_count, 41);
+  cudaStream_t ts = nullptr;
+  void *A = nullptr, *B = nullptr;
+  float *C = nullptr, *D = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  auto release = [&] {
+    if (ts) cudaStreamSynchronize(ts);
+    for (void* p : {A, B, static_cast<void*>(C), static_cast<void*>(D)}) cudaFree(p);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (ts) cudaStreamDestroy(ts);
+    cudaGetLastError();
+  };
+  // Anything failing here leaves the pinned choice for every class.
+  if (cudaStreamSynchronize(stream_) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMalloc(&A, ah.size()) != cudaSuccess || cudaMalloc(&B, bh.size()) != cudaSuccess ||
+      cudaMalloc(&C, ch.size()) != cudaSuccess ||
+      cudaMalloc(&D, d_count * sizeof(float)) != cudaSuccess ||
+      cudaMemcpy(A, ah.data(), ah.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(B, bh.data(), bh.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(C, ch.data(), ch.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    release();
+    return tuned;
+  }
+  const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, int64_t n, float beta) {
+    const Layout lb(g.bt, uint64_t(g.k), uint64_t(n), g.ldb),
+        ld(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
+    const float alpha = 1.0f;
+    return cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, ld.h, D, ld.h, &algo,
+                          nullptr, 0, ts) == CUBLAS_STATUS_SUCCESS;
+  };
+  // Bits: D from C, then D (+)= A B at kVerifyN columns, read back.
+  const size_t verify_bytes = size_t(g.ldd) * size_t(kVerifyN) * sizeof(float);
+  auto result = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
+    out.resize(verify_bytes);
+    return cudaMemcpyAsync(D, C, verify_bytes, cudaMemcpyDeviceToDevice, ts) == cudaSuccess &&
+           run(algo, kVerifyN, beta) &&
+           cudaMemcpyAsync(out.data(), D, verify_bytes, cudaMemcpyDeviceToHost, ts) ==
+               cudaSuccess &&
+           cudaStreamSynchronize(ts) == cudaSuccess;
+  };
+  // Time: the median of three launches of a graph of five calls at n columns; < 0: failed.
+  auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamBeginCapture(ts, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0f;
+    bool ok = true;
+    for (int i = 0; i < 5 && ok; ++i) ok = run(algo, n, 0.0f);
+    ok = cudaStreamEndCapture(ts, &graph) == cudaSuccess && ok;
+    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph) cudaGraphDestroy(graph);
+    std::array<float, 3> ms{};
+    ok = ok && cudaGraphLaunch(exec, ts) == cudaSuccess;  // warm-up
+    for (float& t : ms) {
+      ok = ok && cudaEventRecord(e0, ts) == cudaSuccess &&
+           cudaGraphLaunch(exec, ts) == cudaSuccess && cudaEventRecord(e1, ts) == cudaSuccess &&
+           cudaEventSynchronize(e1) == cudaSuccess &&
+           cudaEventElapsedTime(&t, e0, e1) == cudaSuccess;
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    exec = nullptr;
+    cudaGetLastError();
+    std::sort(ms.begin(), ms.end());
+    return ok ? ms[1] : -1.0f;
+  };
+
+  std::vector<uint8_t> ref0, ref1, got;
+  if (!result(base, 0.0f, ref0) || !result(base, 1.0f, ref1)) {
+    release();
+    return tuned;
+  }
+  std::array<float, kSizeClasses> best{};
+  for (size_t c = 0; c < kSizeClasses; ++c) best[c] = time_at(base, kTimeN[c]);
+  int verified = 1;
+  for (size_t i = 1; i < cand.size(); ++i) {
+    if (!result(cand[i], 0.0f, got) || got != ref0 || !result(cand[i], 1.0f, got) || got != ref1)
+      continue;
+    ++verified;
+    for (size_t c = 0; c < kSizeClasses; ++c) {
+      const float t = time_at(cand[i], kTimeN[c]);
+      // A clear gain only: timing noise must not move the choice back and forth.
+      if (t > 0 && (best[c] <= 0 || t < 0.97f * best[c])) {
+        best[c] = t;
+        tuned.by_class[c] = cand[i];
+      }
+    }
+  }
+  release();
+  log::debug(
+      "cuBLASLt [{}, {}] x [{}, n] ({} / {} candidates give the pinned bits): {:.1f} / "
+      "{:.1f} / {:.1f} us at n = 64 / 512 / 2048",
+      g.m, g.k, g.k, verified, cand.size(), best[0] * 200, best[1] * 200, best[2] * 200);
+  return tuned;
+}
 void CudaOps::no_algorithm(const LtGemm& g, int align, const char* which) {
   throw Error(ErrorKind::unsupported,
               fmt::format("cuBLASLt has no algorithm without workspace and split-K {} for a [{}, "
@@ -626,6 +783,14 @@ void CudaOps::no_algorithm(const LtGemm& g, int align, const char* which) {
 std::optional<cublasLtMatmulAlgo_t> CudaOps::first_running(const MatmulDesc& desc, const LtGemm& g,
                                                            int align, int64_t probe,
                                                            int64_t check) const {
+  std::vector<cublasLtMatmulAlgo_t> all = candidates(desc, g, align, probe, check);
+  if (all.empty()) return std::nullopt;
+  return all.front();
+}
+
+std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, const LtGemm& g,
+                                                      int align, int64_t probe,
+                                                      int64_t check) const {
   Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
       lb(g.bt, uint64_t(g.b_rows(probe)), uint64_t(g.b_cols(probe)), g.ldb),
       lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
@@ -652,21 +817,22 @@ std::optional<cublasLtMatmulAlgo_t> CudaOps::first_running(const MatmulDesc& des
   cublasLtMatmulPreferenceDestroy(pref);
   Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
       lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
+  std::vector<cublasLtMatmulAlgo_t> out;
   for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS; ++i) {
     // At the probe's own n the heuristic's answer stands without AlgoCheck (which, on an H200,
     // left no candidate for [50304, 768] bf16 at n = 320 standing, or the heuristic found none:
     // the message did not say which).
     if (check == probe) {
-      if (results[i].workspaceSize == 0) return results[i].algo;
+      if (results[i].workspaceSize == 0) out.push_back(results[i].algo);
       continue;
     }
     cublasLtMatmulHeuristicResult_t r{};
     if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo, &r) ==
             CUBLAS_STATUS_SUCCESS &&
         r.workspaceSize == 0)
-      return results[i].algo;
+      out.push_back(results[i].algo);
   }
-  return std::nullopt;
+  return out;
 }
 
 }  // namespace cuda_backend
@@ -758,9 +924,11 @@ const Ops& cuda_ops() {
 
 void cuda_profile_start() {
   profiled().start();
+  cudaProfilerStart();  // Nsight Compute with --profile-from-start off sees exactly this range
 }
 
 std::vector<OpTime> cuda_profile_stop() {
+  cudaProfilerStop();
   return profiled().stop();
 }
 
