@@ -25,6 +25,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/cuda/cuda_ops.h"
+
 namespace {
 
 void need(bool ok, const char* what) {
@@ -109,23 +111,9 @@ int main(int argc, char** argv) {
               cublasLtGetVersion());
   cublasLtHandle_t h;
   lt(cublasLtCreate(&h), "cublasLtCreate");
-  cublasLtMatmulDesc_t desc;
-  lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
-  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  cublasLtMatmulPreference_t pref;
-  lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const uint64_t no_workspace = 0;
-  const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE, align = 16;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                       &no_workspace, sizeof(no_workspace));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                       &no_reduction, sizeof(no_reduction));
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
+  const deg::cuda_backend::MatmulDesc md(CUBLAS_OP_T, CUBLAS_OP_N);  // the projections' form
+  const cublasLtMatmulDesc_t desc = md.h;
+  const deg::cuda_backend::PinnedPreference pref(16, 16);  // the backend's rules, aligned buffers
   cudaStream_t stream;
   cu(cudaStreamCreate(&stream), "stream");
   cudaEvent_t e0, e1;
@@ -160,7 +148,7 @@ int main(int argc, char** argv) {
       cublasLtMatmulHeuristicResult_t res[32] = {};
       int found = 0;
       const cublasStatus_t st =
-          cublasLtMatmulAlgoGetHeuristic(h, desc, l.a, l.b, l.d, l.d, pref, 32, res, &found);
+          cublasLtMatmulAlgoGetHeuristic(h, desc, l.a, l.b, l.d, l.d, pref.h, 32, res, &found);
       int kept = 0;
       for (int i = 0; i < found; ++i) {
         if (res[i].workspaceSize != 0) continue;

@@ -66,6 +66,30 @@ struct Layout {
   Layout& operator=(const Layout&) = delete;
 };
 
+// The search preference of pinned algorithms: no workspace, no split-K / stream-K reduction,
+// operands aligned to a_align (A) and c_align (B, C, D) bytes. Released with the object.
+struct PinnedPreference {
+  cublasLtMatmulPreference_t h = nullptr;
+  PinnedPreference(uint32_t a_align, uint32_t c_align) {
+    check_blas(cublasLtMatmulPreferenceCreate(&h), "preference");
+    const uint64_t no_workspace = 0;
+    const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
+    cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace,
+                                         sizeof(no_workspace));
+    cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                         &no_reduction, sizeof(no_reduction));
+    for (auto attr :
+         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
+      cublasLtMatmulPreferenceSetAttribute(h, attr, &v, sizeof(v));
+    }
+  }
+  ~PinnedPreference() { cublasLtMatmulPreferenceDestroy(h); }
+  PinnedPreference(const PinnedPreference&) = delete;
+  PinnedPreference& operator=(const PinnedPreference&) = delete;
+};
+
 // f32 compute (no TF32) with op(A), op(B) as given.
 struct MatmulDesc {
   cublasLtMatmulDesc_t h = nullptr;

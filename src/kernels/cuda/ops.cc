@@ -794,27 +794,12 @@ std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, co
   Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
       lb(g.bt, uint64_t(g.b_rows(probe)), uint64_t(g.b_cols(probe)), g.ldb),
       lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const uint64_t no_workspace = 0;
-  const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-  const uint32_t a_align = uint32_t(std::min<int>(align, int(element_bytes(g.at)) * 8)),
-                 c_align = uint32_t(align);
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                       &no_workspace, sizeof(no_workspace));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                       &no_reduction, sizeof(no_reduction));
-  for (auto attr :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
-    cublasLtMatmulPreferenceSetAttribute(pref, attr, &v, sizeof(v));
-  }
+  const PinnedPreference pref(uint32_t(std::min<int>(align, int(element_bytes(g.at)) * 8)),
+                              uint32_t(align));
   cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
-                                                          pref, 8, results, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+                                                          pref.h, 8, results, &found);
   Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
       lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
   std::vector<cublasLtMatmulAlgo_t> out;
