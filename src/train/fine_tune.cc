@@ -20,6 +20,7 @@
 #include "model/gpt_config.h"
 #include "schema/plan.h"
 #include "train/calibrate.h"
+#include "train/distributed.h"
 #include "train/features.h"
 #include "train/ops.h"
 #include "train/optim.h"
@@ -686,6 +687,7 @@ void write_json(const fs::path& path, const OrderedJson& j) {
 
 FineTuneResult fine_tune(const FineTuneOptions& o,
                          const std::function<void(const FineTuneProgress&)>& on_progress) {
+  require_one_process(launch_from_env(), "deg train");
   if (o.tasks.empty()) throw Error(ErrorKind::invalid_argument, "give at least one --task");
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
   if (o.max_seconds < 0 || (o.max_seconds > 0 && (o.resume || o.stop_at > 0)))

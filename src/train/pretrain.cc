@@ -14,6 +14,7 @@
 #include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
 #include "train/data.h"
+#include "train/distributed.h"
 #include "train/gpt_params.h"
 #include "train/gpt_step.h"
 #include "train/optim.h"
@@ -221,6 +222,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
 
 PretrainResult pretrain(const PretrainOptions& options,
                         const std::function<void(const PretrainProgress&)>& on_progress) {
+  require_one_process(launch_from_env(), "deg pretrain");
   const auto presets = gpt_preset_names();
   const bool preset = std::find(presets.begin(), presets.end(), options.config) != presets.end();
   return pretrain_gpt(gpt_config_resolve(options.config), preset, options, on_progress);
