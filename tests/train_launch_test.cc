@@ -33,6 +33,12 @@ std::string read_error(const Env& vars) {
   return "";
 }
 
+// launcher / rank / world size / local rank, as one string (one comparison, a readable failure).
+std::string seen(const Launch& l) {
+  return l.launcher + " " + std::to_string(l.rank) + "/" + std::to_string(l.world_size) +
+         " local " + std::to_string(l.local_rank);
+}
+
 TEST(TrainLaunch, NoLauncherIsOneProcess) {
   const Launch l = read({});
   EXPECT_EQ(l.world_size, 1);
@@ -49,10 +55,7 @@ TEST(TrainLaunch, ReadsTorchrunVariables) {
                          {"LOCAL_RANK", "1"},
                          {"MASTER_ADDR", "10.0.0.2"},
                          {"MASTER_PORT", "29500"}});
-  EXPECT_EQ(l.launcher, "torchrun");
-  EXPECT_EQ(l.rank, 3);
-  EXPECT_EQ(l.world_size, 4);
-  EXPECT_EQ(l.local_rank, 1);
+  EXPECT_EQ(seen(l), "torchrun 3/4 local 1");
   EXPECT_EQ(l.master_addr, "10.0.0.2");
   EXPECT_EQ(l.master_port, 29500);
   // torchrun with one process: a plain run.
@@ -60,27 +63,19 @@ TEST(TrainLaunch, ReadsTorchrunVariables) {
 }
 
 TEST(TrainLaunch, ReadsMpiAndSlurmVariables) {
-  Launch l = read({{"OMPI_COMM_WORLD_RANK", "1"},
-                   {"OMPI_COMM_WORLD_SIZE", "2"},
-                   {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}});
-  EXPECT_EQ(l.launcher, "mpirun");
-  EXPECT_EQ(l.rank, 1);
-  EXPECT_EQ(l.world_size, 2);
-  EXPECT_EQ(l.local_rank, 1);
-  l = read({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}});
-  EXPECT_EQ(l.launcher, "mpirun");
-  EXPECT_EQ(l.rank, 5);
-  EXPECT_EQ(l.world_size, 8);
-  l = read({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_LOCALID", "0"}});
-  EXPECT_EQ(l.launcher, "srun");
-  EXPECT_EQ(l.rank, 2);
-  EXPECT_EQ(l.world_size, 3);
+  EXPECT_EQ(seen(read({{"OMPI_COMM_WORLD_RANK", "1"},
+                       {"OMPI_COMM_WORLD_SIZE", "2"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}})),
+            "mpirun 1/2 local 1");
+  EXPECT_EQ(seen(read({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}})), "mpirun 5/8 local 0");
+  EXPECT_EQ(
+      seen(read({{"SLURM_PROCID", "2"}, {"SLURM_STEP_NUM_TASKS", "3"}, {"SLURM_LOCALID", "0"}})),
+      "srun 2/3 local 0");
   // A batch script's SLURM_NTASKS alone does not make deg one of several processes.
   EXPECT_EQ(read({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "0"}}).world_size, 1);
   // torchrun's variables win.
-  l = read({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}});
-  EXPECT_EQ(l.launcher, "torchrun");
-  EXPECT_EQ(l.world_size, 1);
+  EXPECT_EQ(seen(read({{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}})),
+            "torchrun 0/1 local 0");
 }
 
 TEST(TrainLaunch, RejectsMalformedAndInconsistentValues) {
