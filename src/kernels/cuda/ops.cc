@@ -611,7 +611,15 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
     }
     if (it->second && pin == Pin::every_n) {
       auto t = tuned_.find(every);
-      if (t == tuned_.end()) t = tuned_.emplace(every, tune(desc, g, align, *it->second)).first;
+      if (t == tuned_.end()) {
+        // Inside a stream capture (a CUDA graph being recorded) nothing may synchronize or
+        // allocate: the pinned choice serves, and the shape is tuned at its next use outside.
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+            capture != cudaStreamCaptureStatusNone)
+          return *it->second;
+        t = tuned_.emplace(every, tune(desc, g, align, *it->second)).first;
+      }
       size_t c = 0;
       while (g.n > kTunedUpTo[c]) ++c;
       return t->second.by_class[c];
