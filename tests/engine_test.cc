@@ -292,6 +292,36 @@ TEST_F(EngineTest, ReportIsTheSameAloneAndInABatch) {
   }
 }
 
+// Short documents are read together, as many as fill one prefill pass (shortest first), long
+// ones alone: every document's report (values, confidences, spans, generated text) is still
+// bitwise the one it gets filled alone.
+TEST_F(EngineTest, DocumentsReadTogetherAnswerAsAlone) {
+  OrderedJson schema = load_schema("examples/invoice.schema.json");
+  std::vector<std::string> docs;
+  for (int i = 0; i < 9; ++i) {
+    std::string d = fmt::format("Invoice {} from Ana Lima, total {}.{}0 EUR, due 2026-0{}-1{}.",
+                                100 + i, 12 * (i + 1), i, 1 + i % 9, i);
+    for (int r = 0; r < i; ++r) d += " Item: chair.";  // lengths differ
+    docs.push_back(d);
+  }
+  std::string long_doc;
+  while (long_doc.size() < 6000) long_doc += documents()[0];  // over one read pass alone
+  docs.insert(docs.begin() + 4, long_doc);
+  const std::vector<FillResult> together = engine_->fill(schema, docs);
+  ASSERT_EQ(together.size(), docs.size());
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const std::vector<FillResult> alone = engine_->fill(schema, {docs[d]});
+    ASSERT_TRUE(alone[0].ok() && together[d].ok()) << alone[0].error << together[d].error;
+    EXPECT_EQ(alone[0].value, together[d].value) << "document " << d;
+    ASSERT_EQ(alone[0].fields.size(), together[d].fields.size());
+    for (size_t i = 0; i < alone[0].fields.size(); ++i) {
+      const FieldReport &a = alone[0].fields[i], &b = together[d].fields[i];
+      EXPECT_EQ(a.confidence, b.confidence) << "document " << d << " " << a.path;
+      EXPECT_EQ(a.span, b.span) << "document " << d << " " << a.path;
+    }
+  }
+}
+
 // One fill_batch call over requests of different schemas and options (the forks of all their
 // documents share micro-batches) answers each request bitwise as fill() does alone; a request
 // whose schema deg cannot fill, or whose options are out of range, gets its error and costs the

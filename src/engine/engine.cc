@@ -1,5 +1,6 @@
 // The fill engine (DESIGN.md §3, the seed's DegModel.answer_many): each document's trunk is
-// prefilled once; every query of every document is a fork row over its trunk, run in batches
+// prefilled once (short documents together, as many as fill one prefill pass, each a row of a
+// shared trunk state); every query of every document is a fork row over its trunk, run in batches
 // under a padded-token budget; heads answer; anchored and counted arrays spawn their items'
 // queries round after round; x-generate fields are decoded last from a KNOWN VALUES block;
 // answers are assembled in schema order.
@@ -131,13 +132,25 @@ int64_t max_document_tokens(const Backbone& bb) {
   return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));
 }
 
-void prepare(const DegModel& model, const EngineOptions& options, const FillOptions& fill,
-             const DocumentParts& parts, size_t index, size_t count, Document& doc) {
+// A document whose context is built, waiting to be read.
+struct Reading {
+  size_t doc = 0;               // in the call's documents
+  size_t index = 0, count = 0;  // in its request (progress)
+  const FillOptions* fill = nullptr;
+  TokenBatch batch;    // its trunk ids (one row), with its media as soft tokens
+  int64_t tokens = 0;  // context tokens
+  int64_t bytes = 0;
+};
+
+// Checks a document and builds its context; nullopt (doc.error set) when it cannot be read.
+std::optional<Reading> prepare(const DegModel& model, const EngineOptions& options,
+                               const FillOptions& fill, const DocumentParts& parts, size_t index,
+                               size_t count, Document& doc) {
   const InputLimits& limits = options.limits;
   if (int64_t(parts.size()) > limits.parts) {
     doc.error =
         fmt::format("the document has {} parts, over the limit of {}", parts.size(), limits.parts);
-    return;
+    return std::nullopt;
   }
   bool blank = true;
   int64_t bytes = 0;
@@ -150,14 +163,13 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
         "the document has {} bytes of text, over the limit of {} bytes; split it, or raise "
         "--max-document-bytes",
         bytes, limits.document_bytes);
-    return;
+    return std::nullopt;
   }
   if (blank) {
     doc.error = parts.empty() ? "the document has no parts"
                               : "the document is empty (no text but whitespace)";
-    return;
+    return std::nullopt;
   }
-  const auto t0 = std::chrono::steady_clock::now();
   const Backbone& bb = model.backbone();
   engine::DocumentContext ctx =
       engine::document_context(model.tokenizer(), bb.spec(), model.name(), parts);
@@ -166,34 +178,100 @@ void prepare(const DegModel& model, const EngineOptions& options, const FillOpti
         "the document has {} tokens, more than this machine's memory holds "
         "for {} ({}); split it",
         ctx.ids.size(), model.name(), max_document_tokens(bb));
-    return;
+    return std::nullopt;
   }
-  const std::vector<int32_t> ids = model.trunk_ids(ctx.ids, &doc.ctx_start);
-  TokenBatch batch = TokenBatch::single(ids);
+  Reading r{.index = index, .count = count, .fill = &fill, .bytes = bytes};
+  r.batch = TokenBatch::single(model.trunk_ids(ctx.ids, &doc.ctx_start));
   if (!ctx.embeddings.empty()) {
-    batch.soft.rows.assign(ids.size(), -1);
+    TokenBatch& batch = r.batch;
+    batch.soft.rows.assign(size_t(batch.tokens), -1);
     std::copy(ctx.soft_rows.begin(), ctx.soft_rows.end(), batch.soft.rows.begin() + doc.ctx_start);
     const int64_t C = bb.spec().hidden;
     batch.soft.embeddings =
         Tensor::from_vector(ctx.embeddings, {int64_t(ctx.embeddings.size()) / C, C});
   }
-  const auto T = int64_t(ctx.ids.size());
+  r.tokens = int64_t(ctx.ids.size());
   doc.context = {std::move(ctx.text), schema::TokenOffsets(std::move(ctx.ranges))};
-  doc.state = bb.empty_state(1);
-  PrefillProgress progress;
-  if (fill.progress) {
+  return r;
+}
+
+// Reads documents [first, last) of `readings` into one trunk state, a row each: one prefill.
+// Every kernel is row-invariant, so a document's state and hidden states are bitwise those it
+// gets read alone.
+void read_together(const Backbone& bb, std::vector<Document>& docs,
+                   const std::vector<const Reading*>& group) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto n = int64_t(group.size());
+  TokenBatch batch;
+  if (n == 1) {
+    batch = group[0]->batch;
+  } else {
+    std::vector<std::vector<int32_t>> rows;
+    for (const Reading* r : group) rows.push_back(r->batch.ids);
+    batch = TokenBatch::padded(rows);  // padded positions are never read
+  }
+  auto trunk = std::make_shared<State>(bb.empty_state(n));
+  PrefillProgress progress;  // by chunk for a document read alone (a long one)
+  const Reading& only = *group[0];
+  if (n == 1 && only.fill->progress) {
     progress = [&](int64_t done, int64_t total) {
-      fill.progress(
-          {.stage = "read", .document = index, .documents = count, .done = done, .total = total});
+      only.fill->progress({.stage = "read",
+                           .document = only.index,
+                           .documents = only.count,
+                           .done = done,
+                           .total = total});
     };
   }
-  Tensor hidden = bb.prefill(batch, doc.state, progress);  // [1, L, C]
-  doc.ctx_hidden = hidden.select(0, 0).slice(0, doc.ctx_start, doc.ctx_start + T).contiguous();
-  if (!all_finite(doc.ctx_hidden.data<float>(), doc.ctx_hidden.numel())) {
-    doc.error = non_finite_error("reading the document");
+  const Tensor hidden = bb.prefill(batch, *trunk, progress);  // [n, L, C]
+  for (int64_t k = 0; k < n; ++k) {
+    const Reading& r = *group[size_t(k)];
+    Document& doc = docs[r.doc];
+    doc.trunk = trunk;
+    doc.trunk_row = k;
+    doc.ctx_hidden =
+        hidden.select(0, k).slice(0, doc.ctx_start, doc.ctx_start + r.tokens).contiguous();
+    if (!all_finite(doc.ctx_hidden.data<float>(), doc.ctx_hidden.numel()))
+      doc.error = non_finite_error("reading the document");
+    if (n > 1 && r.fill->progress) {
+      r.fill->progress({.stage = "read",
+                        .document = r.index,
+                        .documents = r.count,
+                        .done = r.batch.tokens,
+                        .total = r.batch.tokens});
+    }
+    log::debug("document {}: {} bytes, {} tokens read in {:.0f} ms ({})", r.index, r.bytes,
+               r.batch.tokens, ms_since(t0),
+               n == 1 ? std::string("alone") : fmt::format("{} read together", n));
   }
-  log::debug("document {}: {} bytes, {} tokens read in {:.0f} ms", index, bytes, ids.size(),
-             ms_since(t0));
+}
+
+// Reads every prepared document. Short text documents are read together, as many at a time as
+// fill one prefill pass (rows x padded length <= the backbone's read chunk), shortest first so
+// that a group pads little; long ones and ones with media alone.
+void read_documents(const Backbone& bb, std::vector<Document>& docs,
+                    const std::vector<Reading>& readings) {
+  std::vector<const Reading*> order;
+  for (const Reading& r : readings) order.push_back(&r);
+  std::stable_sort(order.begin(), order.end(), [](const Reading* a, const Reading* b) {
+    return a->batch.tokens < b->batch.tokens;
+  });
+  const int64_t pass = bb.read_chunk();
+  for (size_t i = 0; i < order.size();) {
+    size_t j = i + 1;
+    if (order[i]->batch.soft.empty()) {
+      while (j < order.size() && order[j]->batch.soft.empty() &&
+             int64_t(j - i + 1) * order[j]->batch.tokens <= pass)
+        ++j;
+    }
+    const std::vector<const Reading*> group(order.begin() + ptrdiff_t(i),
+                                            order.begin() + ptrdiff_t(j));
+    try {
+      read_together(bb, docs, group);
+    } catch (const Error& e) {
+      for (const Reading* r : group) docs[r->doc].error = e.what();
+    }
+    i = j;
+  }
 }
 
 // The result of a filled document. Every value is checked against its schema before it is
@@ -277,6 +355,7 @@ std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& req
   }
   // The documents of every request that compiled, in request order, and where each belongs.
   std::vector<Document> docs;
+  std::vector<Reading> readings;
   std::vector<std::pair<size_t, size_t>> place;  // document -> (request, index in it)
   std::vector<std::optional<schema::SchemaValidator>> validators(requests.size());
   size_t total = 0;
@@ -293,14 +372,21 @@ std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& req
       place.emplace_back(r, i);
       doc.plan = &*plans[r];
       try {
-        prepare(*impl_->model, impl_->options, requests[r].options, documents[i], i,
-                documents.size(), doc);
+        std::optional<Reading> reading = prepare(*impl_->model, impl_->options, requests[r].options,
+                                                 documents[i], i, documents.size(), doc);
+        if (reading) {
+          reading->doc = docs.size() - 1;
+          readings.push_back(std::move(*reading));
+        }
       } catch (const Error& e) {
         doc.error = e.what();
       }
-      if (!doc.error.empty()) log::debug("document {} failed: {}", i, doc.error);
     }
   }
+  read_documents(impl_->model->backbone(), docs, readings);
+  for (size_t d = 0; d < docs.size(); ++d)
+    if (!docs[d].error.empty())
+      log::debug("document {} failed: {}", place[d].second, docs[d].error);
   Filler::Progress progress;
   if (std::any_of(requests.begin(), requests.end(),
                   [](const FillRequest& r) { return bool(r.options.progress); })) {

@@ -16,7 +16,7 @@ void Filler::generate(size_t d) {
   if (found == generate_fields_.end()) return;
   const auto& fields = found->second;
   const Backbone& bb = model_.backbone();
-  State known = doc.state.clone();
+  State known = doc.trunk->row(doc.trunk_row);
   std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
   bb.prefill(TokenBatch::single(known_ids), known);
   std::vector<std::vector<int32_t>> rows;

@@ -42,7 +42,7 @@ void Filler::finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& fi
     }
     finished[d] = true;
     if (finished_) finished_(d);
-    docs_[d].state = State{};
+    docs_[d].trunk.reset();
     docs_[d].ctx_hidden = Tensor{};
   }
 }
@@ -103,7 +103,8 @@ void Filler::run_forks(std::vector<Job>& jobs) {
     for (size_t i = begin; i < end; ++i) {
       const Job& job = jobs[order[i]];
       auto [it, added] = prefix_of.emplace(job.doc, int64_t(prefixes.size()));
-      if (added) prefixes.push_back({.state = &docs_[job.doc].state, .row = 0});
+      if (added)
+        prefixes.push_back({.state = docs_[job.doc].trunk.get(), .row = docs_[job.doc].trunk_row});
       prow.push_back(it->second);
       rows.push_back(job.ids);
     }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,11 @@ struct Document {
   const schema::Plan* plan = nullptr;  // its request's schema, compiled
   engine::ContextText context;         // code points + context token ranges
   int64_t ctx_start = 0;               // first context token in the trunk ids
-  State state;                         // trunk state after reading it
-  Tensor ctx_hidden;                   // f32 [T, C] final-norm hidden of the context tokens
+  // Trunk state after reading it: row trunk_row of a state that short documents read together
+  // share (kept until the last of them is done).
+  std::shared_ptr<State> trunk;
+  int64_t trunk_row = 0;
+  Tensor ctx_hidden;  // f32 [T, C] final-norm hidden of the context tokens
   Answers answers;
   std::string error;
 };

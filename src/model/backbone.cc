@@ -184,6 +184,25 @@ State State::clone() const {
   return s;
 }
 
+State State::row(int64_t b) const {
+  DEG_CHECK(b >= 0 && b < rows(), "state row {} of {}", b, rows());
+  State s;
+  s.lengths = {lengths[size_t(b)]};
+  s.capacity = capacity;
+  const size_t H = history.size() / lengths.size();
+  s.history.assign(history.begin() + ptrdiff_t(size_t(b) * H),
+                   history.begin() + ptrdiff_t(size_t(b + 1) * H));
+  auto one = [&](const Tensor& t) { return t.defined() ? clone_state(t.slice(0, b, b + 1)) : t; };
+  for (const LayerState& l : layers)
+    s.layers.push_back({.rec = one(l.rec), .tail = one(l.tail), .k = one(l.k), .v = one(l.v)});
+  return s;
+}
+
+int64_t Backbone::read_chunk() const {
+  if (options_.read_chunk > 0) return options_.read_chunk;
+  return ops_->device() == Device::cuda ? 8192 : 512;
+}
+
 Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
     : family_(std::move(family)), options_(options), ops_(nullptr) {
   DEG_CHECK(family_ != nullptr, "backbone without a family");
@@ -313,9 +332,7 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
             "prefill: state without token history (make states with empty_state)");
   // Room for every row's whole input now, so chunks append in place; sliding layers: room for
   // their kept tail plus one chunk.
-  const int64_t R = options_.read_chunk > 0          ? options_.read_chunk
-                    : ops_->device() == Device::cuda ? 8192
-                                                     : 512;
+  const int64_t R = read_chunk();
   int64_t needed = 0;
   for (int64_t b = 0; b < B; ++b)
     needed = std::max(needed, state.lengths[size_t(b)] + batch.lengths[size_t(b)]);

@@ -104,7 +104,8 @@ struct State {
   std::vector<int32_t> history;  // [B, spec.history] each row's last ids, oldest first
 
   int64_t rows() const { return int64_t(lengths.size()); }
-  State clone() const;  // a deep copy (prefill extends its state in place)
+  State clone() const;         // a deep copy (prefill extends its state in place)
+  State row(int64_t b) const;  // a deep copy of row b alone (a state of one row)
 };
 
 // One row of one trunk state, read by reference by fork rows.
@@ -228,6 +229,9 @@ class Backbone {
   }
 
   State empty_state(int64_t rows) const;
+  // Tokens of each row that prefill reads per pass through the stack (options().read_chunk, or
+  // the device's default): a batch of B rows of L tokens with B x L at most this is one pass.
+  int64_t read_chunk() const;
   // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
   // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time; `progress` (may be
   // empty) hears (tokens read, L) after each chunk.
