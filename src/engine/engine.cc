@@ -268,7 +268,19 @@ void read_documents(const Backbone& bb, std::vector<Document>& docs,
     try {
       read_together(bb, docs, group);
     } catch (const Error& e) {
-      for (const Reading* r : group) docs[r->doc].error = e.what();
+      // One document's failure must not take its group with it: each is read alone again.
+      for (const Reading* r : group) {
+        try {
+          if (group.size() > 1) {
+            docs[r->doc].error.clear();
+            read_together(bb, docs, {r});
+          } else {
+            docs[r->doc].error = e.what();
+          }
+        } catch (const Error& alone) {
+          docs[r->doc].error = alone.what();
+        }
+      }
     }
     i = j;
   }
