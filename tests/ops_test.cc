@@ -2299,8 +2299,8 @@ TEST(OpsCopyRows, PackingManyRowsInPlaceKeepsEveryRow) {
 
 // A projection row's bits do not depend on how many rows share the GEMM, across every class of
 // row counts the CUDA backend may give its own cuBLASLt algorithm (CudaOps::tune: up to 64, up to
-// 512, more): rows computed in calls of 1 .. 2100 rows == the same rows of one call of 2100, for
-// plain and accumulating outputs, bf16 and exact products.
+// 512, more): rows computed in calls of 1, 64, 65, 512, 513 and 1700 rows == the same rows of
+// one call of 2100, for plain and accumulating outputs, bf16 and exact products.
 TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
   const int64_t K = 512, N = 384, rows = 2100, ldx = K, ldy = N;
   const std::vector<float> xv = randn_seeded(size_t(rows * K), 51);

@@ -64,6 +64,8 @@ struct FillResult;
 
 // Where a fill is, for a progress line: `stage` "read" (the trunk reads document `document`,
 // `done` of `total` tokens) or "answer" (`done` of `total` queries of this round answered).
+// "read" events come per read chunk for a long document, and once per document for short ones
+// read together (shortest first, so not in document order).
 struct FillProgress {
   std::string stage;
   size_t document = 0;  // 0-based, "read" only

@@ -396,6 +396,7 @@ std::vector<FillResponse> Engine::fill_batch(const std::vector<FillRequest>& req
     }
   }
   read_documents(impl_->model->backbone(), docs, readings);
+  readings = {};  // the documents' ids and media are in their trunks now
   for (size_t d = 0; d < docs.size(); ++d)
     if (!docs[d].error.empty())
       log::debug("document {} failed: {}", place[d].second, docs[d].error);

@@ -361,20 +361,22 @@ class CudaOps final : public Ops {
 
   // Pin::every_n's algorithm for each class of n (kTunedUpTo: n <= 64, n <= 512, larger): of
   // the heuristic's candidates at n = 1024 and n = 64, those whose results on random operands
-  // are bitwise the pinned choice's (at n = 293, with and without accumulation), the fastest
-  // at the class's n (64, 512, 2048; timed as CUDA graphs on a private stream). Every
-  // candidate sums each output over k in the same order, or it is left out: the class an n
-  // falls in never changes a row's bits. Which one is fastest may differ from run to run; the
-  // results may not. `base` (the pinned rule's choice) stays where nothing else qualifies, for
-  // operands of other strides than B's plain column-major, and for products with more than 2^26
-  // weight elements (a vocabulary-sized LM head: seconds and gigabytes to time).
+  // are bitwise the pinned choice's (at n = 293, with and without accumulation; for the largest
+  // class also accepted by cuBLASLt at n = 65536), the fastest at the class's n (64, 512, 2048;
+  // timed as CUDA graphs on a private stream). Every candidate sums each output over k in the
+  // same order, or it is left out: the class an n falls in never changes a row's bits. Which one is
+  // fastest may differ from run to run; the results may not. `base` (the pinned rule's choice)
+  // stays where nothing else qualifies, for operands of other strides than B's plain column-major,
+  // and for products with more than 2^26 weight elements (a vocabulary-sized LM head: seconds and
+  // gigabytes to time).
   static constexpr int kSizeClasses = 3;
   static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {64, 512, INT64_MAX};
   struct Tuned {
     std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;
   };
-  Tuned tune(const MatmulDesc& desc, const LtGemm& g, int align,
-             const cublasLtMatmulAlgo_t& base) const;
+  // nullopt: the tuning could not run (memory, a failed copy); the caller keeps `base` for now.
+  std::optional<Tuned> tune(const MatmulDesc& desc, const LtGemm& g, int align,
+                            const cublasLtMatmulAlgo_t& base) const;
 
   struct Scratch {
     std::shared_ptr<void> data;

@@ -615,10 +615,14 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
         // Inside a stream capture (a CUDA graph being recorded) nothing may synchronize or
         // allocate: the pinned choice serves, and the shape is tuned at its next use outside.
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-        if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
-            capture != cudaStreamCaptureStatusNone)
+        if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess) {
+          cudaGetLastError();
           return *it->second;
-        t = tuned_.emplace(every, tune(desc, g, align, *it->second)).first;
+        }
+        if (capture != cudaStreamCaptureStatusNone) return *it->second;
+        std::optional<Tuned> made = tune(desc, g, align, *it->second);
+        if (!made) return *it->second;  // not remembered: its next use tries again
+        t = tuned_.emplace(every, *made).first;
       }
       size_t c = 0;
       while (g.n > kTunedUpTo[c]) ++c;
@@ -661,125 +665,163 @@ bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
 
 }  // namespace
 
-CudaOps::Tuned CudaOps::tune(const MatmulDesc& desc, const LtGemm& g, int align,
-                             const cublasLtMatmulAlgo_t& base) const {
+namespace {
+
+// What tune allocates on the device, released whatever way it returns (a capture still open is
+// closed first).
+struct TuneScratch {
+  cudaStream_t ts = nullptr;
+  void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  TuneScratch() = default;
+  TuneScratch(const TuneScratch&) = delete;
+  TuneScratch& operator=(const TuneScratch&) = delete;
+  ~TuneScratch() {
+    if (ts) {
+      cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(ts, &capture) == cudaSuccess &&
+          capture != cudaStreamCaptureStatusNone) {
+        cudaGraph_t g = nullptr;
+        cudaStreamEndCapture(ts, &g);
+        if (g) cudaGraphDestroy(g);
+      }
+      for (void* p : {a, b, c, d})
+        if (p) cudaFreeAsync(p, ts);
+      cudaStreamSynchronize(ts);
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (ts) cudaStreamDestroy(ts);
+    cudaGetLastError();  // nothing here is the caller's error
+  }
+};
+
+}  // namespace
+
+std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm& g, int align,
+                                            const cublasLtMatmulAlgo_t& base) const {
   Tuned tuned;
   tuned.by_class.fill(base);
   if (g.tb != CUBLAS_OP_N) return tuned;  // B's stride is tied to n: one algorithm for every n
   // Vocabulary-sized products (a [V, C] LM head) are left alone: timing them would take seconds
   // and gigabytes.
   if (g.m * g.k > (int64_t(1) << 26)) return tuned;
-  std::vector<cublasLtMatmulAlgo_t> cand{base};
-  for (int64_t probe : {int64_t(1024), int64_t(64)})
-    for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
-      if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
-        cand.push_back(a);
-  if (cand.size() == 1) return tuned;
+  try {
+    std::vector<cublasLtMatmulAlgo_t> cand{base};
+    for (int64_t probe : {int64_t(1024), int64_t(64)})
+      for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
+        if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
+          cand.push_back(a);
+    if (cand.size() == 1) return tuned;
 
-  constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
-  constexpr std::array<int64_t, kSizeClasses> kTimeN = {64, 512, 2048};
-  const int64_t nmax = kTimeN.back();
-  const size_t a_count = size_t(g.lda) * size_t(g.a_cols()), b_count = size_t(g.ldb) * size_t(nmax),
-               d_count = size_t(g.ldd) * size_t(nmax), c_count = size_t(g.ldd) * size_t(kVerifyN);
-  const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
-                             bh = random_operand(g.bt, b_count, 29),
-                             ch = random_operand(CUDA_R_32F, c_count, 41);
-  cudaStream_t ts = nullptr;
-  void *A = nullptr, *B = nullptr;
-  float *C = nullptr, *D = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  auto release = [&] {
-    if (ts) cudaStreamSynchronize(ts);
-    for (void* p : {A, B, static_cast<void*>(C), static_cast<void*>(D)}) cudaFree(p);
-    if (exec) cudaGraphExecDestroy(exec);
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    if (ts) cudaStreamDestroy(ts);
-    cudaGetLastError();
-  };
-  // Anything failing here leaves the pinned choice for every class.
-  if (cudaStreamSynchronize(stream_) != cudaSuccess ||
-      cudaStreamCreateWithFlags(&ts, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaMalloc(&A, ah.size()) != cudaSuccess || cudaMalloc(&B, bh.size()) != cudaSuccess ||
-      cudaMalloc(&C, ch.size()) != cudaSuccess ||
-      cudaMalloc(&D, d_count * sizeof(float)) != cudaSuccess ||
-      cudaMemcpy(A, ah.data(), ah.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
-      cudaMemcpy(B, bh.data(), bh.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
-      cudaMemcpy(C, ch.data(), ch.size(), cudaMemcpyHostToDevice) != cudaSuccess ||
-      cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-    release();
-    return tuned;
-  }
-  const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda);
-  auto run = [&](const cublasLtMatmulAlgo_t& algo, int64_t n, float beta) {
-    const Layout lb(g.bt, uint64_t(g.k), uint64_t(n), g.ldb),
-        ld(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
-    const float alpha = 1.0f;
-    return cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, ld.h, D, ld.h, &algo,
-                          nullptr, 0, ts) == CUBLAS_STATUS_SUCCESS;
-  };
-  // Bits: D from C, then D (+)= A B at kVerifyN columns, read back.
-  const size_t verify_bytes = size_t(g.ldd) * size_t(kVerifyN) * sizeof(float);
-  auto result = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
-    out.resize(verify_bytes);
-    return cudaMemcpyAsync(D, C, verify_bytes, cudaMemcpyDeviceToDevice, ts) == cudaSuccess &&
-           run(algo, kVerifyN, beta) &&
-           cudaMemcpyAsync(out.data(), D, verify_bytes, cudaMemcpyDeviceToHost, ts) ==
-               cudaSuccess &&
-           cudaStreamSynchronize(ts) == cudaSuccess;
-  };
-  // Time: the median of three launches of a graph of five calls at n columns; < 0: failed.
-  auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
-    cudaGraph_t graph = nullptr;
-    if (cudaStreamBeginCapture(ts, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1.0f;
-    bool ok = true;
-    for (int i = 0; i < 5 && ok; ++i) ok = run(algo, n, 0.0f);
-    ok = cudaStreamEndCapture(ts, &graph) == cudaSuccess && ok;
-    ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-    if (graph) cudaGraphDestroy(graph);
-    std::array<float, 3> ms{};
-    ok = ok && cudaGraphLaunch(exec, ts) == cudaSuccess;  // warm-up
-    for (float& t : ms) {
-      ok = ok && cudaEventRecord(e0, ts) == cudaSuccess &&
-           cudaGraphLaunch(exec, ts) == cudaSuccess && cudaEventRecord(e1, ts) == cudaSuccess &&
-           cudaEventSynchronize(e1) == cudaSuccess &&
-           cudaEventElapsedTime(&t, e0, e1) == cudaSuccess;
-    }
-    if (exec) cudaGraphExecDestroy(exec);
-    exec = nullptr;
-    cudaGetLastError();
-    std::sort(ms.begin(), ms.end());
-    return ok ? ms[1] : -1.0f;
-  };
+    constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
+    constexpr std::array<int64_t, kSizeClasses> kTimeN = {64, 512, 2048};
+    constexpr int64_t kLargeN = 65536;  // the largest class must at least accept this n
+    const int64_t nmax = kTimeN.back();
+    const size_t a_count = size_t(g.lda) * size_t(g.a_cols()),
+                 b_count = size_t(g.ldb) * size_t(nmax), d_count = size_t(g.ldd) * size_t(nmax),
+                 c_count = size_t(g.ldd) * size_t(kVerifyN);
+    const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
+                               bh = random_operand(g.bt, b_count, 29),
+                               ch = random_operand(CUDA_R_32F, c_count, 41);
+    TuneScratch m;
+    // Stream-ordered memory from the pool the backend's own allocations use. A failure here
+    // leaves the shape untuned for now (not remembered: its next use tries again).
+    if (cudaStreamSynchronize(stream_) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&m.ts, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMallocAsync(&m.a, ah.size(), m.ts) != cudaSuccess ||
+        cudaMallocAsync(&m.b, bh.size(), m.ts) != cudaSuccess ||
+        cudaMallocAsync(&m.c, ch.size(), m.ts) != cudaSuccess ||
+        cudaMallocAsync(&m.d, d_count * sizeof(float), m.ts) != cudaSuccess ||
+        cudaMemcpyAsync(m.a, ah.data(), ah.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
+        cudaMemcpyAsync(m.b, bh.data(), bh.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
+        cudaMemcpyAsync(m.c, ch.data(), ch.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
+        cudaEventCreate(&m.e0) != cudaSuccess || cudaEventCreate(&m.e1) != cudaSuccess ||
+        cudaStreamSynchronize(m.ts) != cudaSuccess)
+      return std::nullopt;
+    const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda);
+    auto run = [&](const cublasLtMatmulAlgo_t& algo, int64_t n, float beta) {
+      const Layout lb(g.bt, uint64_t(g.k), uint64_t(n), g.ldb),
+          ld(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
+      const float alpha = 1.0f;
+      return cublasLtMatmul(blas_, desc.h, &alpha, m.a, la.h, m.b, lb.h, &beta, m.d, ld.h, m.d,
+                            ld.h, &algo, nullptr, 0, m.ts) == CUBLAS_STATUS_SUCCESS;
+    };
+    const Layout lb_large(g.bt, uint64_t(g.k), uint64_t(kLargeN), g.ldb),
+        ld_large(CUDA_R_32F, uint64_t(g.m), uint64_t(kLargeN), g.ldd);
+    auto runs_large = [&](const cublasLtMatmulAlgo_t& algo) {
+      cublasLtMatmulHeuristicResult_t r{};
+      return cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb_large.h, ld_large.h, ld_large.h, &algo,
+                                     &r) == CUBLAS_STATUS_SUCCESS;
+    };
+    // Bits: D from C, then D (+)= A B at kVerifyN columns, read back.
+    const size_t verify_bytes = size_t(g.ldd) * size_t(kVerifyN) * sizeof(float);
+    auto result = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
+      out.resize(verify_bytes);
+      return cudaMemcpyAsync(m.d, m.c, verify_bytes, cudaMemcpyDeviceToDevice, m.ts) ==
+                 cudaSuccess &&
+             run(algo, kVerifyN, beta) &&
+             cudaMemcpyAsync(out.data(), m.d, verify_bytes, cudaMemcpyDeviceToHost, m.ts) ==
+                 cudaSuccess &&
+             cudaStreamSynchronize(m.ts) == cudaSuccess;
+    };
+    // Time: the median of three launches of a graph of five calls at n columns; < 0: failed.
+    auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
+      cudaGraph_t graph = nullptr;
+      if (cudaStreamBeginCapture(m.ts, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        return -1.0f;
+      bool ok = true;
+      for (int i = 0; i < 5 && ok; ++i) ok = run(algo, n, 0.0f);
+      ok = cudaStreamEndCapture(m.ts, &graph) == cudaSuccess && ok;
+      ok = ok && cudaGraphInstantiate(&m.exec, graph, 0) == cudaSuccess;
+      if (graph) cudaGraphDestroy(graph);
+      std::array<float, 3> ms{};
+      ok = ok && cudaGraphLaunch(m.exec, m.ts) == cudaSuccess;  // warm-up
+      for (float& t : ms) {
+        ok = ok && cudaEventRecord(m.e0, m.ts) == cudaSuccess &&
+             cudaGraphLaunch(m.exec, m.ts) == cudaSuccess &&
+             cudaEventRecord(m.e1, m.ts) == cudaSuccess &&
+             cudaEventSynchronize(m.e1) == cudaSuccess &&
+             cudaEventElapsedTime(&t, m.e0, m.e1) == cudaSuccess;
+      }
+      if (m.exec) cudaGraphExecDestroy(m.exec);
+      m.exec = nullptr;
+      cudaGetLastError();
+      std::sort(ms.begin(), ms.end());
+      return ok ? ms[1] : -1.0f;
+    };
 
-  std::vector<uint8_t> ref0, ref1, got;
-  if (!result(base, 0.0f, ref0) || !result(base, 1.0f, ref1)) {
-    release();
-    return tuned;
-  }
-  std::array<float, kSizeClasses> best{};
-  for (size_t c = 0; c < kSizeClasses; ++c) best[c] = time_at(base, kTimeN[c]);
-  int verified = 1;
-  for (size_t i = 1; i < cand.size(); ++i) {
-    if (!result(cand[i], 0.0f, got) || got != ref0 || !result(cand[i], 1.0f, got) || got != ref1)
-      continue;
-    ++verified;
-    for (size_t c = 0; c < kSizeClasses; ++c) {
-      const float t = time_at(cand[i], kTimeN[c]);
-      // A clear gain only: timing noise must not move the choice back and forth.
-      if (t > 0 && (best[c] <= 0 || t < 0.97f * best[c])) {
-        best[c] = t;
-        tuned.by_class[c] = cand[i];
+    std::vector<uint8_t> ref0, ref1, got;
+    if (!result(base, 0.0f, ref0) || !result(base, 1.0f, ref1)) return std::nullopt;
+    std::array<float, kSizeClasses> best{};
+    for (size_t c = 0; c < kSizeClasses; ++c) best[c] = time_at(base, kTimeN[c]);
+    int verified = 1;
+    for (size_t i = 1; i < cand.size(); ++i) {
+      if (!result(cand[i], 0.0f, got) || got != ref0 || !result(cand[i], 1.0f, got) || got != ref1)
+        continue;
+      ++verified;
+      const bool large = runs_large(cand[i]);
+      for (size_t c = 0; c < kSizeClasses; ++c) {
+        if (c + 1 == kSizeClasses && !large) continue;
+        const float t = time_at(cand[i], kTimeN[c]);
+        // A clear gain only: timing noise must not move the choice back and forth.
+        if (t > 0 && (best[c] <= 0 || t < 0.97f * best[c])) {
+          best[c] = t;
+          tuned.by_class[c] = cand[i];
+        }
       }
     }
+    log::debug(
+        "cuBLASLt [{}, {}] x [{}, n]: {} of {} candidates give the pinned bits; {:.1f} / "
+        "{:.1f} / {:.1f} us at n = 64 / 512 / 2048 (negative: the timing failed)",
+        g.m, g.k, g.k, verified, cand.size(), best[0] * 200, best[1] * 200, best[2] * 200);
+    return tuned;
+  } catch (...) {  // host memory, cuBLASLt descriptors: the pinned choice serves meanwhile
+    cudaGetLastError();
+    return std::nullopt;
   }
-  release();
-  log::debug(
-      "cuBLASLt [{}, {}] x [{}, n] ({} / {} candidates give the pinned bits): {:.1f} / "
-      "{:.1f} / {:.1f} us at n = 64 / 512 / 2048",
-      g.m, g.k, g.k, verified, cand.size(), best[0] * 200, best[1] * 200, best[2] * 200);
-  return tuned;
 }
 void CudaOps::no_algorithm(const LtGemm& g, int align, const char* which) {
   throw Error(ErrorKind::unsupported,
