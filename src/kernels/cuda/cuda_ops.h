@@ -1,6 +1,7 @@
-// The CUDA backend's class (kernels/ops.h), shared by its two files: ops.cc (memory, GEMMs through
-// cuBLASLt, the forward ops, the profile decorator) and ops_train.cc (the training ops: backward,
-// optimizer steps, the fused loss). Internal to src/kernels/cuda.
+// The CUDA backend's class (kernels/ops.h), shared by its three files: ops.cc (memory, GEMMs
+// through cuBLASLt, the forward ops, the profile decorator), gemm_algos.cc (which cuBLASLt
+// algorithm each GEMM runs) and ops_train.cc (the training ops: backward, optimizer steps, the
+// fused loss). Internal to src/kernels/cuda.
 #pragma once
 
 #include <cublasLt.h>
