@@ -195,7 +195,7 @@ std::optional<Reading> prepare(const DegModel& model, const EngineOptions& optio
   return r;
 }
 
-// Reads documents [first, last) of `readings` into one trunk state, a row each: one prefill.
+// Reads the documents of `group` into one trunk state, a row each: one prefill.
 // Every kernel is row-invariant, so a document's state and hidden states are bitwise those it
 // gets read alone.
 void read_together(const Backbone& bb, std::vector<Document>& docs,
