@@ -13,8 +13,10 @@
 // JSON of document 0 (bench/fill_hf.py generates that text token by token for the peer figure).
 // Not a test: nothing here asserts on time.
 //
-// usage: fill_bench [--device cuda|cpu] [--tokens N] [--docs N] [--repeats N] [--layers N]
+// usage: fill_bench [--device cuda|cpu] [--gemm auto|exact|bf16] [--tokens N] [--docs N] [--repeats
+// N] [--layers N]
 //                   [--work DIR] [--tokenizer FILE] [--schema FILE] [--json FILE] [--profile]
+//                   [--log-level warn|info|debug|trace]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -29,6 +31,7 @@
 
 #include "core/buffer.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "deg/checkpoint.h"
 #include "deg/engine.h"
 #include "io/json.h"
@@ -59,7 +62,7 @@ double median(std::vector<double> v) {
 }
 
 struct Options {
-  std::string device = "cuda";
+  std::string device = "cuda", gemm = "auto", log_level = "warn";
   int64_t tokens = 4096, docs = 32, repeats = 5, layers = 0;
   fs::path work, json;
   fs::path tokenizer = fs::path(DEG_SOURCE_DIR) / ".cache/tokenizers/qwen3/tokenizer.json";
@@ -79,6 +82,10 @@ Options parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (a == "--device") {
       o.device = v;
+    } else if (a == "--log-level") {
+      o.log_level = v;
+    } else if (a == "--gemm") {
+      o.gemm = v;
     } else if (a == "--tokens") {
       o.tokens = std::stoll(v);
     } else if (a == "--docs") {
@@ -239,6 +246,7 @@ std::string work_done(const FillResult& r) {
 }
 
 void run(const Options& o) {
+  log::setup(o.log_level);
   const std::vector<CudaDeviceInfo> gpus = cuda_devices();
   const std::string hw =
       o.device == "cuda" ? (gpus.empty() ? "no GPU visible" : gpus[0].name) : "CPU";
@@ -249,7 +257,7 @@ void run(const Options& o) {
              o.layers > 0 ? o.layers : 24, ms_since(t0) / 1e3);
 
   t0 = Clock::now();
-  const Engine engine = Engine::open({.model = ckpt, .device = o.device});
+  const Engine engine = Engine::open({.model = ckpt, .device = o.device, .gemm = o.gemm});
   fmt::print("open: {:.0f} ms\n", ms_since(t0));
   const text::Tokenizer tok = text::Tokenizer::load(o.tokenizer);
   std::vector<std::string> docs;
@@ -262,8 +270,8 @@ void run(const Options& o) {
   time_fill(engine, full, one, 1);  // warm-up (and the GEMM tuning of each shape)
   fmt::print("warm-up (first fill): {:.0f} ms\n", ms_since(t0));
 
-  fmt::print("\ndeg fill on {} ({}), a {}-token document, {} fields\n", hw, o.device, o.tokens,
-             full["properties"].size());
+  fmt::print("\ndeg fill on {} ({}, --gemm {}), a {}-token document, {} fields\n", hw, o.device,
+             o.gemm, o.tokens, full["properties"].size());
   const Figure f39 = time_fill(engine, plain, one, o.repeats);
   fmt::print("  one document, {} fields (no x-generate): {:8.1f} ms   [{}]\n",
              plain["properties"].size(), f39.ms, work_done(f39.results[0]));
@@ -294,6 +302,7 @@ void run(const Options& o) {
   if (!o.json.empty()) {
     Json j = {{"hardware", hw},
               {"device", o.device},
+              {"gemm", o.gemm},
               {"document_tokens", o.tokens},
               {"layers", o.layers > 0 ? o.layers : 24},
               {"one_document_39_fields_ms", f39.ms},

@@ -292,6 +292,43 @@ TEST_F(EngineTest, ReportIsTheSameAloneAndInABatch) {
   }
 }
 
+// EngineOptions::gemm: auto (exact on the CPU), exact and bf16 open; bf16 dot products (the
+// activations rounded to bf16) move the confidences of the tiny bf16 model a little, not its
+// outputs' shape; anything else is refused before the model is read.
+TEST_F(EngineTest, GemmPrecisionIsChosen) {
+  const OrderedJson schema = load_schema("examples/invoice.schema.json");
+  auto fill = [&](const std::string& gemm) {
+    return Engine::open({.model = *dir_ / "ckpt", .device = "cpu", .gemm = gemm})
+        .fill(schema, documents());
+  };
+  const auto automatic = fill("auto"), exact = fill("exact"), bf16 = fill("bf16");
+  ASSERT_EQ(bf16.size(), exact.size());
+  int moved = 0;
+  for (size_t d = 0; d < exact.size(); ++d) {
+    ASSERT_TRUE(bf16[d].ok()) << bf16[d].error;
+    EXPECT_EQ(automatic[d].value, exact[d].value);
+    ASSERT_EQ(automatic[d].fields.size(), exact[d].fields.size());
+    std::map<std::string, double> confidence;
+    for (size_t f = 0; f < exact[d].fields.size(); ++f) {
+      EXPECT_EQ(automatic[d].fields[f].confidence, exact[d].fields[f].confidence);
+      confidence[exact[d].fields[f].path] = exact[d].fields[f].confidence;
+    }
+    for (const FieldReport& f : bf16[d].fields) {  // an array may differ in its items
+      auto it = confidence.find(f.path);
+      moved += it != confidence.end() && it->second != f.confidence;
+    }
+    expect_valid(schema, bf16[d].value);
+  }
+  EXPECT_GT(moved, 0) << "bf16 dot products changed no confidence";
+  try {
+    Engine::open({.model = *dir_ / "ckpt", .gemm = "fast"});
+    FAIL() << "gemm \"fast\" was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("auto, exact or bf16"), std::string::npos) << e.what();
+  }
+}
+
 // Short documents are read together, as many as fill one prefill pass (shortest first), long
 // ones alone: every document's report (values, confidences, spans, generated text) is still
 // bitwise the one it gets filled alone.

@@ -202,7 +202,7 @@ TEST_P(GptBackends, FillAnswersAsTheCpu) {  // GetParam() is Device::cuda
   const std::vector<DocumentParts> docs = {{DocumentPart::of_text(long_doc)},
                                            {DocumentPart::of_text("Refund 3 USD now, urgent!")}};
   auto fill = [&](const std::string& device) {
-    Engine e = Engine::open({.model = dir / "deg", .device = device});
+    Engine e = Engine::open({.model = dir / "deg", .device = device, .gemm = "exact"});
     std::vector<nlohmann::ordered_json> out;
     for (const FillResult& r : e.fill(schema, docs)) {
       EXPECT_TRUE(r.ok()) << r.error;

@@ -30,6 +30,10 @@ struct EngineOptions {
   // cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, else cpu (a
   // model whose family does not run on CUDA yet then runs on the CPU).
   std::string device = "auto";
+  // The backbone's dot products: exact (f32; bf16 weights widened exactly), bf16 (activations
+  // rounded to bf16 once, f32 accumulation, as HF runs a bf16 model), or auto: bf16 on a GPU,
+  // exact on the CPU. Weights stored in f32 always run exact.
+  std::string gemm = "auto";
   InputLimits limits;  // documents over them fail alone, before they are tokenized
 };
 

@@ -12,6 +12,7 @@ namespace deg::cli {
 // --device on the commands that run a model: cpu, cuda, or auto (kernels/cuda_runtime.h's
 // pick_device says what auto picks).
 CLI::Option* add_device_option(CLI::App* cmd, std::string& device);
+CLI::Option* add_gemm_option(CLI::App* cmd, std::string& gemm);
 
 void add_inspect_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct EvalArgs {
-  std::string model, base, schema, data, device = "auto";
+  std::string model, base, schema, data, device = "auto", gemm = "auto";
   int64_t limit = 0;
   int64_t every = 1;
   int64_t batch = 16;
@@ -73,7 +73,8 @@ void run_eval(const EvalArgs& a) {
     throw Error(ErrorKind::invalid_argument, "this is a directory; --data takes a JSONL file",
                 {.path = a.data});
   }
-  Engine engine = Engine::open({.model = a.model, .base = a.base, .device = a.device});
+  Engine engine =
+      Engine::open({.model = a.model, .base = a.base, .device = a.device, .gemm = a.gemm});
   // Records are read and scored a batch at a time (memory holds one batch); a line that is not a
   // record is reported and skipped, the others still count.
   struct Record {
@@ -210,6 +211,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--plot", a->plot,
                   "Write the reliability diagram (accuracy against confidence, 10 bins) as SVG");
   add_device_option(cmd, a->device);
+  add_gemm_option(cmd, a->gemm);
   cmd->callback([a] { run_eval(*a); });
 }
 

@@ -32,7 +32,7 @@ struct FillArgs {
   int64_t fork_tokens = 16384;
   int64_t batch = 16;
   int64_t max_document_bytes = InputLimits{}.document_bytes;
-  std::string device = "auto";
+  std::string device = "auto", gemm = "auto";
 };
 
 namespace fs = std::filesystem;
@@ -183,6 +183,7 @@ void run_fill(const FillArgs& args) {
                                       .base = args.base,
                                       .fork_tokens = args.fork_tokens,
                                       .device = args.device,
+                                      .gemm = args.gemm,
                                       .limits = limits});
   Printer printer(args, engine, schema, args.jsonl || args.docs.size() > 1);
   if (args.jsonl) {
@@ -304,6 +305,7 @@ void add_fill_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t(1), int64_t(1) << 32));
   add_device_option(cmd, a->device);
+  add_gemm_option(cmd, a->gemm);
   parts->excludes(jsonl);  // --jsonl lines say {"parts": ...} themselves
   cmd->callback([a] { run_fill(*a); });
 }

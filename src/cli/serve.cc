@@ -24,7 +24,7 @@ void add_serve_command(CLI::App& app) {
       "Example:\n"
       "  deg serve --model ckpt --port 8080 --api-key-file keys.txt");
   struct Opts {
-    std::string model, base, device = "auto", api_key_file;
+    std::string model, base, device = "auto", gemm = "auto", api_key_file;
     ServerOptions server;
   };
   auto o = std::make_shared<Opts>();
@@ -32,6 +32,7 @@ void add_serve_command(CLI::App& app) {
                   "deg checkpoint directory (default: $DEG_MODEL, else the default model)");
   cmd->add_option("--base", o->base, "Base HF snapshot, when the checkpoint's deg.json base moved");
   add_device_option(cmd, o->device);
+  add_gemm_option(cmd, o->gemm);
   cmd->add_option("--host", o->server.host, "Address to listen on")->capture_default_str();
   cmd->add_option("--port", o->server.port, "Port to listen on (0: any free port)")
       ->capture_default_str()
@@ -57,7 +58,8 @@ void add_serve_command(CLI::App& app) {
     termination_signals_block();
     if (!o->api_key_file.empty()) o->server.api_keys = api_keys_load(o->api_key_file);
     if (o->model.empty()) o->model = default_model().string();  // Engine::open explains none
-    const Engine engine = Engine::open({.model = o->model, .base = o->base, .device = o->device});
+    const Engine engine =
+        Engine::open({.model = o->model, .base = o->base, .device = o->device, .gemm = o->gemm});
     // The model's id in /v1/models and chat answers: its directory's name.
     std::filesystem::path dir = std::filesystem::path(o->model).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();

@@ -98,19 +98,31 @@ Engine Engine::open(const EngineOptions& options_in) {
   if (l.document_bytes < 1 || l.line_bytes < 1 || l.parts < 1 || l.media_bytes < 1) {
     throw Error(ErrorKind::invalid_argument, "input limits must be at least 1");
   }
+  BackboneOptions backbone{.precision = GemmPrecision::exact,
+                           .cuda_precision = GemmPrecision::bf16};
+  if (options.gemm == "exact" || options.gemm == "bf16") {
+    backbone.precision = options.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact;
+    backbone.cuda_precision.reset();
+  } else if (options.gemm != "auto") {
+    throw Error(ErrorKind::invalid_argument,
+                "--gemm must be auto, exact or bf16, got \"" + options.gemm + "\"");
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_unique<Impl>();
   const DeviceChoice device = pick_device(options.device);
-  impl->model = DegModel::open(options.model, options.base,
-                               {.device = device.device, .cpu_fallback = device.automatic});
+  backbone.device = device.device;
+  backbone.cpu_fallback = device.automatic;
+  impl->model = DegModel::open(options.model, options.base, backbone);
   impl->options = options;
   const BackboneSpec& spec = impl->model->backbone().spec();
   log::debug(
-      "model {} opened in {:.0f} ms: {} backbone ({} layers, hidden {}, vocab {}) on {}",
+      "model {} opened in {:.0f} ms: {} backbone ({} layers, hidden {}, vocab {}) on {}, {} "
+      "dot products",
       options.model.string(),
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
       impl->model->name(), spec.layers.size(), spec.hidden, spec.vocab,
-      impl->model->backbone().options().device == Device::cuda ? "cuda" : "cpu");
+      impl->model->backbone().options().device == Device::cuda ? "cuda" : "cpu",
+      impl->model->backbone().options().precision == GemmPrecision::bf16 ? "bf16" : "exact");
   return Engine(std::move(impl));
 }
 

@@ -38,7 +38,9 @@ void Filler::generate(size_t d) {
     const float* src = hidden.data<float>() + (b * batch.tokens + batch.lengths[size_t(b)] - 1) * C;
     std::copy(src, src + C, last.mutable_data<float>() + b * C);
   }
-  for (int64_t step = 0;; ++step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t steps = 0;
+  for (int64_t step = 0;; ++step, ++steps) {
     Tensor logits = bb.lm_logits(last);  // [B, V]
     const int64_t V = logits.dim(1);
     std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
@@ -75,6 +77,8 @@ void Filler::generate(size_t d) {
     Tensor h = bb.fork_forward(one, fs, /*keep=*/true, /*decode=*/true);
     std::copy(h.data<float>(), h.data<float>() + B * C, last.mutable_data<float>());
   }
+  log::debug("document {}: {} x-generate rows decoded in {} steps, {:.1f} ms ({:.2f} ms a step)", d,
+             B, steps, ms_since(t0), ms_since(t0) / double(std::max<int64_t>(steps, 1)));
   for (size_t b = 0; b < fields.size(); ++b) {
     std::string text = model_.tokenizer().decode(out[b], /*skip_special_tokens=*/true);
     const Field& f = *fields[b].field;

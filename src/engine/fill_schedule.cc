@@ -19,10 +19,13 @@ void Filler::run() {
     const auto t0 = std::chrono::steady_clock::now();
     const size_t queries = jobs.size();
     run_forks(jobs);
+    const double fork_ms = ms_since(t0);
     std::vector<Job> next;
     answer(jobs, next);
-    log::debug("round {}: {} queries answered in {:.0f} ms; {} item queries next", round, queries,
-               ms_since(t0), next.size());
+    log::debug(
+        "round {}: {} queries answered in {:.0f} ms (forks {:.0f}, heads {:.0f}); {} item "
+        "queries next",
+        round, queries, ms_since(t0), fork_ms, ms_since(t0) - fork_ms, next.size());
     jobs = std::move(next);
     finish_idle(jobs, finished);
   }

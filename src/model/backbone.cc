@@ -208,6 +208,8 @@ Backbone::Backbone(std::unique_ptr<Family> family, BackboneOptions options)
   DEG_CHECK(family_ != nullptr, "backbone without a family");
   ops_ = &family_->ops();
   options_.device = ops_->device();
+  if (options_.device == Device::cuda && options_.cuda_precision)
+    options_.precision = *options_.cuda_precision;
   // Soft positions' ids are replaced for the embedding only; a history would keep the originals.
   DEG_CHECK(spec().soft_id < 0 || spec().history == 0,
             "a family reading soft tokens keeps no token history");
