@@ -13,6 +13,7 @@
 #include "kernels/ops.h"
 #include "model/load.h"
 #include "test_util.h"
+#include "tiny_model.h"
 
 namespace deg {
 namespace {
@@ -240,6 +241,40 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
              (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
     });
+
+// The LM head runs in blocks of vocabulary rows (Qwen3.5-0.8B's [248320, 1024] head has no
+// pinned bf16 cuBLASLt algorithm as a whole): over a vocabulary of 70,001 (two full blocks and
+// a partial one) each logit is its row's dot product with its head row, and a row's logits are
+// bitwise the same alone and among others.
+TEST_P(Qwen35Property, LmHeadOverALargeVocabulary) {
+  testing::TempDir t;
+  testing::write_tiny_qwen35(t / "m", 5, R"({"vocab_size": 70001})", "");
+  const auto bb =
+      backbone_open(t / "m", {.precision = precision(), .device = std::get<1>(GetParam())});
+  const int64_t C = bb->spec().hidden, M = 5;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> h(size_t(M * C));
+  for (float& x : h) x = normal(rng);
+  const Tensor logits = bb->lm_logits(Tensor::from_vector(h, {M, C}));
+  ASSERT_EQ(logits.dim(1), 70001);
+  const std::vector<float> head = bb->family().lm_head().to_f32_vector(),
+                           got = logits.to_f32_vector();
+  double worst = 0, largest = 0;
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t v = 0; v < 70001; ++v) {
+      double want = 0;
+      for (int64_t c = 0; c < C; ++c)
+        want += double(h[size_t(r * C + c)]) * head[size_t(v * C + c)];
+      worst = std::max(worst, std::abs(want - got[size_t(r * 70001 + v)]));
+      largest = std::max(largest, std::abs(want));
+    }
+  EXPECT_LT(worst / largest, exact() ? 1e-5 : 2e-2);  // bf16: the hidden rounded to bf16
+  const std::vector<float> alone(h.begin() + 2 * C, h.begin() + 3 * C);
+  const std::vector<float> row = bb->lm_logits(Tensor::from_vector(alone, {1, C})).to_f32_vector();
+  EXPECT_TRUE(
+      bitwise_equal(row, std::vector<float>(got.begin() + 2 * 70001, got.begin() + 3 * 70001)));
+}
 
 TEST(Qwen35Errors, BadBatchesAreUserErrors) {
   auto bb = open_fixture("fl_tied");

@@ -12,6 +12,8 @@ namespace deg {
 
 namespace {
 
+constexpr int64_t kLmHeadRows = 32768;  // vocabulary rows of the LM head per product
+
 const float* row_ptr(const Tensor& t, int64_t row) {
   if (!t.defined() || t.numel() == 0) return nullptr;
   return t.data<float>() + row * (t.numel() / t.dim(0));
@@ -568,9 +570,16 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
     x = xd;
     y = exec.arena.floats(M * V);
   }
-  GemmOutput out{.w = &head, .y = y, .ldy = V};
-  exec.ops.gemm(
-      {.x = x, .m = M, .k = C, .ldx = C, .outputs = {&out, 1}, .precision = options_.precision});
+  // The vocabulary in blocks of kLmHeadRows rows of the head: cuBLASLt pins no bf16 algorithm
+  // for every M on Qwen3.5's whole [248320, 1024] head (on an H200), and one for each of the
+  // (at most two) block shapes. A logit is the same one dot product either way.
+  for (int64_t v0 = 0; v0 < V; v0 += kLmHeadRows) {
+    const int64_t v1 = std::min(V, v0 + kLmHeadRows);
+    const Tensor block = v0 == 0 && v1 == V ? head : head.slice(0, v0, v1);
+    GemmOutput out{.w = &block, .y = y + v0, .ldy = V};
+    exec.ops.gemm(
+        {.x = x, .m = M, .k = C, .ldx = C, .outputs = {&out, 1}, .precision = options_.precision});
+  }
   if (const float cap = spec().logit_softcap; cap > 0) {
     exec.ops.softcap({.y = y, .n = M * V, .cap = cap});
   }
