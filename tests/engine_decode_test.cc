@@ -2,9 +2,15 @@
 // and format aware, null outcome, masked null), anchored items with min/max items.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
 
 #include "engine/decode.h"
+#include "schema/spans.h"
 
 namespace deg::engine {
 namespace {
@@ -72,6 +78,71 @@ TEST(Decode, BestValidSpanAndNull) {
                                {.max_tokens = 8, .candidates = 1});
   ASSERT_TRUE(far.value);
   EXPECT_EQ(*far.value, 312.97);
+}
+
+// A masked field's search past its first candidates takes the spans in score order (ties: the
+// earlier start, then the earlier end) until one reads as a value: against every span of the
+// window sorted, over logits with many ties and a value only a few spans hold — an integer in a
+// range (spans streamed in order) and a date (a bounded length: every span looked at).
+TEST(Decode, DeepSearchTakesSpansInScoreOrder) {
+  std::string text;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 90; ++i) {
+    const uint32_t r = rng() % 14;
+    text += (r == 0   ? std::to_string(500 + rng() % 20)
+             : r == 1 ? "2026-0" + std::to_string(1 + rng() % 9) + "-1" + std::to_string(rng() % 10)
+                      : "w" + std::to_string(rng() % 50)) +
+            " ";
+  }
+  const ContextText ctx = context_of(text);
+  const int64_t T = ctx.offsets.size();
+  schema::ValueSpec integer;  // an integer in [505, 507]: a handful of spans read as one
+  integer.types = {schema::ValueType::integer};
+  integer.minimum = 505;
+  integer.maximum = 507;
+  schema::ValueSpec date{.types = {schema::ValueType::string}, .format = "date"};
+  for (int trial = 0; trial < 40; ++trial) {
+    const schema::ValueSpec& spec = trial % 2 ? date : integer;
+    std::vector<float> start(size_t(T + 1)), end(size_t(T + 1));
+    for (int64_t t = 0; t <= T; ++t) {  // few distinct values: ties everywhere
+      start[size_t(t)] = rng() % 9 == 0 ? -INFINITY : float(rng() % 4);
+      end[size_t(t)] = float(rng() % 4) * 0.5f;
+    }
+    const int64_t max_tokens = 6;
+    struct Span {
+      float score;
+      int64_t s, e;
+    };
+    std::vector<Span> all;
+    for (int64_t s = 0; s < T; ++s)
+      for (int64_t e = s; e < std::min(T, s + max_tokens); ++e)
+        if (std::isfinite(start[size_t(s)]))
+          all.push_back({start[size_t(s)] + end[size_t(e)], s, e});
+    std::sort(all.begin(), all.end(), [](const Span& a, const Span& b) {
+      return a.score != b.score ? a.score > b.score : (a.s != b.s ? a.s < b.s : a.e < b.e);
+    });
+    std::optional<std::pair<int64_t, int64_t>> want;
+    std::pair<int64_t, int64_t> want_tokens;
+    for (const Span& c : all) {
+      const auto& off = ctx.offsets.offsets();
+      auto [ts, te] = schema::trim_span(ctx.text, off[size_t(c.s)].start, off[size_t(c.e)].end);
+      if (te <= ts) continue;
+      if (!schema::value_read(spec, utf8_of(ctx.text.substr(size_t(ts), size_t(te - ts)))))
+        continue;
+      want = {ts, te};
+      want_tokens = {c.s, c.e};
+      break;
+    }
+    const SpanAnswer got = decode_span(start.data(), end.data(), ctx, spec, true, 1.0,
+                                       {.max_tokens = max_tokens, .candidates = 3});
+    ASSERT_EQ(got.value.has_value(), want.has_value()) << "trial " << trial;
+    if (!want) continue;
+    EXPECT_EQ(got.char_start, want->first) << "trial " << trial;
+    EXPECT_EQ(got.char_end, want->second) << "trial " << trial;
+    const auto ps = softmax(start.data(), T + 1, 1.0), pe = softmax(end.data(), T + 1, 1.0);
+    EXPECT_EQ(got.confidence, ps[size_t(want_tokens.first)] * pe[size_t(want_tokens.second)])
+        << "trial " << trial;
+  }
 }
 
 TEST(Decode, AnchorsRespectRegionAndItemBounds) {

@@ -3,6 +3,8 @@
 // formats.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "core/error.h"
 #include "schema/value.h"
 
@@ -63,6 +65,60 @@ TEST(SchemaValue, StringLengthInCodePoints) {
   EXPECT_TRUE(value_read(s, "日本語"));  // 9 bytes, 3 code points
   EXPECT_FALSE(value_read(s, "abcd"));
   EXPECT_FALSE(value_read(s, "\xff\xfe"));  // not UTF-8
+}
+
+// value_length_bounds: every text value_read accepts has a length (code points) within them —
+// the shortest and longest valid texts of each bounded format, random texts over the formats'
+// alphabets, and min/maxLength on top; numbers are unbounded.
+TEST(SchemaValue, LengthBoundsHoldEveryReadableText) {
+  auto within = [](LengthBounds b, const std::string& t) {
+    const int64_t n = int64_t(utf8_to_code_points(t)->size());
+    return n >= b.lo && (b.hi < 0 || n <= b.hi);
+  };
+  const std::vector<std::pair<std::string, std::vector<std::string>>> edges = {
+      {"date", {"2024-02-29", "0000-01-01"}},
+      {"time", {"00:00:00Z", "23:59:60.123456+23:59"}},
+      {"date-time", {"2026-12-03T00:00:00z", "2026-12-03T10:20:30.5-05:00"}},
+      {"ipv4", {"0.0.0.0", "255.255.255.255"}},
+      {"ipv6", {"::", "ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255"}},
+      {"uuid", {"123e4567-e89b-12d3-a456-426614174000"}},
+      {"hostname",
+       {"a", std::string(63, 'a') + "." + std::string(63, 'b') + "." + std::string(63, 'c') + "." +
+                 std::string(61, 'd')}},
+      {"email", {"a@b", "first.last@example.com"}},
+      {"idn-email", {"é@b", "日本@例え.jp"}}};
+  std::mt19937 rng(5);
+  const std::string alphabet = "0123456789abcdefTZ:-.+@[]";
+  for (const auto& [format, valid] : edges) {
+    ValueSpec s = spec_of({ValueType::string});
+    s.format = format;
+    const LengthBounds b = value_length_bounds(s);
+    EXPECT_EQ(b.lo, format_length_bounds(format).lo) << format;
+    for (const std::string& t : valid) {
+      ASSERT_TRUE(value_read(s, t)) << format << ": " << t;
+      EXPECT_TRUE(within(b, t)) << format << ": " << t;
+    }
+    for (int i = 0; i < 20000; ++i) {
+      std::string t;
+      for (size_t n = rng() % 48; n > 0; --n) t += alphabet[rng() % alphabet.size()];
+      if (value_read(s, t)) {
+        EXPECT_TRUE(within(b, t)) << format << ": " << t;
+      }
+    }
+  }
+  ValueSpec date = spec_of({ValueType::string});
+  date.format = "date";
+  date.max_length = 8;  // nothing can be read
+  EXPECT_EQ(value_length_bounds(date).hi, 8);
+  EXPECT_LT(value_length_bounds(date).hi, value_length_bounds(date).lo);
+  ValueSpec text = spec_of({ValueType::string});
+  text.min_length = 2;
+  EXPECT_EQ(value_length_bounds(text).lo, 2);
+  EXPECT_EQ(value_length_bounds(text).hi, -1);
+  ValueSpec either = spec_of({ValueType::string, ValueType::number});
+  either.format = "date";
+  EXPECT_EQ(value_length_bounds(either).lo, 0);  // "1e300" is a number
+  EXPECT_EQ(value_length_bounds(either).hi, -1);
 }
 
 TEST(SchemaValue, Patterns) {

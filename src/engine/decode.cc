@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <vector>
 
 #include "core/error.h"
 
@@ -79,9 +81,14 @@ struct Candidate {
   int64_t s, e;
 };
 
-}  // namespace
-
-namespace {
+// The order spans are tried in: higher score first, then earlier start, then earlier end (a
+// total order, so the order never depends on how the spans were gathered).
+bool better(const Candidate& a, const Candidate& b) {
+  return a.score != b.score ? a.score > b.score : (a.s != b.s ? a.s < b.s : a.e < b.e);
+}
+bool worse(const Candidate& a, const Candidate& b) {
+  return better(b, a);
+}
 
 // The `limit` best spans (at most max_tokens long), best first.
 std::vector<Candidate> best_spans(const float* start, const float* end, int64_t T,
@@ -89,9 +96,6 @@ std::vector<Candidate> best_spans(const float* start, const float* end, int64_t 
   // Spans score start + end logit (the log of p(start) p(end) up to a constant). The best
   // `candidates` spans are kept in a bounded heap (memory independent of the context length),
   // then tried best first until one reads as a value.
-  auto better = [](const Candidate& a, const Candidate& b) {
-    return a.score != b.score ? a.score > b.score : (a.s != b.s ? a.s < b.s : a.e < b.e);
-  };
   std::vector<Candidate> heap;  // a min-heap under `better`: the worst kept span on top
   for (int64_t s = 0; s < T; ++s) {
     if (!std::isfinite(start[s])) continue;
@@ -112,6 +116,60 @@ std::vector<Candidate> best_spans(const float* start, const float* end, int64_t 
   return heap;
 }
 
+// Every span of the window in `better` order, one at a time: a merge over the start tokens, each
+// start offering its best span not yet taken (a start's ends are sorted when its second-best is
+// first asked for). A span costs a heap step, so a search that ends at the k-th span costs about
+// k log T after one pass over the window, however many spans the document has.
+class SpanStream {
+ public:
+  SpanStream(const float* start, const float* end, int64_t T, int64_t max_tokens)
+      : start_(start),
+        end_(end),
+        T_(T),
+        max_tokens_(max_tokens),
+        ends_(size_t(T)),
+        taken_(size_t(T), 0) {
+    for (int64_t s = 0; s < T; ++s) {
+      if (!std::isfinite(start[s])) continue;
+      std::optional<Candidate> best;
+      for (int64_t e = s; e < window_end(s); ++e) {
+        if (!std::isfinite(end[e])) continue;
+        const Candidate c{start[s] + end[e], s, e};
+        if (!best || better(c, *best)) best = c;
+      }
+      if (best) heap_.push_back(*best);
+    }
+    std::make_heap(heap_.begin(), heap_.end(), worse);
+  }
+
+  std::optional<Candidate> next() {
+    if (heap_.empty()) return std::nullopt;
+    std::pop_heap(heap_.begin(), heap_.end(), worse);
+    const Candidate c = heap_.back();
+    heap_.pop_back();
+    std::vector<Candidate>& ends = ends_[size_t(c.s)];
+    if (ends.empty()) {
+      for (int64_t e = c.s; e < window_end(c.s); ++e)
+        if (std::isfinite(end_[e])) ends.push_back({start_[c.s] + end_[e], c.s, e});
+      std::sort(ends.begin(), ends.end(), better);  // ends[0] is c
+    }
+    if (size_t k = ++taken_[size_t(c.s)]; k < ends.size()) {
+      heap_.push_back(ends[k]);
+      std::push_heap(heap_.begin(), heap_.end(), worse);
+    }
+    return c;
+  }
+
+ private:
+  int64_t window_end(int64_t s) const { return std::min(T_, s + max_tokens_); }
+
+  const float *start_, *end_;
+  int64_t T_, max_tokens_;
+  std::vector<Candidate> heap_;               // each start's best span not yet taken
+  std::vector<std::vector<Candidate>> ends_;  // a start's spans, best first (once needed)
+  std::vector<size_t> taken_;                 // how many of a start's spans were taken
+};
+
 }  // namespace
 
 SpanAnswer decode_span(const float* start, const float* end, const ContextText& context,
@@ -123,34 +181,57 @@ SpanAnswer decode_span(const float* start, const float* end, const ContextText& 
   const float null_score = start[T] + end[T];
   SpanAnswer null_answer{std::nullopt, ps[size_t(T)] * pe[size_t(T)], 0, 0};
   const auto& off = context.offsets.offsets();
+  // The span's value, when its trimmed text reads as one (a text of a length no value can have
+  // is not even built).
+  const schema::LengthBounds length = schema::value_length_bounds(spec);
+  auto read = [&](const Candidate& c) -> std::optional<SpanAnswer> {
+    int64_t cs = off[size_t(c.s)].start, ce = off[size_t(c.e)].end;
+    if (ce <= cs) return std::nullopt;
+    auto [ts, te] = schema::trim_span(context.text, cs, ce);
+    if (te <= ts || te - ts < length.lo || (length.hi >= 0 && te - ts > length.hi))
+      return std::nullopt;
+    std::string text =
+        utf8_of(std::u32string_view(context.text).substr(size_t(ts), size_t(te - ts)));
+    std::optional<Json> v = schema::value_read(spec, text);
+    if (!v) return std::nullopt;
+    return SpanAnswer{std::move(v), ps[size_t(c.s)] * pe[size_t(c.e)], ts, te};
+  };
+  const size_t limit = size_t(std::max<int64_t>(1, search.candidates));
+  const std::vector<Candidate> cands = best_spans(start, end, T, search.max_tokens, limit);
+  for (const Candidate& c : cands) {
+    if (!null_masked && c.score < null_score) return null_answer;
+    if (std::optional<SpanAnswer> a = read(c)) return *a;
+  }
+  if (!null_masked) return null_answer;
   // A field that must have a value looks further when the best spans do not read as one: every
-  // span of the window, best first, so a valid value anywhere in the document is found. The
-  // spans are taken in growing lots (8 times more each time) rather than all sorted at once: the
-  // same order, but a value among the first few thousand spans of a 4096-token document costs
-  // a bounded heap, not a sort of its 262,144 spans.
-  size_t tried = 0;
-  size_t limit = size_t(std::max<int64_t>(1, search.candidates));
-  for (int pass = 0;; ++pass, limit = limit > SIZE_MAX / 8 ? SIZE_MAX : limit * 8) {
-    if (pass == 1 && !null_masked) break;
-    std::vector<Candidate> cands = best_spans(start, end, T, search.max_tokens, limit);
-    for (size_t i = tried; i < cands.size(); ++i) {
-      const Candidate& c = cands[i];
-      if (!null_masked && c.score < null_score) return null_answer;
-      int64_t cs = off[size_t(c.s)].start, ce = off[size_t(c.e)].end;
-      if (ce <= cs) continue;
-      auto [ts, te] = schema::trim_span(context.text, cs, ce);
-      if (te <= ts) continue;
-      std::string text =
-          utf8_of(std::u32string_view(context.text).substr(size_t(ts), size_t(te - ts)));
-      std::optional<Json> v = schema::value_read(spec, text);
-      if (!v) continue;
-      return {std::move(v), ps[size_t(c.s)] * pe[size_t(c.e)], ts, te};
+  // span of the window, best first (past the ones tried), so a valid value anywhere in the
+  // document is found.
+  // The first valid span in that order is the best valid one: where the value's length is
+  // bounded (a date: 10 code points) few spans can be one, so all are looked at in any order
+  // and the best valid kept; otherwise spans stream in order until one reads.
+  if (cands.size() == limit && length.hi >= 0) {
+    std::optional<Candidate> best;
+    std::optional<SpanAnswer> answer;
+    for (int64_t s = 0; s < T; ++s) {
+      if (!std::isfinite(start[s])) continue;
+      for (int64_t e = s; e < std::min(T, s + search.max_tokens); ++e) {
+        const Candidate c{start[s] + end[e], s, e};
+        if (!std::isfinite(end[e]) || (best && !better(c, *best))) continue;
+        if (std::optional<SpanAnswer> a = read(c)) {
+          best = c;
+          answer = std::move(a);
+        }
+      }
     }
-    if (cands.size() < limit) break;  // every span was tried
-    tried = cands.size();
+    if (answer) return *answer;
+  } else if (cands.size() == limit) {
+    SpanStream stream(start, end, T, search.max_tokens);
+    for (size_t k = 0; k < cands.size(); ++k) stream.next();
+    while (std::optional<Candidate> c = stream.next())
+      if (std::optional<SpanAnswer> a = read(*c)) return *a;
   }
   // Masked: no span of the document reads as a value; the field is missing (confidence 0).
-  return null_masked ? SpanAnswer{} : null_answer;
+  return SpanAnswer{};
 }
 
 std::vector<AnchorItem> decode_anchors(const float* logits, int64_t T, int64_t lo, int64_t hi,

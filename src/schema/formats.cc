@@ -259,6 +259,18 @@ bool is_regex(std::string_view t) {
 
 }  // namespace
 
+LengthBounds format_length_bounds(std::string_view f) {
+  if (f == "date") return {10, 10};       // YYYY-MM-DD
+  if (f == "time") return {9, -1};        // hh:mm:ssZ, then fractions and offsets
+  if (f == "date-time") return {20, -1};  // YYYY-MM-DDThh:mm:ssZ, ...
+  if (f == "ipv4") return {7, 15};        // 0.0.0.0 .. 255.255.255.255
+  if (f == "ipv6") return {2, 45};        // :: .. is_ipv6's limit
+  if (f == "uuid") return {36, 36};
+  if (f == "hostname") return {1, 253};
+  if (f == "email" || f == "idn-email") return {3, -1};  // a@b
+  return {};
+}
+
 bool format_known(std::string_view f) {
   static constexpr std::array<std::string_view, 16> kKnown = {
       "date", "date-time", "time",         "email", "idn-email",     "hostname",

@@ -5,6 +5,7 @@
 
 #include <oniguruma.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -191,6 +192,15 @@ bool Pattern::search(std::string_view utf8) const {
   const int rc = onig_search_with_param(regex, p, end, p, end, nullptr, ONIG_OPTION_NONE, param);
   onig_free_match_param(param);
   return rc >= 0;  // ONIG_MISMATCH and the retry-limit errors both mean "no"
+}
+
+LengthBounds value_length_bounds(const ValueSpec& spec) {
+  for (ValueType type : spec.types)
+    if (type != ValueType::string) return {};  // a number's text has no fixed length
+  LengthBounds b = spec.format.empty() ? LengthBounds{} : format_length_bounds(spec.format);
+  if (spec.min_length) b.lo = std::max(b.lo, *spec.min_length);
+  if (spec.max_length) b.hi = b.hi < 0 ? *spec.max_length : std::min(b.hi, *spec.max_length);
+  return b;
 }
 
 std::optional<Json> value_read(const ValueSpec& spec, std::string_view text) {

@@ -58,6 +58,16 @@ struct ValueSpec {
 // optional `+` sign and `,` thousands groups ("1,250.5"); an integer must have no fraction.
 std::optional<Json> value_read(const ValueSpec& spec, std::string_view text);
 
+// The lengths in code points of every text value_read accepts under `spec`: [lo, hi] (hi < 0:
+// unbounded). A caller with many candidate texts (a required field searching a whole document
+// for a date) checks a candidate's length before building its text.
+struct LengthBounds {
+  int64_t lo = 0, hi = -1;
+};
+LengthBounds value_length_bounds(const ValueSpec& spec);
+// The same bounds of the texts format_check accepts (every format with bounds is ASCII).
+LengthBounds format_length_bounds(std::string_view format);
+
 // True when `text` satisfies the JSON Schema `format` (date, date-time, time, email, idn-email,
 // hostname, ipv4, ipv6, uri, uri-reference, iri, iri-reference, uuid, duration, json-pointer,
 // regex). Formats not in this list are annotations: always true.
