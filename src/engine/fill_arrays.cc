@@ -14,8 +14,9 @@ void Filler::answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& i
   std::vector<float> a = stack_answers(jobs, idx);
   std::vector<Region> regions;
   for (size_t i : idx) regions.push_back({.lo = jobs[i].region_lo, .hi = jobs[i].region_hi});
-  std::vector<float> lg = anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions,
-                                        doc.ctx_hidden.data<float>(), T);
+  anchor_keys(model_.heads(), doc.ctx_hidden.data<float>(), T, doc.keys);
+  std::vector<float> lg =
+      anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions, doc.keys);
   if (overflowed(lg)) return fail(d, non_finite_error("anchor logits"));
   for (size_t j = 0; j < idx.size(); ++j) {
     const Job& job = jobs[idx[j]];

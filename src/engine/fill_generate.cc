@@ -64,7 +64,7 @@ void Filler::generate(size_t d) {
         allowed[size_t(best)] = false;
         if (const Pick other = pick_best(l, V, 1.0, allowed); other.index >= 0) best = other.index;
       }
-      logprob[size_t(b)] += std::log(engine::softmax(l, V, 1.0)[size_t(best)]);
+      logprob[size_t(b)] += std::log(engine::softmax_at(l, V, 1.0, best));
       if (best == model_.eos_id() ||
           int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
         done[size_t(b)] = true;

@@ -99,8 +99,8 @@ void Filler::answer_extracts(std::vector<Job>& jobs, const std::vector<size_t>& 
   std::vector<float> a = stack_answers(jobs, idx);
   std::vector<SpanQuery> sq;
   for (size_t i : idx) sq.push_back({.anchor = jobs[i].anchor, .region_end = jobs[i].region_hi});
-  SpanLogits lg =
-      span_logits(heads, a.data(), int64_t(idx.size()), sq, doc.ctx_hidden.data<float>(), T);
+  span_keys(heads, doc.ctx_hidden.data<float>(), T, doc.keys);
+  SpanLogits lg = span_logits(heads, a.data(), int64_t(idx.size()), sq, doc.keys);
   if (overflowed(lg.start) || overflowed(lg.end)) return fail(d, non_finite_error("span logits"));
   for (size_t j = 0; j < idx.size(); ++j) {
     const Job& job = jobs[idx[j]];

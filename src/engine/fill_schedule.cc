@@ -47,6 +47,7 @@ void Filler::finish_idle(const std::vector<Job>& upcoming, std::vector<bool>& fi
     if (finished_) finished_(d);
     docs_[d].trunk.reset();
     docs_[d].ctx_hidden = Tensor{};
+    docs_[d].keys = ContextKeys{};
   }
 }
 

@@ -37,6 +37,7 @@ struct Document {
   std::shared_ptr<State> trunk;
   int64_t trunk_row = 0;
   Tensor ctx_hidden;  // f32 [T, C] final-norm hidden of the context tokens
+  ContextKeys keys;   // the heads' projections of ctx_hidden, made once for every round
   Answers answers;
   std::string error;
 };

@@ -233,24 +233,50 @@ int rel_bucket(int64_t d) {
 
 namespace {
 
-// Runs `fn(r0, r1, keys)` over context blocks of at most kHeadRows tokens, with keys [r1-r0, d]
-// = key_proj(context[r0:r1]) as a tensor (the block's only copy).
-template <class F>
-void for_each_block(const Linear& key_proj, const float* context, int64_t T, int64_t C, F&& fn) {
+// key_proj(context) [T, kHeadDim], made in blocks of at most kHeadRows tokens.
+Tensor project_keys(const Linear& key_proj, const float* context, int64_t T, int64_t C) {
+  Tensor keys = Tensor::empty({T, kHeadDim}, DType::f32);
   for (int64_t r0 = 0; r0 < T; r0 += kHeadRows) {
-    int64_t r1 = std::min(T, r0 + kHeadRows);
-    Tensor keys = Tensor::empty({r1 - r0, kHeadDim}, DType::f32);
-    key_proj.apply(context + r0 * C, r1 - r0, keys.mutable_data<float>());
-    fn(r0, r1, keys);
+    const int64_t r1 = std::min(T, r0 + kHeadRows);
+    key_proj.apply(context + r0 * C, r1 - r0, keys.mutable_data<float>() + r0 * kHeadDim);
   }
+  return keys;
 }
 
 }  // namespace
 
+void span_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys) {
+  if (keys.span) return;
+  keys.T = T;
+  keys.span = true;
+  keys.span_start = project_keys(heads.span.k_start, context, T, heads.hidden);
+  keys.span_end = project_keys(heads.span.k_end, context, T, heads.hidden);
+}
+
+void anchor_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys) {
+  if (keys.anchors) return;
+  keys.T = T;
+  keys.anchors = true;
+  keys.anchor = project_keys(heads.anchor.key, context, T, heads.hidden);
+  keys.prior.assign(size_t(T), 0.0f);
+  for (int64_t r0 = 0; r0 < T; r0 += kHeadRows) {
+    const int64_t r1 = std::min(T, r0 + kHeadRows);
+    heads.anchor.prior.apply(context + r0 * heads.hidden, r1 - r0, keys.prior.data() + r0);
+  }
+}
+
 SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
                        const std::vector<SpanQuery>& queries, const float* context, int64_t T) {
+  ContextKeys keys;
+  span_keys(heads, context, T, keys);
+  return span_logits(heads, answers, n, queries, keys);
+}
+
+SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
+                       const std::vector<SpanQuery>& queries, const ContextKeys& keys) {
   DEG_CHECK(int64_t(queries.size()) == n, "{} span queries for {} answers", queries.size(), n);
-  const int64_t C = heads.hidden, W = T + 1;
+  DEG_CHECK(keys.span, "span_logits without the span keys");
+  const int64_t T = keys.T, W = T + 1;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   const SpanHeadWeights& sp = heads.span;
   SpanLogits out{std::vector<float>(size_t(n * W)), std::vector<float>(size_t(n * W))};
@@ -260,15 +286,8 @@ SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
   sp.q_end.apply(answers, n, qe.data());
   sp.null_start.apply(answers, n, ns.data());
   sp.null_end.apply(answers, n, ne.data());
-  for (auto [q, key, logits] :
-       {std::tuple{&qs, &sp.k_start, &out.start}, std::tuple{&qe, &sp.k_end, &out.end}}) {
-    // Copies, not the structured bindings: clang 14 cannot capture those.
-    float* const q_rows = q->data();
-    float* const logit_rows = logits->data();
-    for_each_block(*key, context, T, C, [&](int64_t r0, int64_t, const Tensor& keys) {
-      dots(q_rows, n, keys, logit_rows + r0, W);
-    });
-  }
+  dots(qs.data(), n, keys.span_start, out.start.data(), W);
+  dots(qe.data(), n, keys.span_end, out.end.data(), W);
   const float* bias = heads.span_bias.data<float>();
   const int64_t nb = int64_t(kRelEdges.size()) + 1;
   for (int64_t i = 0; i < n; ++i) {
@@ -295,17 +314,21 @@ SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
 std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64_t n,
                                  const std::vector<Region>& regions, const float* context,
                                  int64_t T) {
+  ContextKeys keys;
+  anchor_keys(heads, context, T, keys);
+  return anchor_logits(heads, answers, n, regions, keys);
+}
+
+std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64_t n,
+                                 const std::vector<Region>& regions, const ContextKeys& keys) {
   DEG_CHECK(int64_t(regions.size()) == n, "{} regions for {} answers", regions.size(), n);
-  const int64_t C = heads.hidden;
+  DEG_CHECK(keys.anchors, "anchor_logits without the anchor keys");
+  const int64_t T = keys.T;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
-  const PointerHeadWeights& an = heads.anchor;
-  std::vector<float> out(static_cast<size_t>(n * T)), q(static_cast<size_t>(n * kHeadDim)),
-      prior(static_cast<size_t>(T));
-  an.query.apply(answers, n, q.data());
-  for_each_block(an.key, context, T, C, [&](int64_t r0, int64_t r1, const Tensor& keys) {
-    dots(q.data(), n, keys, out.data() + r0, T);
-    an.prior.apply(context + r0 * C, r1 - r0, prior.data() + r0);
-  });
+  std::vector<float> out(static_cast<size_t>(n * T)), q(static_cast<size_t>(n * kHeadDim));
+  heads.anchor.query.apply(answers, n, q.data());
+  dots(q.data(), n, keys.anchor, out.data(), T);
+  const std::vector<float>& prior = keys.prior;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t lo = std::max<int64_t>(0, regions[size_t(i)].lo);

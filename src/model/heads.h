@@ -101,12 +101,28 @@ struct SpanQuery {
   int64_t region_end = -1;
 };
 
+// A context's projections the span and anchor heads read (the span heads' start and end keys,
+// the anchor head's keys and prior), made once per document for every query of every round.
+// Each part is made when first asked for; the logits are the same bits as from the context.
+struct ContextKeys {
+  int64_t T = 0;
+  bool span = false, anchors = false;  // which parts are made
+  Tensor span_start, span_end;         // [T, kHeadDim]
+  Tensor anchor;                       // [T, kHeadDim]
+  std::vector<float> prior;            // [T]
+};
+// The span heads' part of `keys` for a context [T, C], unless made already; the anchor head's.
+void span_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys);
+void anchor_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys);
+
 // Span logits for n queries over a context [T, C]: start and end [n, T + 1] (index T = null).
 struct SpanLogits {
   std::vector<float> start, end;
 };
 SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
                        const std::vector<SpanQuery>& queries, const float* context, int64_t T);
+SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
+                       const std::vector<SpanQuery>& queries, const ContextKeys& keys);
 
 // Anchor logits [n, T] for n array queries, -inf outside each query's region [lo, hi)
 // (hi = -1: end of context).
@@ -117,6 +133,8 @@ struct Region {
 std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64_t n,
                                  const std::vector<Region>& regions, const float* context,
                                  int64_t T);
+std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64_t n,
+                                 const std::vector<Region>& regions, const ContextKeys& keys);
 
 // Bucket of a token offset t - anchor: the number of kRelEdges <= d (0..14).
 int rel_bucket(int64_t d);
