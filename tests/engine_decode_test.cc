@@ -144,7 +144,7 @@ TEST(Decode, DeepSearchTakesSpansInScoreOrder) {
       break;
     }
     const SpanAnswer got = decode_span(start.data(), end.data(), ctx, spec, true, 1.0,
-                                       {.max_tokens = max_tokens, .candidates = 3});
+                                       {.max_tokens = max_tokens, .candidates = 1 + trial % 3 * 8});
     ASSERT_EQ(got.value.has_value(), want.has_value()) << "trial " << trial;
     if (!want) continue;
     EXPECT_EQ(got.char_start, want->first) << "trial " << trial;

@@ -103,6 +103,23 @@ bool worse(const Candidate& a, const Candidate& b) {
   return better(b, a);
 }
 
+// The largest finite end[e] over each start's window [s, s + max_tokens) (-inf where none is
+// finite), by a monotonic queue: O(T).
+std::vector<float> window_maxima(const float* end, int64_t T, int64_t max_tokens) {
+  std::vector<float> out(size_t(T), -std::numeric_limits<float>::infinity());
+  std::vector<int64_t> queue;  // indices of finite ends, their values decreasing
+  size_t head = 0;
+  for (int64_t s = T - 1; s >= 0; --s) {  // the window of s is [s, s + max_tokens)
+    if (std::isfinite(end[s])) {
+      while (queue.size() > head && end[queue.back()] <= end[s]) queue.pop_back();
+      queue.push_back(s);
+    }
+    while (queue.size() > head && queue[head] >= s + max_tokens) ++head;
+    if (queue.size() > head) out[size_t(s)] = end[queue[head]];
+  }
+  return out;
+}
+
 // The `limit` best spans (at most max_tokens long), best first.
 std::vector<Candidate> best_spans(const float* start, const float* end, int64_t T,
                                   int64_t max_tokens, size_t limit) {
@@ -110,8 +127,13 @@ std::vector<Candidate> best_spans(const float* start, const float* end, int64_t 
   // `candidates` spans are kept in a bounded heap (memory independent of the context length),
   // then tried best first until one reads as a value.
   std::vector<Candidate> heap;  // a min-heap under `better`: the worst kept span on top
+  // Once the heap is full, a start whose best possible span (its logit plus the largest end
+  // logit of its window) does not score above the worst kept span adds nothing: starts come in
+  // increasing order, so at an equal score the kept span, with its earlier start, is better.
+  std::vector<float> window_max = window_maxima(end, T, max_tokens);
   for (int64_t s = 0; s < T; ++s) {
     if (!std::isfinite(start[s])) continue;
+    if (heap.size() == limit && !(start[s] + window_max[size_t(s)] > heap.front().score)) continue;
     for (int64_t e = s; e < std::min(T, s + max_tokens); ++e) {
       if (!std::isfinite(end[e])) continue;
       Candidate c{start[s] + end[e], s, e};
