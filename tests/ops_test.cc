@@ -2340,6 +2340,97 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
   }
 }
 
+// logit_picks (greedy decoding's reading of LM logits): on every backend and the reference, each
+// row's best and second indices (ties: the first index), their logits, max and bad equal a plain
+// scan, and sum = Σ exp(l - max) within 1e-12 (the CPU's in index order: exactly); a row's
+// figures are the same bits alone as among 7 rows. Rows with ties, -inf, NaN, +inf and no finite
+// logit; n = 70001 (several strides of a block) and n = 3.
+TEST(OpsLogitPicks, EveryRowIsAScanAndAloneAsInABatch) {
+  for (int64_t n : {int64_t(70001), int64_t(3)}) {
+    const int64_t rows = 7, ld = n + 5;
+    const std::vector<float> values = randn_seeded(size_t(rows * ld), 61, 3.0f);
+    Floats logits(values.begin(), values.end());
+    auto at = [&](int64_t r, int64_t i) -> float& { return logits[size_t(r * ld + i)]; };
+    for (int64_t i = 0; i < n; ++i) at(1, i) = std::round(at(1, i));  // ties everywhere
+    at(2, n / 2) = -INFINITY;
+    at(3, n - 1) = NAN;
+    at(4, 0) = INFINITY;
+    for (int64_t i = 0; i < n; ++i) at(5, i) = -INFINITY;
+    at(6, n - 1) = at(6, 0) = 1e3f;  // the same largest twice
+    std::vector<Backend> all_backends = backends_under_test();
+    all_backends.push_back({"reference", &reference_ops()});
+    for (const Backend& b : all_backends) {
+      {
+        const Ops& o = *b.ops;
+        const std::string& name = b.name;
+        auto run = [&](int64_t first, int64_t m) {
+          const size_t k = static_cast<size_t>(m);
+          testing::ManagedVector<int32_t> best(k), second(k), bad(k);
+          Floats bl(k), sl(k);
+          testing::ManagedVector<double> mx(k), sum(k);
+          o.logit_picks({.logits = logits.data() + first * ld,
+                         .ld = ld,
+                         .rows = m,
+                         .n = n,
+                         .best = best.data(),
+                         .second = second.data(),
+                         .best_logit = bl.data(),
+                         .second_logit = sl.data(),
+                         .max = mx.data(),
+                         .sum = sum.data(),
+                         .bad = bad.data()});
+          o.synchronize();
+          std::vector<std::vector<double>> out;
+          for (int64_t r = 0; r < m; ++r)
+            out.push_back({double(best[size_t(r)]), double(second[size_t(r)]),
+                           double(bl[size_t(r)]), double(sl[size_t(r)]), mx[size_t(r)],
+                           sum[size_t(r)], double(bad[size_t(r)])});
+          return out;
+        };
+        const auto all = run(0, rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          SCOPED_TRACE(name + " n " + std::to_string(n) + " row " + std::to_string(r));
+          int64_t b1 = -1, b2 = -1;
+          bool bad = false;
+          for (int64_t i = 0; i < n; ++i) {
+            const float v = at(r, i);
+            if (!std::isfinite(v)) {
+              bad = bad || !(v < 0);
+              continue;
+            }
+            if (b1 < 0 || v > at(r, b1)) {
+              b2 = b1;
+              b1 = i;
+            } else if (b2 < 0 || v > at(r, b2)) {
+              b2 = i;
+            }
+          }
+          const std::vector<double>& got = all[size_t(r)];
+          EXPECT_EQ(got[0], double(b1));
+          EXPECT_EQ(got[1], double(b2));
+          if (b1 >= 0) {
+            EXPECT_EQ(got[2], double(at(r, b1)));
+            EXPECT_EQ(got[4], double(at(r, b1)));
+            double sum = 0;
+            for (int64_t i = 0; i < n; ++i)
+              if (std::isfinite(at(r, i))) sum += std::exp(double(at(r, i)) - double(at(r, b1)));
+            EXPECT_NEAR(got[5], sum, 1e-12 * sum);
+            if (name != "cuda") {
+              EXPECT_EQ(got[5], sum);  // the CPU sums in index order
+            }
+          }
+          if (b2 >= 0) {
+            EXPECT_EQ(got[3], double(at(r, b2)));
+          }
+          EXPECT_EQ(got[6], bad ? 1.0 : 0.0);
+          const auto alone = run(r, 1);
+          EXPECT_EQ(alone[0], got) << "alone != in the batch";
+        }
+      }
+    }
+  }
+}
+
 // transpose is a copy: every backend's equals the loop, bit for bit, over shapes that are and
 // are not multiples of the 32 x 32 tiles, with row strides wider than the rows.
 TEST(OpsTranspose, EveryBackendEqualsTheLoop) {

@@ -4,6 +4,7 @@
 // decoding with keep == the full forward.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -274,6 +275,20 @@ TEST_P(Qwen35Property, LmHeadOverALargeVocabulary) {
   const std::vector<float> row = bb->lm_logits(Tensor::from_vector(alone, {1, C})).to_f32_vector();
   EXPECT_TRUE(
       bitwise_equal(row, std::vector<float>(got.begin() + 2 * 70001, got.begin() + 3 * 70001)));
+  // lm_picks reads the same logits where they are: each row's first largest and next logits.
+  const std::vector<Backbone::LogitPick> picks = bb->lm_picks(Tensor::from_vector(h, {M, C}));
+  ASSERT_EQ(int64_t(picks.size()), M);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* l = got.data() + r * 70001;
+    const int64_t best = std::max_element(l, l + 70001) - l;
+    EXPECT_EQ(picks[size_t(r)].best, best) << r;
+    EXPECT_EQ(picks[size_t(r)].best_logit, l[best]) << r;
+    EXPECT_FALSE(picks[size_t(r)].bad) << r;
+    double sum = 0;
+    for (int64_t v = 0; v < 70001; ++v) sum += std::exp(double(l[v]) - double(l[best]));
+    EXPECT_NEAR(picks[size_t(r)].sum, sum, 1e-9 * sum) << r;
+    EXPECT_NEAR(picks[size_t(r)].log_prob(l[best]), -std::log(sum), 1e-9) << r;
+  }
 }
 
 TEST(Qwen35Errors, BadBatchesAreUserErrors) {

@@ -27,19 +27,6 @@ std::vector<double> softmax(const float* logits, int64_t n, double temperature) 
   return p;
 }
 
-double softmax_at(const float* logits, int64_t n, double temperature, int64_t index) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isfinite(logits[i])) mx = std::max(mx, double(logits[i]) / temperature);
-  }
-  if (!std::isfinite(mx) || !std::isfinite(logits[index])) return 0.0;
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isfinite(logits[i])) sum += std::exp(double(logits[i]) / temperature - mx);
-  }
-  return std::exp(double(logits[index]) / temperature - mx) / sum;
-}
-
 Pick pick_best(const float* logits, int64_t n, double temperature,
                const std::vector<bool>& allowed) {
   std::vector<float> masked(logits, logits + n);

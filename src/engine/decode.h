@@ -22,9 +22,6 @@ std::string utf8_prefix(std::string_view text, int64_t n);
 
 // softmax(logits / temperature) over entries whose logit is finite (others get 0).
 std::vector<double> softmax(const float* logits, int64_t n, double temperature);
-// softmax(...)[index] with the same bits, without the vector (a step of x-generate over a
-// vocabulary of 248,320).
-double softmax_at(const float* logits, int64_t n, double temperature, int64_t index);
 
 struct Pick {
   int64_t index = -1;  // -1: nothing (e.g. every option masked)

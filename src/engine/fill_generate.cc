@@ -40,19 +40,21 @@ void Filler::generate(size_t d) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   int64_t steps = 0;
-  double head_ms = 0, step_ms = 0;  // LM head (with the copy back), decode steps; the rest: picks
+  double head_ms = 0, step_ms = 0;  // LM head and its picks, decode steps; the rest: the host's
   for (int64_t step = 0;; ++step, ++steps) {
     auto t1 = std::chrono::steady_clock::now();
-    Tensor logits = bb.lm_logits(last);  // [B, V]
+    // The greedy picks where the logits are (only they come back from a GPU).
+    const std::vector<Backbone::LogitPick> picks = bb.lm_picks(last);
     head_ms += ms_since(t1);
-    const int64_t V = logits.dim(1);
     std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
     bool any = false;
-    if (!all_finite(logits.data<float>(), B * V)) return fail(d, non_finite_error("LM logits"));
+    for (const Backbone::LogitPick& p : picks)
+      if (p.bad || p.best < 0) return fail(d, non_finite_error("LM logits"));
     for (int64_t b = 0; b < B; ++b) {
       if (done[size_t(b)]) continue;
-      const float* l = logits.data<float>() + b * V;
-      int64_t best = std::max_element(l, l + V) - l;
+      const Backbone::LogitPick& p = picks[size_t(b)];
+      int64_t best = p.best;
+      float logit = p.best_logit;
       // A minLength: the end of the text is passed over (the next most likely token taken)
       // until the text is that long, so the value validates.
       const std::optional<int64_t>& min_length = fields[size_t(b)].field->value.min_length;
@@ -60,11 +62,12 @@ void Filler::generate(size_t d) {
           int64_t(schema::utf8_to_code_points(model_.tokenizer().decode(out[size_t(b)], true))
                       .value_or(std::u32string())
                       .size()) < *min_length) {
-        std::vector<bool> allowed(size_t(V), true);
-        allowed[size_t(best)] = false;
-        if (const Pick other = pick_best(l, V, 1.0, allowed); other.index >= 0) best = other.index;
+        if (p.second >= 0) {
+          best = p.second;
+          logit = p.second_logit;
+        }
       }
-      logprob[size_t(b)] += std::log(engine::softmax_at(l, V, 1.0, best));
+      logprob[size_t(b)] += p.log_prob(logit);
       if (best == model_.eos_id() ||
           int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
         done[size_t(b)] = true;
@@ -84,7 +87,7 @@ void Filler::generate(size_t d) {
   }
   log::debug(
       "document {}: {} x-generate rows decoded in {} steps, {:.1f} ms ({:.2f} ms a step: LM head "
-      "{:.2f}, backbone {:.2f}, picks {:.2f})",
+      "and picks {:.2f}, backbone {:.2f}, host {:.2f})",
       d, B, steps, ms_since(t0), ms_since(t0) / double(std::max<int64_t>(steps, 1)),
       head_ms / double(std::max<int64_t>(steps, 1)), step_ms / double(std::max<int64_t>(steps, 1)),
       (ms_since(t0) - head_ms - step_ms) / double(std::max<int64_t>(steps, 1)));

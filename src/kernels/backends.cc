@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <new>
 #include <string>
@@ -91,6 +92,34 @@ void Ops::no_training_op(const char* op) const {
 
 const Ops& ops_for(Device device) {
   return device == Device::cuda ? cuda_ops() : cpu_ops();
+}
+
+void logit_picks_row(const LogitPicksArgs& a, int64_t r) {
+  const float* l = a.logits + r * a.ld;
+  int64_t best = -1, second = -1;
+  bool bad = false;
+  for (int64_t i = 0; i < a.n; ++i) {
+    if (!std::isfinite(l[i])) {
+      bad = bad || !(l[i] < 0);  // NaN or +inf
+      continue;
+    }
+    if (best < 0 || l[i] > l[best]) {
+      second = best;
+      best = i;
+    } else if (second < 0 || l[i] > l[second]) {
+      second = i;
+    }
+  }
+  double mx = best < 0 ? 0.0 : double(l[best]), sum = 0;
+  for (int64_t i = 0; i < a.n && best >= 0; ++i)
+    if (std::isfinite(l[i])) sum += std::exp(double(l[i]) - mx);
+  a.best[r] = int32_t(best);
+  a.second[r] = int32_t(second);
+  a.best_logit[r] = best < 0 ? 0.0f : l[best];
+  a.second_logit[r] = second < 0 ? 0.0f : l[second];
+  a.max[r] = mx;
+  a.sum[r] = sum;
+  a.bad[r] = bad ? 1 : 0;
 }
 
 int64_t softcap_cross_entropy_chunk(int64_t V) {

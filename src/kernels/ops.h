@@ -289,6 +289,25 @@ struct SoftcapArgs {
   float cap = 0;
 };
 
+// Greedy decoding's reading of LM logits [rows, n] (f32, row stride ld), row by row: best =
+// the first index of the largest finite logit (-1 when none is finite), second = the first
+// index of the largest finite logit other than best (-1: none), their logits, and the softmax
+// normaliser: max = the largest finite logit, sum = Σ exp(l - max) over the finite logits, in
+// double; bad = 1 when a logit is NaN or +inf (0 otherwise). Outputs [rows] each, in the
+// backend's memory. The CPU backends sum in index order; another may sum in any order fixed by
+// n alone (never by the other rows).
+struct LogitPicksArgs {
+  const float* logits = nullptr;
+  int64_t ld = 0, rows = 0, n = 0;
+  int32_t* best = nullptr;
+  int32_t* second = nullptr;
+  float* best_logit = nullptr;
+  float* second_logit = nullptr;
+  double* max = nullptr;
+  double* sum = nullptr;
+  int32_t* bad = nullptr;
+};
+
 // out[r, j] = act(x[r, j]) for `rows` rows of n (strides in elements; y may alias x). a, b, c:
 // the scaled_sigmoid parameters.
 struct ActivationArgs {
@@ -683,6 +702,8 @@ struct SoftcapCrossEntropyArgs {
 // Rows per chunk of softcap_cross_entropy for a vocabulary of V: the [R, V] f32 logits within
 // 64 MiB (a multiple of 64 rows where V allows, at least 1).
 int64_t softcap_cross_entropy_chunk(int64_t V);
+// Row r of logit_picks, in index order (the CPU backends').
+void logit_picks_row(const LogitPicksArgs& a, int64_t r);
 
 // The backend: one implementation per device. Every op runs over its whole argument and returns
 // when the results are visible to the next op on the same backend.
@@ -722,6 +743,7 @@ class Ops {
   virtual void scale(const ScaleArgs& a) const = 0;
   virtual void gather(const GatherArgs& a) const = 0;
   virtual void softcap(const SoftcapArgs& a) const = 0;
+  virtual void logit_picks(const LogitPicksArgs& a) const = 0;
   // y[r, 0:n] = x[r, 0:n] for `rows` rows (strided copies; rows may overlap only when y <= x
   // row by row, as when packing rows to the front of their own buffer).
   virtual void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,

@@ -68,6 +68,9 @@ class OpsDecorator : public Ops {
   void softcap(const SoftcapArgs& a) const override {
     run("softcap", [&] { inner_.softcap(a); });
   }
+  void logit_picks(const LogitPicksArgs& a) const override {
+    run("logit_picks", [&] { inner_.logit_picks(a); });
+  }
   void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t n) const override {
     run("copy_rows", [&] { inner_.copy_rows(x, ldx, y, ldy, rows, n); });

@@ -325,6 +325,10 @@ class ReferenceOps final : public Ops {
     }
   }
 
+  void logit_picks(const LogitPicksArgs& a) const override {
+    for (int64_t r = 0; r < a.rows; ++r) logit_picks_row(a, r);
+  }
+
   void softcap(const SoftcapArgs& a) const override {
     for (int64_t i = 0; i < a.n; ++i) a.y[i] = float(a.cap * std::tanh(double(a.y[i]) / a.cap));
   }

@@ -552,19 +552,67 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
 }
 
 Tensor Backbone::lm_logits(const Tensor& hidden) const {
+  const int64_t M = hidden.numel() / spec().hidden, V = family_->lm_head().dim(0);
+  Tensor logits = Tensor::empty({M, V}, DType::f32);
+  const Exec exec = call_exec();
+  exec.arena.reset();
+  const float* y = logits_on_backend(exec, hidden, logits.mutable_data<float>());
+  if (ops_->device() != Device::cpu)
+    ops_->to_host(logits.mutable_data<float>(), y, logits.nbytes());
+  return logits;
+}
+
+std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden) const {
+  const int64_t M = hidden.numel() / spec().hidden, V = family_->lm_head().dim(0);
+  const Exec exec = call_exec();
+  exec.arena.reset();
+  const bool host = ops_->device() == Device::cpu;
+  std::vector<float> host_logits(host ? size_t(M * V) : 0);
+  const float* y = logits_on_backend(exec, hidden, host_logits.data());
+  // The figures in the backend's memory, [M] each in 9 M floats: best, second, their logits,
+  // max and sum (doubles: two floats each), bad; then all of them back at once.
+  std::vector<float> out(static_cast<size_t>(9 * M));
+  float* o = host ? out.data() : exec.arena.floats(9 * M);
+  exec.ops.logit_picks({.logits = y,
+                        .ld = V,
+                        .rows = M,
+                        .n = V,
+                        .best = reinterpret_cast<int32_t*>(o),
+                        .second = reinterpret_cast<int32_t*>(o + M),
+                        .best_logit = o + 2 * M,
+                        .second_logit = o + 3 * M,
+                        .max = reinterpret_cast<double*>(o + 4 * M),
+                        .sum = reinterpret_cast<double*>(o + 6 * M),
+                        .bad = reinterpret_cast<int32_t*>(o + 8 * M)});
+  if (!host) ops_->to_host(out.data(), o, out.size() * sizeof(float));
+  std::vector<LogitPick> picks(static_cast<size_t>(M));
+  for (int64_t r = 0; r < M; ++r) {
+    LogitPick& p = picks[size_t(r)];
+    int32_t bad = 0;
+    std::memcpy(&p.best, out.data() + r, 4);
+    std::memcpy(&p.second, out.data() + M + r, 4);
+    p.best_logit = out[size_t(2 * M + r)];
+    p.second_logit = out[size_t(3 * M + r)];
+    std::memcpy(&p.max, out.data() + 4 * M + 2 * r, 8);
+    std::memcpy(&p.sum, out.data() + 6 * M + 2 * r, 8);
+    std::memcpy(&bad, out.data() + 8 * M + r, 4);
+    p.bad = bad != 0;
+  }
+  return picks;
+}
+
+const float* Backbone::logits_on_backend(const Exec& exec, const Tensor& hidden,
+                                         float* host_out) const {
   const int64_t C = spec().hidden;
   DEG_CHECK(hidden.dtype() == DType::f32 && hidden.dim(-1) == C && hidden.is_contiguous(),
             "lm_logits: hidden {} is not f32 [.., {}]", hidden.describe(), C);
   const int64_t M = hidden.numel() / C;
   const Tensor& head = family_->lm_head();
   const int64_t V = head.dim(0);
-  Tensor logits = Tensor::empty({M, V}, DType::f32);
-  const Exec exec = call_exec();
-  exec.arena.reset();
   const bool host = ops_->device() == Device::cpu;
   const float* x = hidden.data<float>();
-  float* y = logits.mutable_data<float>();
-  if (!host) {  // the hidden states to the device, the logits back
+  float* y = host_out;
+  if (!host) {  // the hidden states to the device; the logits stay there
     float* xd = exec.arena.floats(M * C);
     ops_->to_device(xd, x, hidden.nbytes());
     x = xd;
@@ -584,8 +632,7 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
     exec.ops.softcap({.y = y, .n = M * V, .cap = cap});
   }
   family_->finish_logits(exec, y, M * V);
-  if (!host) ops_->to_host(logits.mutable_data<float>(), y, logits.nbytes());
-  return logits;
+  return y;
 }
 
 SoftTokens soft_at_placeholders(const BackboneSpec& spec, const std::vector<int32_t>& ids,

@@ -32,6 +32,7 @@
 // CPU, or a GPU); token ids, row tables and results are host memory.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -253,13 +254,26 @@ class Backbone {
 
   // hidden [M, C] (any leading shape) -> logits f32 [M, V]
   Tensor lm_logits(const Tensor& hidden) const;
+  // Greedy decoding's reading of lm_logits(hidden), row by row (Ops::logit_picks), where the
+  // logits are: only these figures come back from a GPU, not [M, V].
+  struct LogitPick {
+    int32_t best = -1, second = -1;  // first indices of the largest and next finite logits
+    float best_logit = 0, second_logit = 0;
+    double max = 0, sum = 0;  // softmax normaliser: Σ exp(l - max) over finite logits
+    bool bad = false;         // a NaN or +inf logit
+    // log softmax of the logit l (best_logit or second_logit).
+    double log_prob(float l) const { return std::log(std::exp(double(l) - max) / sum); }
+  };
+  std::vector<LogitPick> lm_picks(const Tensor& hidden) const;
 
  private:
   void run_layers(const Exec& x, const TokenBatch& batch, int64_t offset, const RowTable& rows,
                   const int32_t* history, const std::vector<std::vector<RowView>>& views,
                   float* hidden_out, int64_t out_tokens) const;
 
-  Exec call_exec() const;   // the backend's ops and this thread's call arena
+  Exec call_exec() const;  // the backend's ops and this thread's call arena
+  // lm_logits' product, in the backend's memory: host_out on the CPU, the call arena on a GPU.
+  const float* logits_on_backend(const Exec& exec, const Tensor& hidden, float* host_out) const;
   Arena& io_arena() const;  // this thread's arena for a call's inputs and outputs on the device
 
   std::unique_ptr<Family> family_;

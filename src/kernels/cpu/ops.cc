@@ -410,6 +410,12 @@ class CpuOps final : public Ops {
     });
   }
 
+  void logit_picks(const LogitPicksArgs& a) const override {
+    parallel_for(a.rows, [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) logit_picks_row(a, r);
+    });
+  }
+
   void softcap(const SoftcapArgs& a) const override {
     const float cap = a.cap;
     parallel_for(

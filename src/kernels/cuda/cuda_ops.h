@@ -236,6 +236,7 @@ class CudaOps final : public Ops {
   void scale(const ScaleArgs& a) const override;
   void gather(const GatherArgs& a) const override;
   void softcap(const SoftcapArgs& a) const override;
+  void logit_picks(const LogitPicksArgs& a) const override;
   void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t n) const override;
   void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,

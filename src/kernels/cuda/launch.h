@@ -179,6 +179,19 @@ struct BinaryLaunch {
 };
 cudaError_t launch_binary(const BinaryLaunch& a, cudaStream_t stream);
 cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream);
+// Ops::logit_picks: a block per row.
+struct LogitPicksLaunch {
+  const float* logits;
+  int64_t ld, rows, n;
+  int32_t* best;
+  int32_t* second;
+  float* best_logit;
+  float* second_logit;
+  double* max;
+  double* sum;
+  int32_t* bad;
+};
+cudaError_t launch_logit_picks(const LogitPicksLaunch& a, cudaStream_t stream);
 // y[r, 0:n] = x[r, 0:n]; the caller stages overlapping copies.
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream);

@@ -321,6 +321,22 @@ void CudaOps::softcap(const SoftcapArgs& a) const {
   check(cuda::launch_softcap(a.y, a.n, a.cap, stream_), "softcap");
 }
 
+void CudaOps::logit_picks(const LogitPicksArgs& a) const {
+  check(cuda::launch_logit_picks({.logits = a.logits,
+                                  .ld = a.ld,
+                                  .rows = a.rows,
+                                  .n = a.n,
+                                  .best = a.best,
+                                  .second = a.second,
+                                  .best_logit = a.best_logit,
+                                  .second_logit = a.second_logit,
+                                  .max = a.max,
+                                  .sum = a.sum,
+                                  .bad = a.bad},
+                                 stream_),
+        "logit_picks");
+}
+
 void CudaOps::copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                         int64_t n) const {
   if (rows * n == 0) return;
