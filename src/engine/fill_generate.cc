@@ -1,5 +1,6 @@
-// x-generate fields (engine/filler.h): the KNOWN VALUES block read once after the trunk, then
-// every generate field of the document as a fork row of one batched greedy decode.
+// x-generate fields (engine/filler.h): each document's KNOWN VALUES block read once after its
+// trunk, then every generate field of the documents finished together as a fork row of one
+// batched greedy decode.
 #include <algorithm>
 
 #include "core/log.h"
@@ -8,26 +9,36 @@
 
 namespace deg::engine {
 
-// x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
-// field of the document as a fork row of one batched greedy decode.
-void Filler::generate(size_t d) {
-  Document& doc = docs_[d];
-  auto found = generate_fields_.find(d);
-  if (found == generate_fields_.end()) return;
-  const auto& fields = found->second;
+// x-generate fields of several documents: each document's KNOWN VALUES block read once after its
+// trunk, then every generate field of every document as a fork row of one batched greedy
+// decode (rows over different prefixes: each row's tokens are what it gets alone).
+void Filler::generate(const std::vector<size_t>& group) {
   const Backbone& bb = model_.backbone();
-  State known = doc.trunk->row(doc.trunk_row);
-  std::vector<int32_t> known_ids = model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
-  bb.prefill(TokenBatch::single(known_ids), known);
+  std::vector<std::unique_ptr<State>> known;  // one per document of the group
+  std::vector<PrefixRef> prefixes;
+  std::vector<size_t> doc_of;  // per row: its document
+  std::vector<const GenerateField*> fields;
+  std::vector<int64_t> prow;
   std::vector<std::vector<int32_t>> rows;
   int64_t budget = 0;
-  for (const auto& g : fields) {
-    rows.push_back(model_.encode(schema::generate_header(*g.field, g.scope.place)));
-    budget = std::max(budget, g.field->max_tokens);
+  for (size_t d : group) {
+    Document& doc = docs_[d];
+    known.push_back(std::make_unique<State>(doc.trunk->row(doc.trunk_row)));
+    const std::vector<int32_t> known_ids =
+        model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
+    bb.prefill(TokenBatch::single(known_ids), *known.back());
+    prefixes.push_back({.state = known.back().get(), .row = 0});
+    for (const GenerateField& g : generate_fields_.at(d)) {
+      rows.push_back(model_.encode(schema::generate_header(*g.field, g.scope.place)));
+      budget = std::max(budget, g.field->max_tokens);
+      doc_of.push_back(d);
+      fields.push_back(&g);
+      prow.push_back(int64_t(prefixes.size()) - 1);
+    }
   }
+  if (rows.empty()) return;
   TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
-  ForkState fs = bb.fork({{.state = &known, .row = 0}}, std::vector<int64_t>(rows.size(), 0),
-                         batch.tokens + budget + 1);
+  ForkState fs = bb.fork(prefixes, prow, batch.tokens + budget + 1);
   Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/true);
   const int64_t C = bb.spec().hidden, B = int64_t(rows.size());
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
@@ -48,16 +59,19 @@ void Filler::generate(size_t d) {
     head_ms += ms_since(t1);
     std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
     bool any = false;
-    for (const Backbone::LogitPick& p : picks)
-      if (p.bad || p.best < 0) return fail(d, non_finite_error("LM logits"));
+    // A document whose logits overflow fails alone: its rows stop.
+    for (int64_t b = 0; b < B; ++b)
+      if (picks[size_t(b)].bad || picks[size_t(b)].best < 0)
+        fail(doc_of[size_t(b)], non_finite_error("LM logits"));
     for (int64_t b = 0; b < B; ++b) {
+      if (!docs_[doc_of[size_t(b)]].error.empty()) done[size_t(b)] = true;
       if (done[size_t(b)]) continue;
       const Backbone::LogitPick& p = picks[size_t(b)];
       int64_t best = p.best;
       float logit = p.best_logit;
       // A minLength: the end of the text is passed over (the next most likely token taken)
       // until the text is that long, so the value validates.
-      const std::optional<int64_t>& min_length = fields[size_t(b)].field->value.min_length;
+      const std::optional<int64_t>& min_length = fields[size_t(b)]->field->value.min_length;
       if (best == model_.eos_id() && min_length &&
           int64_t(schema::utf8_to_code_points(model_.tokenizer().decode(out[size_t(b)], true))
                       .value_or(std::u32string())
@@ -69,7 +83,7 @@ void Filler::generate(size_t d) {
       }
       logprob[size_t(b)] += p.log_prob(logit);
       if (best == model_.eos_id() ||
-          int64_t(out[size_t(b)].size()) >= fields[size_t(b)].field->max_tokens) {
+          int64_t(out[size_t(b)].size()) >= fields[size_t(b)]->field->max_tokens) {
         done[size_t(b)] = true;
         continue;
       }
@@ -86,18 +100,20 @@ void Filler::generate(size_t d) {
     std::copy(h.data<float>(), h.data<float>() + B * C, last.mutable_data<float>());
   }
   log::debug(
-      "document {}: {} x-generate rows decoded in {} steps, {:.1f} ms ({:.2f} ms a step: LM head "
+      "{} documents: {} x-generate rows decoded in {} steps, {:.1f} ms ({:.2f} ms a step: LM head "
       "and picks {:.2f}, backbone {:.2f}, host {:.2f})",
-      d, B, steps, ms_since(t0), ms_since(t0) / double(std::max<int64_t>(steps, 1)),
+      group.size(), B, steps, ms_since(t0), ms_since(t0) / double(std::max<int64_t>(steps, 1)),
       head_ms / double(std::max<int64_t>(steps, 1)), step_ms / double(std::max<int64_t>(steps, 1)),
       (ms_since(t0) - head_ms - step_ms) / double(std::max<int64_t>(steps, 1)));
   for (size_t b = 0; b < fields.size(); ++b) {
+    Document& doc = docs_[doc_of[b]];
+    if (!doc.error.empty()) continue;
     std::string text = model_.tokenizer().decode(out[b], /*skip_special_tokens=*/true);
-    const Field& f = *fields[b].field;
+    const Field& f = *fields[b]->field;
     if (f.value.max_length) text = engine::utf8_prefix(text, *f.value.max_length);
     std::optional<Json> v = schema::value_read(f.value, text);
     doc.answers.set(
-        schema::field_pointer(f, fields[b].scope.place.indices),
+        schema::field_pointer(f, fields[b]->scope.place.indices),
         {.kind = "generate", .value = v ? *v : Json(text), .confidence = std::exp(logprob[b])});
   }
 }

@@ -67,6 +67,10 @@ inline bool overflowed(const std::vector<float>& logits) {
                      [](float v) { return std::isnan(v) || v == INFINITY; });
 }
 
+// Documents whose x-generate fields decode as one batch at most (each holds a copy of its trunk
+// state while they do).
+inline constexpr size_t kGenerateDocuments = 16;
+
 enum class Head : uint8_t { choice, score, noul, extract, count, anchor };
 
 // One fork query.
@@ -134,9 +138,10 @@ class Filler {
                       std::vector<Job>& next);
 
   // ---- x-generate (fill_generate.cc) ----
-  // x-generate fields: the KNOWN VALUES block read once after the trunk, then every generate
-  // field of the document as a fork row of one batched greedy decode.
-  void generate(size_t d);
+  // x-generate fields of the documents of `group` (each with some, none failed): each one's
+  // KNOWN VALUES block read once after its trunk, then every generate field of all of them as a
+  // fork row of one batched greedy decode.
+  void generate(const std::vector<size_t>& group);
 
   const DegModel& model_;
   const EngineOptions& options_;
