@@ -225,12 +225,11 @@ SpanAnswer decode_span(const float* start, const float* end, const ContextText& 
     if (std::optional<SpanAnswer> a = read(c)) return *a;
   }
   if (!null_masked) return null_answer;
-  // A field that must have a value looks further when the best spans do not read as one: every
-  // span of the window, best first (past the ones tried), so a valid value anywhere in the
-  // document is found.
-  // The first valid span in that order is the best valid one: where the value's length is
-  // bounded (a date: 10 code points) few spans can be one, so all are looked at in any order
-  // and the best valid kept; otherwise spans stream in order until one reads.
+  // A field that must have a value looks further when the best spans do not read as one, so a
+  // valid value anywhere in the document is found: the first valid span in score order, which
+  // is the best valid one. Where the value's length is bounded (a date: 10 code points) few
+  // spans can be one, so all are looked at in any order and the best valid kept; otherwise the
+  // spans past the ones tried stream in order until one reads.
   if (cands.size() == limit && length.hi >= 0) {
     std::optional<Candidate> best;
     std::optional<SpanAnswer> answer;
