@@ -7,7 +7,9 @@
 #include <cmath>
 #include <random>
 
+#include "backbone_test_util.h"
 #include "io/safetensors.h"
+#include "kernels/ops.h"
 #include "test_util.h"
 
 namespace deg {
@@ -142,9 +144,9 @@ TEST(Heads, RelBucketsAsTorchBucketizeRight) {
   EXPECT_EQ(rel_bucket(100000), 14);
 }
 
-TEST(Heads, BitwiseBatchAndBlockInvariance) {
+TEST(Heads, BitwiseBatchAndContextLengthInvariance) {
   Heads h = test_heads();
-  const int64_t T = kHeadRows + 300;  // two context blocks
+  const int64_t T = 8492;
   auto ctx = randn(T * C, 5, 0.5f), a = randn(5 * C, 6);
   std::vector<SpanQuery> sq = {{}, {.anchor = 3, .region_end = 90}, {}, {.anchor = 8200}, {}};
   SpanLogits all = span_logits(h, a.data(), 5, sq, ctx.data(), T);
@@ -155,14 +157,61 @@ TEST(Heads, BitwiseBatchAndBlockInvariance) {
       ASSERT_EQ(one.end[size_t(t)], all.end[size_t(i * (T + 1) + t)]) << i << " " << t;
     }
   }
-  // A context of one block gives the same bits for the tokens it shares with two blocks.
-  const int64_t T1 = kHeadRows;
+  // A shorter context gives the same bits for the tokens it shares with the longer one.
+  const int64_t T1 = 8192;
   SpanLogits short_ctx = span_logits(h, a.data(), 1, {sq[0]}, ctx.data(), T1);
   for (int64_t t = 0; t < T1; ++t) ASSERT_EQ(short_ctx.start[size_t(t)], all.start[size_t(t)]);
   auto an_all = anchor_logits(h, a.data(), 3, {{}, {.lo = 2, .hi = 50}, {}}, ctx.data(), T);
   auto an_one = anchor_logits(h, a.data() + 2 * C, 1, {{}}, ctx.data(), T);
   for (int64_t t = 0; t < T; ++t) ASSERT_EQ(an_one[size_t(t)], an_all[size_t(2 * T + t)]);
 }
+
+// The context's keys made on a backend (as the engine makes them where the hidden states are)
+// give the host functions' logits: the same bits on the CPU, within f32 rounding of a different
+// summation order on a GPU (its exact f32 products; no TF32).
+class HeadsBackends : public ::testing::TestWithParam<Device> {};
+
+TEST_P(HeadsBackends, KeysWhereTheContextIsGiveTheHostLogits) {
+  const Ops& ops = ops_for(GetParam());
+  const Heads h = test_heads(), on = h.on(ops);
+  const int64_t T = 700, n = 19;  // n: not a multiple of the GPU's padding of the queries
+  const auto ctx = randn(T * C, 11, 0.5f), a = randn(n * C, 12);
+  Tensor ctx_on = ops.alloc({T, C}, DType::f32);
+  ops.to_device(ctx_on.mutable_data<float>(), ctx.data(), ctx.size() * sizeof(float));
+  std::vector<SpanQuery> sq(static_cast<size_t>(n));
+  std::vector<Region> regions(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i += 3) {
+    sq[size_t(i)] = {.anchor = 7 * i, .region_end = 7 * i + 40};
+    regions[size_t(i)] = {.lo = 5 * i, .hi = 5 * i + 100};
+  }
+  ContextKeys keys;
+  span_keys(ops, on, ctx_on.data<float>(), T, keys);
+  anchor_keys(ops, on, ctx_on.data<float>(), T, keys);
+  const SpanLogits host = span_logits(h, a.data(), n, sq, ctx.data(), T);
+  const SpanLogits got = span_logits(h, a.data(), n, sq, keys);
+  const std::vector<float> host_an = anchor_logits(h, a.data(), n, regions, ctx.data(), T);
+  const std::vector<float> got_an = anchor_logits(h, a.data(), n, regions, keys);
+  const double tol = GetParam() == Device::cpu ? 0.0 : 1e-5;
+  auto expect_close = [&](const std::vector<float>& x, const std::vector<float>& y,
+                          const char* what) {
+    ASSERT_EQ(x.size(), y.size()) << what;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (std::isinf(y[i])) {
+        ASSERT_EQ(x[i], y[i]) << what << " " << i;
+      } else {
+        ASSERT_LE(std::fabs(x[i] - y[i]), tol * (1 + std::fabs(y[i]))) << what << " " << i;
+      }
+    }
+  };
+  expect_close(got.start, host.start, "start");
+  expect_close(got.end, host.end, "end");
+  expect_close(got_an, host_an, "anchor");
+}
+
+INSTANTIATE_TEST_SUITE_P(Device, HeadsBackends, ::testing::ValuesIn(testing::test_devices()),
+                         [](const auto& info) {
+                           return std::string(info.param == Device::cuda ? "cuda" : "cpu");
+                         });
 
 TEST(Heads, SaveLoadRoundTripWithSeedKeys) {
   testing::TempDir dir;

@@ -240,10 +240,13 @@ void read_together(const Backbone& bb, std::vector<Document>& docs,
     Document& doc = docs[r.doc];
     doc.trunk = trunk;
     doc.trunk_row = k;
-    doc.ctx_hidden =
+    const Tensor ctx =
         hidden.select(0, k).slice(0, doc.ctx_start, doc.ctx_start + r.tokens).contiguous();
-    if (!all_finite(doc.ctx_hidden.data<float>(), doc.ctx_hidden.numel()))
+    if (!all_finite(ctx.data<float>(), ctx.numel()))
       doc.error = non_finite_error("reading the document");
+    // The heads' keys are made where the backbone computes (the host tensor itself on the CPU;
+    // on a GPU a copy back up of what prefill brought down).
+    doc.ctx_hidden = bb.family().ops().upload(ctx);
     if (n > 1 && r.fill->progress) {
       r.fill->progress({.stage = "read",
                         .document = r.index,

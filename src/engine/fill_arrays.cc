@@ -14,7 +14,8 @@ void Filler::answer_anchors(std::vector<Job>& jobs, const std::vector<size_t>& i
   std::vector<float> a = stack_answers(jobs, idx);
   std::vector<Region> regions;
   for (size_t i : idx) regions.push_back({.lo = jobs[i].region_lo, .hi = jobs[i].region_hi});
-  anchor_keys(model_.heads(), doc.ctx_hidden.data<float>(), T, doc.keys);
+  anchor_keys(model_.backbone().family().ops(), model_.heads_on_backend(),
+              doc.ctx_hidden.data<float>(), T, doc.keys);
   std::vector<float> lg =
       anchor_logits(model_.heads(), a.data(), int64_t(idx.size()), regions, doc.keys);
   if (overflowed(lg)) return fail(d, non_finite_error("anchor logits"));

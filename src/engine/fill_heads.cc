@@ -2,8 +2,10 @@
 // two-way noul, span extraction over the document's context, counts; arrays hand on to
 // fill_arrays.cc.
 #include <algorithm>
+#include <exception>
 
 #include "core/log.h"
+#include "core/thread_pool.h"
 #include "engine/filler.h"
 
 namespace deg::engine {
@@ -99,14 +101,31 @@ void Filler::answer_extracts(std::vector<Job>& jobs, const std::vector<size_t>& 
   std::vector<float> a = stack_answers(jobs, idx);
   std::vector<SpanQuery> sq;
   for (size_t i : idx) sq.push_back({.anchor = jobs[i].anchor, .region_end = jobs[i].region_hi});
-  span_keys(heads, doc.ctx_hidden.data<float>(), T, doc.keys);
+  span_keys(model_.backbone().family().ops(), model_.heads_on_backend(),
+            doc.ctx_hidden.data<float>(), T, doc.keys);
   SpanLogits lg = span_logits(heads, a.data(), int64_t(idx.size()), sq, doc.keys);
   if (overflowed(lg.start) || overflowed(lg.end)) return fail(d, non_finite_error("span logits"));
+  // Each query's span search is its own (a pure function of its logits and the text): the
+  // host's threads take them in parallel (an exception comes back to this thread).
+  std::vector<engine::SpanAnswer> spans(idx.size());
+  std::vector<std::exception_ptr> thrown(idx.size());
+  parallel_for(int64_t(idx.size()), [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      const Field& f = *jobs[idx[size_t(j)]].field;
+      try {
+        spans[size_t(j)] =
+            engine::decode_span(lg.start.data() + j * (T + 1), lg.end.data() + j * (T + 1),
+                                doc.context, f.value, f.null_masked, heads.temp(HeadKind::extract));
+      } catch (...) {
+        thrown[size_t(j)] = std::current_exception();
+      }
+    }
+  });
+  for (const std::exception_ptr& e : thrown)
+    if (e) std::rethrow_exception(e);
   for (size_t j = 0; j < idx.size(); ++j) {
     const Job& job = jobs[idx[j]];
-    engine::SpanAnswer s = engine::decode_span(
-        lg.start.data() + int64_t(j) * (T + 1), lg.end.data() + int64_t(j) * (T + 1), doc.context,
-        job.field->value, job.field->null_masked, heads.temp(HeadKind::extract));
+    const engine::SpanAnswer& s = spans[j];
     engine::Answer ans{
         .kind = "extract", .value = s.value ? *s.value : Json(nullptr), .confidence = s.confidence};
     if (s.value) ans.span = {{s.char_start, s.char_end}};

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,8 @@ struct Document {
   // share (kept until the last of them is done).
   std::shared_ptr<State> trunk;
   int64_t trunk_row = 0;
-  Tensor ctx_hidden;  // f32 [T, C] final-norm hidden of the context tokens
+  Tensor ctx_hidden;  // f32 [T, C] final-norm hidden of the context tokens, in the backbone's
+                      // memory (the heads' keys are made where it is)
   ContextKeys keys;   // the heads' projections of ctx_hidden, made once for every round
   Answers answers;
   std::string error;
@@ -138,10 +140,17 @@ class Filler {
                       std::vector<Job>& next);
 
   // ---- x-generate (fill_generate.cc) ----
-  // x-generate fields of the documents of `group` (each with some, none failed): each one's
-  // KNOWN VALUES block read once after its trunk, then every generate field of all of them as a
-  // fork row of one batched greedy decode.
+  // One generate field's fork row: its document's KNOWN VALUES block and the field's header.
+  struct GenerateRow {
+    size_t doc = 0;
+    const GenerateField* field = nullptr;
+    std::vector<int32_t> ids;
+  };
+  // x-generate fields of the documents of `group` (each with some, none failed): each field a
+  // fork row over its document's trunk, in batches under the fork token budget.
   void generate(const std::vector<size_t>& group);
+  // One batch: the rows' fork pass, then their greedy decoding together.
+  void decode(std::span<const GenerateRow> rows);
 
   const DegModel& model_;
   const EngineOptions& options_;

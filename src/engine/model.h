@@ -41,6 +41,8 @@ class DegModel {
 
   const Backbone& backbone() const { return *backbone_; }
   const Heads& heads() const { return heads_; }
+  // The heads in the backbone's memory (on a GPU: uploaded once), for the context-side products.
+  const Heads& heads_on_backend() const { return heads_on_backend_; }
   const text::Tokenizer& tokenizer() const { return tokenizer_; }
   const ChatLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
@@ -72,6 +74,7 @@ class DegModel {
 
   std::unique_ptr<Backbone> backbone_;
   Heads heads_;
+  Heads heads_on_backend_;
   text::Tokenizer tokenizer_;
   ChatLayout layout_;
   std::string name_;

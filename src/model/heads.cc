@@ -8,6 +8,7 @@
 
 #include "io/safetensors.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 
 namespace deg {
 
@@ -191,6 +192,12 @@ Heads Heads::clone() const {
   return h;
 }
 
+Heads Heads::on(const Ops& ops) const {
+  Heads h = *this;
+  for (auto& [name, t] : h.tensors()) *t = ops.upload(*t);
+  return h;
+}
+
 Heads Heads::zeros_like() const {
   Heads h = *this;
   for (auto& [name, t] : h.tensors()) *t = Tensor::zeros(t->shape(), DType::f32);
@@ -233,42 +240,73 @@ int rel_bucket(int64_t d) {
 
 namespace {
 
-// key_proj(context) [T, kHeadDim], made in blocks of at most kHeadRows tokens.
-Tensor project_keys(const Linear& key_proj, const float* context, int64_t T, int64_t C) {
-  Tensor keys = Tensor::empty({T, kHeadDim}, DType::f32);
-  for (int64_t r0 = 0; r0 < T; r0 += kHeadRows) {
-    const int64_t r1 = std::min(T, r0 + kHeadRows);
-    key_proj.apply(context + r0 * C, r1 - r0, keys.mutable_data<float>() + r0 * kHeadDim);
-  }
-  return keys;
+// y [n, out] = x [n, in] · Wᵀ + b, every operand in ops' memory: the product, then the bias added
+// once — Linear::apply's bits.
+void apply_on(const Ops& ops, const Linear& l, const float* x, int64_t n, float* y) {
+  GemmOutput o{.w = &l.weight, .y = y, .ldy = l.out()};
+  ops.gemm({.x = x, .m = n, .k = l.in(), .ldx = l.in(), .outputs = {&o, 1}});
+  ops.bias_scale({.x = y,
+                  .ldx = l.out(),
+                  .y = y,
+                  .ldy = l.out(),
+                  .rows = n,
+                  .n = l.out(),
+                  .bias = l.bias.data<float>()});
+}
+
+Tensor project_on(const Ops& ops, const Linear& proj, const float* context, int64_t T) {
+  Tensor y = ops.alloc({T, proj.out()}, DType::f32);
+  apply_on(ops, proj, context, T, y.mutable_data<float>());
+  return y;
+}
+
+// Every query's dot product with every key: y[t, i] = keys[t] · q[i] (host [T, n]) for q [n,
+// kHeadDim] on the host and keys where ContextKeys keeps them. Only the products cross to the
+// host. On a GPU the queries are padded to a multiple of 16 (zero rows), so the product's shapes
+// — each picks its GEMM algorithm once — stay few.
+std::vector<float> key_products(const Ops& ops, const Tensor& keys, const std::vector<float>& q,
+                                int64_t n, int64_t* ld) {
+  const int64_t T = keys.dim(0);
+  const int64_t np = ops.device() == Device::cpu ? n : (n + 15) / 16 * 16;
+  Tensor qd = ops.alloc({np, kHeadDim}, DType::f32);
+  ops.to_device(qd.mutable_data<float>(), q.data(), q.size() * sizeof(float));
+  Tensor y = ops.alloc({T, np}, DType::f32);
+  GemmOutput o{.w = &qd, .y = y.mutable_data<float>(), .ldy = np};
+  ops.gemm({.x = keys.data<float>(), .m = T, .k = kHeadDim, .ldx = kHeadDim, .outputs = {&o, 1}});
+  std::vector<float> out(size_t(T * np));
+  ops.to_host(out.data(), y.data<float>(), out.size() * sizeof(float));
+  *ld = np;
+  return out;
 }
 
 }  // namespace
 
-void span_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys) {
+void span_keys(const Ops& ops, const Heads& on_ops, const float* context, int64_t T,
+               ContextKeys& keys) {
   if (keys.span) return;
+  keys.ops = &ops;
   keys.T = T;
   keys.span = true;
-  keys.span_start = project_keys(heads.span.k_start, context, T, heads.hidden);
-  keys.span_end = project_keys(heads.span.k_end, context, T, heads.hidden);
+  keys.span_start = project_on(ops, on_ops.span.k_start, context, T);
+  keys.span_end = project_on(ops, on_ops.span.k_end, context, T);
 }
 
-void anchor_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys) {
+void anchor_keys(const Ops& ops, const Heads& on_ops, const float* context, int64_t T,
+                 ContextKeys& keys) {
   if (keys.anchors) return;
+  keys.ops = &ops;
   keys.T = T;
   keys.anchors = true;
-  keys.anchor = project_keys(heads.anchor.key, context, T, heads.hidden);
+  keys.anchor = project_on(ops, on_ops.anchor.key, context, T);
+  const Tensor prior = project_on(ops, on_ops.anchor.prior, context, T);
   keys.prior.assign(size_t(T), 0.0f);
-  for (int64_t r0 = 0; r0 < T; r0 += kHeadRows) {
-    const int64_t r1 = std::min(T, r0 + kHeadRows);
-    heads.anchor.prior.apply(context + r0 * heads.hidden, r1 - r0, keys.prior.data() + r0);
-  }
+  ops.to_host(keys.prior.data(), prior.data<float>(), size_t(T) * sizeof(float));
 }
 
 SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
                        const std::vector<SpanQuery>& queries, const float* context, int64_t T) {
   ContextKeys keys;
-  span_keys(heads, context, T, keys);
+  span_keys(cpu_ops(), heads, context, T, keys);
   return span_logits(heads, answers, n, queries, keys);
 }
 
@@ -286,8 +324,9 @@ SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
   sp.q_end.apply(answers, n, qe.data());
   sp.null_start.apply(answers, n, ns.data());
   sp.null_end.apply(answers, n, ne.data());
-  dots(qs.data(), n, keys.span_start, out.start.data(), W);
-  dots(qe.data(), n, keys.span_end, out.end.data(), W);
+  int64_t ld = 0;
+  const std::vector<float> ks = key_products(*keys.ops, keys.span_start, qs, n, &ld);
+  const std::vector<float> ke = key_products(*keys.ops, keys.span_end, qe, n, &ld);
   const float* bias = heads.span_bias.data<float>();
   const int64_t nb = int64_t(kRelEdges.size()) + 1;
   for (int64_t i = 0; i < n; ++i) {
@@ -296,8 +335,8 @@ SpanLogits span_logits(const Heads& heads, const float* answers, int64_t n,
     const SpanQuery& sq = queries[size_t(i)];
     const int64_t hi = sq.region_end < 0 ? T : std::min(sq.region_end, T);
     for (int64_t t = 0; t < T; ++t) {
-      st[t] *= scale;
-      en[t] *= scale;
+      st[t] = ks[size_t(t * ld + i)] * scale;
+      en[t] = ke[size_t(t * ld + i)] * scale;
       if (sq.anchor >= 0) {
         const int64_t inside = t >= sq.anchor && t < hi;
         const int b = rel_bucket(t - sq.anchor);
@@ -315,7 +354,7 @@ std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64
                                  const std::vector<Region>& regions, const float* context,
                                  int64_t T) {
   ContextKeys keys;
-  anchor_keys(heads, context, T, keys);
+  anchor_keys(cpu_ops(), heads, context, T, keys);
   return anchor_logits(heads, answers, n, regions, keys);
 }
 
@@ -327,7 +366,8 @@ std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   std::vector<float> out(static_cast<size_t>(n * T)), q(static_cast<size_t>(n * kHeadDim));
   heads.anchor.query.apply(answers, n, q.data());
-  dots(q.data(), n, keys.anchor, out.data(), T);
+  int64_t ld = 0;
+  const std::vector<float> dots = key_products(*keys.ops, keys.anchor, q, n, &ld);
   const std::vector<float>& prior = keys.prior;
   const float neg_inf = -std::numeric_limits<float>::infinity();
   for (int64_t i = 0; i < n; ++i) {
@@ -335,7 +375,7 @@ std::vector<float> anchor_logits(const Heads& heads, const float* answers, int64
     const int64_t hi = regions[size_t(i)].hi < 0 ? T : std::min(regions[size_t(i)].hi, T);
     float* row = out.data() + i * T;
     for (int64_t t = 0; t < T; ++t) {
-      row[t] = (t >= lo && t < hi) ? row[t] * scale + prior[size_t(t)] : neg_inf;
+      row[t] = (t >= lo && t < hi) ? dots[size_t(t * ld + i)] * scale + prior[size_t(t)] : neg_inf;
     }
   }
   return out;

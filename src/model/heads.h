@@ -12,8 +12,8 @@
 //   anchor          per token qa(a)·ka(c_t)/sqrt(d) + ua·c_t + b, masked to the region
 //
 // Every logit is a fixed-order dot product of its own row and token (kernels/gemm.h), so values
-// do not depend on the batch, the context block size, or the other queries. Long contexts are
-// processed in blocks of kHeadRows tokens: keys are never materialised for the whole context.
+// do not depend on the batch, the context's length, or the other queries. A context's keys are
+// made once (ContextKeys) where its hidden states are: on a GPU only the logits come back.
 // Letters: n queries, O options, T context tokens, C hidden, d head dim.
 #pragma once
 
@@ -27,9 +27,10 @@
 
 namespace deg {
 
+class Ops;
+
 inline constexpr int64_t kHeadDim = 256;
 inline constexpr int64_t kMaxCount = 64;
-inline constexpr int64_t kHeadRows = 8192;  // context tokens per block
 inline constexpr float kAnchorInitBias = -6.0f;
 inline constexpr std::array<int64_t, 14> kRelEdges = {-256, -64, -16, -4, 0,  1,   2,
                                                       4,    8,   16,  32, 64, 128, 256};
@@ -82,6 +83,9 @@ struct Heads {
   std::vector<std::pair<std::string, Tensor*>> tensors(bool trained = false);
   // A writable deep copy (loaded heads view their read-only mapped file).
   Heads clone() const;
+  // The same heads with every tensor in `ops`'s memory (Ops::upload: the host tensors
+  // themselves on the CPU), for the context-side products (span_keys, span_logits, ...).
+  Heads on(const Ops& ops) const;
   // Zeros of the same shapes: gradients, optimizer moments.
   Heads zeros_like() const;
 };
@@ -102,20 +106,28 @@ struct SpanQuery {
 };
 
 // A context's projections the span and anchor heads read (the span heads' start and end keys,
-// the anchor head's keys and prior), made once per document for every query of every round.
-// Each part is made when first asked for; the logits are the same bits as from the context.
+// the anchor head's keys and prior), made once per document for every query of every round, on
+// the backend where the context's hidden states are: on a GPU only the logits come back, never
+// [T, C] or [T, kHeadDim]. Each part is made when first asked for.
 struct ContextKeys {
+  const Ops* ops = nullptr;  // whose memory the keys are in
   int64_t T = 0;
   bool span = false, anchors = false;  // which parts are made
-  Tensor span_start, span_end;         // [T, kHeadDim]
-  Tensor anchor;                       // [T, kHeadDim]
-  std::vector<float> prior;            // [T]
+  Tensor span_start, span_end;         // [T, kHeadDim], in ops' memory
+  Tensor anchor;                       // [T, kHeadDim], in ops' memory
+  std::vector<float> prior;            // [T], host
 };
-// The span heads' part of `keys` for a context [T, C], unless made already; the anchor head's.
-void span_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys);
-void anchor_keys(const Heads& heads, const float* context, int64_t T, ContextKeys& keys);
+// The span heads' part of `keys` for a context [T, C] in `ops`' memory, unless made already; the
+// anchor head's. `on_ops`: the heads with their tensors in ops' memory (Heads::on). Each key is
+// Linear::apply's bits (the product, then the bias added once).
+void span_keys(const Ops& ops, const Heads& on_ops, const float* context, int64_t T,
+               ContextKeys& keys);
+void anchor_keys(const Ops& ops, const Heads& on_ops, const float* context, int64_t T,
+                 ContextKeys& keys);
 
 // Span logits for n queries over a context [T, C]: start and end [n, T + 1] (index T = null).
+// The query side (answers [n, C], host) runs on the host, the products with the keys where the
+// keys are.
 struct SpanLogits {
   std::vector<float> start, end;
 };

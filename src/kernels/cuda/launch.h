@@ -191,7 +191,9 @@ struct LogitPicksLaunch {
   double* sum;
   int32_t* bad;
 };
-cudaError_t launch_logit_picks(const LogitPicksLaunch& a, cudaStream_t stream);
+// workspace: logit_picks_workspace(rows, n) bytes of device memory.
+size_t logit_picks_workspace(int64_t rows, int64_t n);
+cudaError_t launch_logit_picks(const LogitPicksLaunch& a, void* workspace, cudaStream_t stream);
 // y[r, 0:n] = x[r, 0:n]; the caller stages overlapping copies.
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream);

@@ -333,7 +333,7 @@ void CudaOps::logit_picks(const LogitPicksArgs& a) const {
                                   .max = a.max,
                                   .sum = a.sum,
                                   .bad = a.bad},
-                                 stream_),
+                                 scratch(8, cuda::logit_picks_workspace(a.rows, a.n)), stream_),
         "logit_picks");
 }
 

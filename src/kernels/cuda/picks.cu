@@ -1,11 +1,14 @@
 // The CUDA backend's logit_picks (launch.h): greedy decoding's reading of LM logits, so a decode
 // step copies back a few numbers per row instead of the row's whole vocabulary.
 //
-// A row is one block of kPickThreads threads; thread i takes columns i, i + kPickThreads, ... in
-// order. The best and second-best (value, first index) of each thread combine in a fixed tree
-// (the larger value wins, the smaller index on a tie: the same result in any order), and the
-// sum of exp(l - max) in f64 per thread, then a fixed tree: a row's figures depend on its own
-// logits and n only. The CPU backends sum in index order, so `sum` agrees with theirs to rounding.
+// A row is cut into parts of kPickChunk columns, a block of kPickThreads threads each (a row
+// alone fills the GPU: one block per row read 248,320 logits in 0.7 ms); thread i of a part takes
+// its columns i, i + kPickThreads, ... in order. The best and second-best (value, first index) of
+// each thread combine in a fixed tree (the larger value wins, the smaller index on a tie: the
+// same result in any order), and the part's sum of exp(l - part max) in f64 per thread, then a
+// fixed tree; a second kernel meets the parts in part order. The parts depend on n alone, so a
+// row's figures depend on its own logits and n only. The CPU backends sum in index order, so
+// `sum` agrees with theirs to rounding.
 #include <cmath>
 #include <cstdint>
 
@@ -18,6 +21,7 @@ namespace {
 #include "kernels/cuda/grid.cuh"
 
 constexpr int kPickThreads = 256;
+constexpr int kPickChunk = 4096;  // columns of a row one block reads (a 248,320 vocabulary: 61)
 static_assert(kPickThreads == kThreads, "block_sum's shared array is kThreads long");
 
 struct Top2 {
@@ -44,16 +48,26 @@ __device__ void offer(Top2& t, float v, int i) {
   }
 }
 
-__global__ void logit_picks_kernel(const LogitPicksLaunch a) {
+// One part of a row: its best two, the maximum and Σ exp(l - maximum) in f64 over its columns.
+struct Part {
+  Top2 top;
+  double max, sum;
+  int bad;
+};
+
+// Block (p, r) reads columns [p kPickChunk, (p + 1) kPickChunk) of row r.
+__global__ void logit_parts_kernel(const LogitPicksLaunch a, Part* parts, int nparts) {
   __shared__ Top2 tops[kPickThreads];
   __shared__ double red[kPickThreads];
   __shared__ int bads[kPickThreads];
   const int tid = int(threadIdx.x);
-  for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+  const int64_t lo = int64_t(blockIdx.x) * kPickChunk;
+  const int64_t hi = lo + kPickChunk < a.n ? lo + kPickChunk : a.n;
+  for (int64_t r = blockIdx.y; r < a.rows; r += gridDim.y) {
     const float* l = a.logits + r * a.ld;
     Top2 t{0.0f, 0.0f, -1, -1};
     int bad = 0;
-    for (int64_t i = tid; i < a.n; i += kPickThreads) {
+    for (int64_t i = lo + tid; i < hi; i += kPickThreads) {
       const float v = l[i];
       if (isfinite(v)) {
         offer(t, v, int(i));
@@ -81,27 +95,61 @@ __global__ void logit_picks_kernel(const LogitPicksLaunch a) {
     const double mx = best.i1 < 0 ? 0.0 : double(best.v1);
     double s = 0;
     if (best.i1 >= 0)
-      for (int64_t i = tid; i < a.n; i += kPickThreads)
+      for (int64_t i = lo + tid; i < hi; i += kPickThreads)
         if (isfinite(l[i])) s += exp(double(l[i]) - mx);
     s = block_sum(s, red);
-    if (tid == 0) {
-      a.best[r] = best.i1;
-      a.second[r] = best.i2;
-      a.best_logit[r] = best.i1 < 0 ? 0.0f : best.v1;
-      a.second_logit[r] = best.i2 < 0 ? 0.0f : best.v2;
-      a.max[r] = mx;
-      a.sum[r] = s;
-      a.bad[r] = any_bad;
-    }
+    if (tid == 0) parts[r * nparts + blockIdx.x] = {best, mx, s, any_bad};
   }
+}
+
+// A thread per row meets its parts in part order: the best two of all, the row's maximum, and
+// Σ_p sum_p exp(max_p - max) in f64.
+__global__ void logit_merge_kernel(const LogitPicksLaunch a, const Part* parts, int nparts) {
+  for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < a.rows;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    const Part* pr = parts + r * nparts;
+    Top2 t{0.0f, 0.0f, -1, -1};
+    int bad = 0;
+    for (int p = 0; p < nparts; ++p) {
+      offer(t, pr[p].top.v1, pr[p].top.i1);
+      offer(t, pr[p].top.v2, pr[p].top.i2);
+      bad |= pr[p].bad;
+    }
+    const double mx = t.i1 < 0 ? 0.0 : double(t.v1);
+    double s = 0;
+    if (t.i1 >= 0)
+      for (int p = 0; p < nparts; ++p)
+        if (pr[p].top.i1 >= 0) s += pr[p].sum * exp(pr[p].max - mx);
+    a.best[r] = t.i1;
+    a.second[r] = t.i2;
+    a.best_logit[r] = t.i1 < 0 ? 0.0f : t.v1;
+    a.second_logit[r] = t.i2 < 0 ? 0.0f : t.v2;
+    a.max[r] = mx;
+    a.sum[r] = s;
+    a.bad[r] = bad;
+  }
+}
+
+int parts_of(int64_t n) {
+  return int((n + kPickChunk - 1) / kPickChunk);
 }
 
 }  // namespace
 
-cudaError_t launch_logit_picks(const LogitPicksLaunch& a, cudaStream_t stream) {
+size_t logit_picks_workspace(int64_t rows, int64_t n) {
+  return size_t(rows) * size_t(parts_of(n)) * sizeof(Part);
+}
+
+cudaError_t launch_logit_picks(const LogitPicksLaunch& a, void* workspace, cudaStream_t stream) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.n > int64_t(INT32_MAX)) return cudaErrorInvalidValue;
-  logit_picks_kernel<<<block_per_item(a.rows), kPickThreads, 0, stream>>>(a);
+  const int nparts = parts_of(a.n);
+  auto* parts = static_cast<Part*>(workspace);
+  const dim3 grid(unsigned(nparts), block_per_item(a.rows));
+  logit_parts_kernel<<<grid, kPickThreads, 0, stream>>>(a, parts, nparts);
+  constexpr int kRowsPerBlock = 128;
+  logit_merge_kernel<<<block_per_item((a.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                       kRowsPerBlock, 0, stream>>>(a, parts, nparts);
   return launched();
 }
 
