@@ -148,8 +148,8 @@ cudaError_t launch_logit_picks(const LogitPicksLaunch& a, void* workspace, cudaS
   const dim3 grid(unsigned(nparts), block_per_item(a.rows));
   logit_parts_kernel<<<grid, kPickThreads, 0, stream>>>(a, parts, nparts);
   constexpr int kRowsPerBlock = 128;
-  logit_merge_kernel<<<block_per_item((a.rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                       kRowsPerBlock, 0, stream>>>(a, parts, nparts);
+  logit_merge_kernel<<<block_per_item((a.rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock,
+                       0, stream>>>(a, parts, nparts);
   return launched();
 }
 
