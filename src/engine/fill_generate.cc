@@ -1,8 +1,7 @@
-// x-generate fields (engine/filler.h): every generate field of the documents finished together
-// as a fork row over its document's trunk (the KNOWN VALUES block, the field's header, then its
-// value decoded greedily), in batches.
+// x-generate fields (engine/filler.h): each document's KNOWN VALUES block read once after its
+// trunk, then every generate field of the documents finished together as a fork row of one
+// batched greedy decode.
 #include <algorithm>
-#include <map>
 
 #include "core/log.h"
 #include "engine/filler.h"
@@ -10,62 +9,36 @@
 
 namespace deg::engine {
 
-// x-generate fields of several documents: every generate field is a fork row over its
-// document's trunk that reads the document's KNOWN VALUES block and the field's header, then
-// decodes greedily; the rows of every document go in batches of at most options_.fork_tokens
-// padded tokens (the header and the field's longest value included), one fork pass and one
-// batched decode each. Rows over different prefixes: each row's tokens are what it gets alone.
+// x-generate fields of several documents: each document's KNOWN VALUES block read once after its
+// trunk, then every generate field of every document as a fork row of one batched greedy
+// decode (rows over different prefixes: each row's tokens are what it gets alone).
 void Filler::generate(const std::vector<size_t>& group) {
-  std::vector<GenerateRow> rows;
-  for (size_t d : group) {
-    const Document& doc = docs_[d];
-    const std::vector<int32_t> known =
-        model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
-    for (const GenerateField& g : generate_fields_.at(d)) {
-      GenerateRow r{.doc = d, .field = &g, .ids = known};
-      const std::vector<int32_t> header =
-          model_.encode(schema::generate_header(*g.field, g.scope.place));
-      r.ids.insert(r.ids.end(), header.begin(), header.end());
-      rows.push_back(std::move(r));
-    }
-  }
-  auto room = [](const GenerateRow& r) {
-    return int64_t(r.ids.size()) + r.field->field->max_tokens + 1;
-  };
-  for (size_t b = 0; b < rows.size();) {
-    size_t e = b + 1;
-    int64_t longest = room(rows[b]);
-    while (e < rows.size() &&
-           std::max(longest, room(rows[e])) * int64_t(e - b + 1) <= options_.fork_tokens) {
-      longest = std::max(longest, room(rows[e]));
-      ++e;
-    }
-    decode({rows.begin() + ptrdiff_t(b), rows.begin() + ptrdiff_t(e)});
-    b = e;
-  }
-}
-
-// One batch of generate rows: the fork pass over their trunks, then greedy decoding.
-void Filler::decode(std::span<const GenerateRow> gen) {
   const Backbone& bb = model_.backbone();
-  const auto t_read = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<State>> known;  // one per document of the group
   std::vector<PrefixRef> prefixes;
-  std::map<size_t, int64_t> prefix_of;
   std::vector<size_t> doc_of;  // per row: its document
   std::vector<const GenerateField*> fields;
   std::vector<int64_t> prow;
   std::vector<std::vector<int32_t>> rows;
-  int64_t budget = 0;
-  for (const GenerateRow& r : gen) {
-    auto [it, added] = prefix_of.emplace(r.doc, int64_t(prefixes.size()));
-    if (added)
-      prefixes.push_back({.state = docs_[r.doc].trunk.get(), .row = docs_[r.doc].trunk_row});
-    prow.push_back(it->second);
-    rows.push_back(r.ids);
-    budget = std::max(budget, r.field->field->max_tokens);
-    doc_of.push_back(r.doc);
-    fields.push_back(r.field);
+  int64_t budget = 0, known_tokens = 0;
+  const auto t_read = std::chrono::steady_clock::now();
+  for (size_t d : group) {
+    Document& doc = docs_[d];
+    known.push_back(std::make_unique<State>(doc.trunk->row(doc.trunk_row)));
+    const std::vector<int32_t> known_ids =
+        model_.encode(schema::known_block(doc.answers.known(*doc.plan)));
+    bb.prefill(TokenBatch::single(known_ids), *known.back());
+    known_tokens += int64_t(known_ids.size());
+    prefixes.push_back({.state = known.back().get(), .row = 0});
+    for (const GenerateField& g : generate_fields_.at(d)) {
+      rows.push_back(model_.encode(schema::generate_header(*g.field, g.scope.place)));
+      budget = std::max(budget, g.field->max_tokens);
+      doc_of.push_back(d);
+      fields.push_back(&g);
+      prow.push_back(int64_t(prefixes.size()) - 1);
+    }
   }
+  if (rows.empty()) return;
   TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
   ForkState fs = bb.fork(prefixes, prow, batch.tokens + budget + 1);
   Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/true);
@@ -78,7 +51,7 @@ void Filler::decode(std::span<const GenerateRow> gen) {
     const float* src = hidden.data<float>() + (b * batch.tokens + batch.lengths[size_t(b)] - 1) * C;
     std::copy(src, src + C, last.mutable_data<float>() + b * C);
   }
-  const double read_ms = ms_since(t_read);
+  const double read_ms = ms_since(t_read);  // the KNOWN VALUES blocks and the headers
   const auto t0 = std::chrono::steady_clock::now();
   int64_t steps = 0;
   double head_ms = 0, step_ms = 0;  // LM head and its picks, decode steps; the rest: the host's
@@ -130,9 +103,10 @@ void Filler::decode(std::span<const GenerateRow> gen) {
     std::copy(h.data<float>(), h.data<float>() + B * C, last.mutable_data<float>());
   }
   log::debug(
-      "{} documents: {} x-generate rows ({} tokens) read in {:.1f} ms, decoded in {} steps, "
-      "{:.1f} ms ({:.2f} ms a step: LM head and picks {:.2f}, backbone {:.2f}, host {:.2f})",
-      prefixes.size(), B, batch.tokens, read_ms, steps, ms_since(t0),
+      "{} documents: KNOWN VALUES blocks ({} tokens) and headers read in {:.1f} ms; {} x-generate "
+      "rows decoded in {} steps, {:.1f} ms ({:.2f} ms a step: LM head and picks {:.2f}, backbone "
+      "{:.2f}, host {:.2f})",
+      group.size(), known_tokens, read_ms, B, steps, ms_since(t0),
       ms_since(t0) / double(std::max<int64_t>(steps, 1)),
       head_ms / double(std::max<int64_t>(steps, 1)), step_ms / double(std::max<int64_t>(steps, 1)),
       (ms_since(t0) - head_ms - step_ms) / double(std::max<int64_t>(steps, 1)));

@@ -11,7 +11,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -140,17 +139,10 @@ class Filler {
                       std::vector<Job>& next);
 
   // ---- x-generate (fill_generate.cc) ----
-  // One generate field's fork row: its document's KNOWN VALUES block and the field's header.
-  struct GenerateRow {
-    size_t doc = 0;
-    const GenerateField* field = nullptr;
-    std::vector<int32_t> ids;
-  };
-  // x-generate fields of the documents of `group` (each with some, none failed): each field a
-  // fork row over its document's trunk, in batches under the fork token budget.
+  // x-generate fields of the documents of `group` (each with some, none failed): each one's
+  // KNOWN VALUES block read once after its trunk, then every generate field of all of them as a
+  // fork row of one batched greedy decode.
   void generate(const std::vector<size_t>& group);
-  // One batch: the rows' fork pass, then their greedy decoding together.
-  void decode(std::span<const GenerateRow> rows);
 
   const DegModel& model_;
   const EngineOptions& options_;
