@@ -1,5 +1,6 @@
 // The whole fill on a device backend against the CPU's, over real documents (issue #13): deg
-// checkpoints made by `deg init` (checkpoint_init) on tiny random Qwen3.5 and LFM2 snapshots
+// checkpoints made by `deg init` (checkpoint_init) on tiny random Qwen3.5, LFM2 and Gemma 4
+// snapshots (tests/tiny_model.h)
 // fill the dev documents of every task in shared/data (SNIPS, ATIS, CoNLL-2003, MIT movie and
 // restaurant, the e-mails; every tenth, or every $DEG_DEV_STRIDE-th: the CPU side of all 6,700
 // takes ~10 minutes) with exact f32 dot products on both backends. Each field must get the
@@ -8,7 +9,6 @@
 // within the backends' rounding). Instantiated where a GPU is visible (scripts/device-test,
 // which unpacks the dev data scripts/device-deps packed and names it in $DEG_DATA_DIR; the
 // default is ../shared/data beside the tree).
-// Gemma 4 does not run on CUDA yet (docs/cuda.md).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -69,8 +69,9 @@ TEST_P(FillDevices, DevDocumentsGetTheCpuAnswers) {  // GetParam() is Device::cu
   testing::TempDir dir;
   testing::write_tiny_qwen35(dir / "qwen35", 3);
   testing::write_tiny_lfm2(dir / "lfm2", 5);
+  testing::write_tiny_gemma4(dir / "gemma4", 7);
   int64_t fields = 0, differ = 0;
-  for (const std::string family : {"qwen35", "lfm2"}) {
+  for (const std::string family : {"qwen35", "lfm2", "gemma4"}) {
     checkpoint_init({.base = dir / family, .out = dir / (family + "-deg"), .seed = 9});
     Engine cpu = Engine::open({.model = dir / (family + "-deg"), .device = "cpu", .gemm = "exact"});
     Engine gpu = Engine::open({.model = dir / (family + "-deg"),

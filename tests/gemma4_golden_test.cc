@@ -26,18 +26,40 @@ std::vector<int32_t> gemma4_fixture_ids(const std::string& name) {
   return testing::npy_ids(testing::fixture_path("gemma4/" + name + "/ids.npy"));
 }
 
-class Gemma4Golden : public ::testing::TestWithParam<const char*> {};
+// Each fixture on each backend (CUDA where a GPU is visible).
+class Gemma4Golden : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
 
 TEST_P(Gemma4Golden, LogitsHiddenAndForksMatchHf) {
   // Forks over prefixes shorter and longer than the sliding window; 64-token reads make the
   // sliding tails cross reads.
-  const auto dir = testing::fixture_path(std::string("gemma4/") + GetParam());
-  const auto T = int64_t(gemma4_fixture_ids(GetParam()).size());
-  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1});
+  const char* name = std::get<0>(GetParam());
+  const auto dir = testing::fixture_path(std::string("gemma4/") + name);
+  const auto T = int64_t(gemma4_fixture_ids(name).size());
+  const double err = testing::expect_matches_hf(dir, {1, T / 2, T - 1}, std::get<1>(GetParam()));
   RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden, ::testing::ValuesIn(kGemma4Fixtures));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden,
+                         ::testing::Combine(::testing::ValuesIn(kGemma4Fixtures),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+                         });
+
+// A device backend against the CPU's (instantiated where a GPU is visible).
+class Gemma4Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Gemma4Backends);
+
+TEST_P(Gemma4Backends, AgreeWithTheCpu) {
+  testing::expect_backend_agrees_with_cpu(
+      testing::fixture_path(std::string("gemma4/") + std::get<0>(GetParam())),
+      std::get<1>(GetParam()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Backends,
+                         ::testing::Combine(::testing::ValuesIn(kGemma4Fixtures),
+                                            ::testing::ValuesIn(testing::gpu_devices())));
 
 TEST(Gemma4GoldenBf16, DotProductsStayCloseToHfBf16) {
   // bf16 dot products round the activations to bf16 at every projection; HF's bf16 model keeps
@@ -82,26 +104,31 @@ namespace {
 // gemma4_soft_fixtures.py: two images and an audio clip, the text pad id 5, window 16).
 TEST(Gemma4GoldenSoft, MediaEmbeddingsMatchHfMerge) {
   const auto dir = testing::fixture_path("gemma4/soft_media");
-  auto bb = backbone_open(dir, {.read_chunk = 64});  // the second image crosses a read
-  ASSERT_EQ(bb->spec().soft_id, 5);
-  ASSERT_EQ(bb->spec().media.size(), 2u);
-  const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
-  const SoftTokens soft = soft_at_placeholders(bb->spec(), ids, npy_read(dir / "soft.npy"));
-  const Tensor want = npy_read(dir / "logits.npy");
-  Tensor logits = backbone_forward(*bb, ids, true, 0, &soft);
-  const double err = rel_max_error(logits, want);
-  EXPECT_LT(err, 1e-4);
-  RecordProperty("logits_rel_max_error", fmt::format("{:.3g}", err));
-  // Forks over trunks that end before, inside and after the media.
-  for (int64_t k : {int64_t(10), int64_t(27), int64_t(60), int64_t(ids.size() - 1)}) {
-    EXPECT_LT(rel_max_error(backbone_forward(*bb, ids, true, k, &soft), want), 1e-4)
-        << "fork at " << k;
+  for (Device device : testing::test_devices()) {
+    SCOPED_TRACE(device == Device::cuda ? "cuda" : "cpu");
+    // The second image crosses a read.
+    auto bb = backbone_open(dir, {.device = device, .read_chunk = 64});
+    ASSERT_EQ(bb->spec().soft_id, 5);
+    ASSERT_EQ(bb->spec().media.size(), 2u);
+    const std::vector<int32_t> ids = testing::npy_ids(dir / "ids.npy");
+    const SoftTokens soft = soft_at_placeholders(bb->spec(), ids, npy_read(dir / "soft.npy"));
+    const Tensor want = npy_read(dir / "logits.npy");
+    Tensor logits = backbone_forward(*bb, ids, true, 0, &soft);
+    const double err = rel_max_error(logits, want);
+    EXPECT_LT(err, 1e-4);
+    RecordProperty(device == Device::cuda ? "logits_rel_max_error_cuda" : "logits_rel_max_error",
+                   fmt::format("{:.3g}", err));
+    // Forks over trunks that end before, inside and after the media.
+    for (int64_t k : {int64_t(10), int64_t(27), int64_t(60), int64_t(ids.size() - 1)}) {
+      EXPECT_LT(rel_max_error(backbone_forward(*bb, ids, true, k, &soft), want), 1e-4)
+          << "fork at " << k;
+    }
+    // One read of the whole input: bitwise the same.
+    bb->set_options({.device = device, .read_chunk = 4096});
+    EXPECT_EQ(rel_max_error(backbone_forward(*bb, ids, true, 0, &soft), logits), 0.0);
+    // The placeholders read as plain tokens give other logits: the embeddings mattered.
+    EXPECT_GT(rel_max_error(backbone_forward(*bb, ids, true), want), 1e-2);
   }
-  // One read of the whole input: bitwise the same.
-  bb->set_options({.read_chunk = 4096});
-  EXPECT_EQ(rel_max_error(backbone_forward(*bb, ids, true, 0, &soft), logits), 0.0);
-  // The placeholders read as plain tokens give other logits: the embeddings mattered.
-  EXPECT_GT(rel_max_error(backbone_forward(*bb, ids, true), want), 1e-2);
 }
 
 }  // namespace

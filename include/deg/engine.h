@@ -27,8 +27,7 @@ struct EngineOptions {
   std::filesystem::path base;   // overrides deg.json "base" when the checkpoint's is elsewhere
   // Padded fork tokens per batched pass (memory, not results), in [1, kMaxForkTokens].
   int64_t fork_tokens = 16384;
-  // cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, else cpu (a
-  // model whose family does not run on CUDA yet then runs on the CPU).
+  // cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, else cpu.
   std::string device = "auto";
   // The backbone's dot products: exact (f32; bf16 weights widened exactly), bf16 (activations
   // rounded to bf16 once, f32 accumulation, as HF runs a bf16 model), or auto: bf16 on a GPU,

@@ -311,12 +311,7 @@ void bench_run(const BenchOptions& o) {
   }
   const BenchModel model = bench_model(o);
   const DeviceChoice device = pick_device(o.device);
-  const bool on_cuda = o.family != "gemma4";
-  if (device.device == Device::cuda && (on_cuda || !device.automatic)) {
-    if (!on_cuda) {
-      throw Error(ErrorKind::unsupported,
-                  "--device cuda: the gemma4 family does not run on CUDA yet (--device cpu)");
-    }
+  if (device.device == Device::cuda) {
     run_cuda(o, model, o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact);
     return;
   }

@@ -7,7 +7,7 @@ CLI::Option* add_device_option(CLI::App* cmd, std::string& device) {
   return cmd
       ->add_option("--device", device,
                    "cpu, cuda, or auto: $DEG_DEVICE when set, else cuda when a GPU is visible, "
-                   "else cpu (a model whose family does not run on CUDA yet then runs on the CPU)")
+                   "else cpu")
       ->capture_default_str();
 }
 

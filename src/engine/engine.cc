@@ -111,7 +111,6 @@ Engine Engine::open(const EngineOptions& options_in) {
   auto impl = std::make_unique<Impl>();
   const DeviceChoice device = pick_device(options.device);
   backbone.device = device.device;
-  backbone.cpu_fallback = device.automatic;
   impl->model = DegModel::open(options.model, options.base, backbone);
   impl->options = options;
   const BackboneSpec& spec = impl->model->backbone().spec();

@@ -69,7 +69,6 @@ void forward_write(const ForwardOptions& options, const std::filesystem::path& o
   auto backbone = backbone_open(
       options.model, {.precision = options.bf16_gemm ? GemmPrecision::bf16 : GemmPrecision::exact,
                       .device = device.device,
-                      .cpu_fallback = device.automatic,
                       .read_chunk = options.read_chunk});
   std::optional<SoftTokens> soft;
   if (!options.soft.empty()) {

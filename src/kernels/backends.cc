@@ -60,19 +60,18 @@ void Arena::reset() {
 
 DeviceChoice pick_device(const std::string& name) {
   std::string d = name;
-  const bool automatic = d == "auto";
-  if (automatic) {
+  if (d == "auto") {
     const std::string& env = env_config().device;
     d = !env.empty() ? env : (cuda_available() ? "cuda" : "cpu");
   }
-  if (d == "cpu") return {.device = Device::cpu, .automatic = automatic};
+  if (d == "cpu") return {.device = Device::cpu};
   if (d == "cuda") {
     if (!cuda_built()) {
       throw Error(ErrorKind::unsupported,
                   "device cuda: this deg was built without CUDA (nvcc was not found when it was "
                   "compiled); use --device cpu");
     }
-    return {.device = Device::cuda, .automatic = automatic};
+    return {.device = Device::cuda};
   }
   throw Error(ErrorKind::invalid_argument,
               "the device must be cpu, cuda or auto (DEG_DEVICE: cpu or cuda), got \"" + d + "\"");

@@ -24,11 +24,9 @@ std::vector<CudaDeviceInfo> cuda_devices();  // empty without a driver or GPU
 bool cuda_available();                       // built, and a GPU is visible
 
 // A device by name: cpu, cuda, or auto ($DEG_DEVICE when set, else cuda when a GPU is visible,
-// else cpu). `automatic`: the choice was auto, so a model the GPU cannot run yet may fall back to
-// the CPU. Throws deg::Error for another name, or cuda without a CUDA build.
+// else cpu). Throws deg::Error for another name, or cuda without a CUDA build.
 struct DeviceChoice {
   Device device = Device::cpu;
-  bool automatic = false;
 };
 DeviceChoice pick_device(const std::string& name);
 

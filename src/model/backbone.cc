@@ -49,18 +49,24 @@ bool owns_kv(const LayerSpec& l) {
   return l.kind == LayerKind::attention && l.kv_source < 0;
 }
 
-// Earlier positions of a row with `length` tokens that a layer's trunk state keeps.
+// Earlier positions of a row with `length` tokens that a layer's trunk state keeps. A sliding
+// layer keeps its last window - 1 positions and, before them, back to a position that is a
+// multiple of kKeptAlign (at most kKeptAlign - 1 more): the kept keys then start at an absolute
+// key index aligned to the 64-key blocks a backend may cut keys into (the CUDA attention), so a
+// query's blocks are the same whether its keys come from one read or from a kept window.
+constexpr int64_t kKeptAlign = 64;
 int64_t kept(const LayerSpec& l, int64_t length) {
-  return l.window > 0 ? std::min(length, l.window - 1) : length;
+  if (l.window <= 0 || length <= l.window - 1) return length;
+  return length - (length - (l.window - 1)) / kKeptAlign * kKeptAlign;
 }
 
 // A sliding layer's K/V after a call: row b has ext[b] keys at [0, ext[b]); only the last
-// window - 1 stay, moved to the front.
-void keep_window(const Ops& ops, const Tensor& t, const LayerSpec& l,
-                 const std::vector<int64_t>& ext) {
+// keep[b] stay, moved to the front.
+void keep_window(const Ops& ops, const Tensor& t, const std::vector<int64_t>& ext,
+                 const std::vector<int64_t>& keep) {
   const int64_t B = t.dim(0), H = t.dim(1), cap = t.dim(2), D = t.dim(3);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = ext[size_t(b)], k = std::min(n, l.window - 1);
+    const int64_t n = ext[size_t(b)], k = std::min(n, keep[size_t(b)]);
     if (k == n) continue;
     float* p = t.mutable_data<float>() + b * H * cap * D;
     ops.copy_rows(p + (n - k) * D, cap * D, p, cap * D, H, k * D);
@@ -349,7 +355,9 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
       for (int64_t b = 0; b < B; ++b) {
         const int64_t before = state.lengths[size_t(b)], n = batch.lengths[size_t(b)];
         tails[size_t(b)] = kept(layers[i], before);
-        room = std::max(room, std::min(before + n, layers[i].window - 1 + std::min(R, n)));
+        // A chunk reads next to at most window - 1 + kKeptAlign - 1 kept keys.
+        room = std::max(room,
+                        std::min(before + n, layers[i].window + kKeptAlign - 2 + std::min(R, n)));
       }
     }
     if (room <= state.layers[i].k.dim(2)) continue;
@@ -392,10 +400,14 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
                state.history.data(), views, hidden.mutable_data<float>(), L);
     for (size_t i = 0; i < layers.size(); ++i) {
       if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
-      for (int64_t b = 0; b < B; ++b)
-        tails[size_t(b)] = kept(layers[i], state.lengths[size_t(b)]) + lens[size_t(b)];
-      keep_window(*ops_, state.layers[i].k, layers[i], tails);
-      keep_window(*ops_, state.layers[i].v, layers[i], tails);
+      std::vector<int64_t> keep(static_cast<size_t>(B));
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t before = state.lengths[size_t(b)];
+        tails[size_t(b)] = kept(layers[i], before) + lens[size_t(b)];
+        keep[size_t(b)] = kept(layers[i], before + lens[size_t(b)]);
+      }
+      keep_window(*ops_, state.layers[i].k, tails, keep);
+      keep_window(*ops_, state.layers[i].v, tails, keep);
     }
     const int64_t Hn = spec().history;
     for (int64_t b = 0; b < B; ++b) {

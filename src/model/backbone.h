@@ -215,8 +215,6 @@ struct BackboneOptions {
   // Where the weights, the state and every call live (the family is built for it). Results
   // (hidden states, logits) come back to host memory.
   Device device = Device::cpu;
-  // The device was picked automatically: a family not on that device yet runs on the CPU.
-  bool cpu_fallback = false;
   // Prefill tokens per pass through the stack (a multiple of 64); 0: the device's default, 512
   // on the CPU (scratch stays small), 8192 on a GPU (a pass fills the GPU).
   int64_t read_chunk = 0;

@@ -29,20 +29,6 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
   const std::string type = root.model_type();
   const std::string text_type = root.text().model_type();
   const Ops* ops = &ops_for(options.device);
-  // Families not on the GPU yet run on the CPU when the device was picked automatically, and
-  // otherwise say so rather than fail inside an op.
-  auto cpu_only = [&](const std::string& family) {
-    if (options.device == Device::cpu) return;
-    if (options.cpu_fallback) {
-      log::info("the {} family does not run on CUDA yet: running on the CPU", family);
-      options.device = Device::cpu;
-      ops = &cpu_ops();
-      return;
-    }
-    throw Error(ErrorKind::unsupported,
-                "the " + family + " family does not run on CUDA yet; use --device cpu",
-                {.path = config_path.string()});
-  };
   if (gpt_handles(root.json())) {
     // deg pretrain writes bare names; a deg checkpoint keeps them under `model.`
     const GptConfig cfg = gpt_config_from_json(root.json(), config_path.string());
@@ -77,10 +63,6 @@ std::unique_ptr<Backbone> open_family(const std::filesystem::path& config_path,
     table = lfm2_tensor_table(cfg);
     make = [cfg, ops](const TensorMap& w) { return lfm2_family(cfg, w, *ops); };
   } else if (is(gemma4_handles)) {
-    // Not on CUDA yet: its sliding-window state keeps the last W keys, so a key's index within
-    // the kept window (which fixes the CUDA attention's key blocks and splits) is not its
-    // absolute one, and chunked prefill would not be bitwise the same as one read.
-    cpu_only("gemma4");
     Gemma4Config cfg = Gemma4Config::from_json(root);
     table = gemma4_tensor_table(cfg);
     make = [cfg, ops](const TensorMap& w) { return gemma4_family(cfg, w, *ops); };

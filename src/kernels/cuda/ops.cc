@@ -189,7 +189,30 @@ void CudaOps::attention(const AttendArgs& a) const {
                             .scale = a.scale,
                             .window = a.window,
                             .bf16 = a.bf16};
-    for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+    for (int i = 0; i < r.count; ++i) {
+      cuda::KvRow& kv = l.kv[i];
+      kv = kv_row(a.views[first + i]);
+      // A sliding window's kept keys start past key 0 (backbone.cc keeps them from a multiple
+      // of 64): the kernels see them at their absolute key indices, as if every earlier key
+      // were there (a prefix as long as the keys not kept, whose blocks no query reaches), so a
+      // query's key blocks and splits are those of one read of the whole input.
+      const int64_t skipped = r.position[i] - (kv.prefix_len + kv.own_before);
+      if (a.window > 0 && skipped != 0 && r.length[i] > 0) {
+        DEG_CHECK(skipped > 0 && skipped % 64 == 0,
+                  "attention: row {} keeps its window from key {}, not a multiple of 64", i,
+                  skipped);
+        const int64_t shift = skipped * a.head_dim;
+        if (kv.prefix_len == 0) {  // a trunk row: its own keys are the window
+          kv.prefix_k = kv.own_k - shift;
+          kv.prefix_v = kv.own_v - shift;
+          kv.prefix_stride = kv.own_stride;
+        } else {
+          kv.prefix_k -= shift;
+          kv.prefix_v -= shift;
+        }
+        kv.prefix_len += skipped;
+      }
+    }
     // Key-split partials: backend scratch (stream order makes reuse across calls safe).
     const int64_t ws = cuda::attention_workspace_floats(l);
     std::lock_guard lock(mu_);
