@@ -86,6 +86,10 @@ struct RowView {
   float* own_v = nullptr;
   int64_t own_before = 0;
   int64_t own_stride = 0;
+  // Keys before the first one the views hold (a sliding window's state keeps only its last
+  // keys): the first held key's absolute index. A backend whose key blocks are cut at absolute
+  // indices reads the held keys there; the results do not depend on it otherwise.
+  int64_t skipped = 0;
 };
 
 // ---- argument structs (one per op; designated initializers at call sites) ----

@@ -389,6 +389,7 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
           v.own_k = row_ptr_mut(ls.k, b);
           v.own_v = row_ptr_mut(ls.v, b);
           v.own_before = kept(layers[i], state.lengths[size_t(b)]);
+          v.skipped = state.lengths[size_t(b)] - v.own_before;
           v.own_stride = ls.k.dim(2) * layers[i].head_dim;
         } else {
           v = views[size_t(layers[i].kv_source)][size_t(b)];
@@ -526,6 +527,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
         v.prefix_k = row_ptr(pl.k, p.row);
         v.prefix_v = row_ptr(pl.v, p.row);
         v.prefix_len = kept(layers[i], p.length);
+        v.skipped = p.length - v.prefix_len;
         v.prefix_stride = pl.k.dim(2) * layers[i].head_dim;
         v.own_k = row_ptr_mut(fs.own[i].k, b);
         v.own_v = row_ptr_mut(fs.own[i].v, b);

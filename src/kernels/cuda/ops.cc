@@ -196,11 +196,12 @@ void CudaOps::attention(const AttendArgs& a) const {
       // of 64): the kernels see them at their absolute key indices, as if every earlier key
       // were there (a prefix as long as the keys not kept, whose blocks no query reaches), so a
       // query's key blocks and splits are those of one read of the whole input.
-      const int64_t skipped = r.position[i] - (kv.prefix_len + kv.own_before);
-      if (a.window > 0 && skipped != 0 && r.length[i] > 0) {
-        DEG_CHECK(skipped > 0 && skipped % 64 == 0,
-                  "attention: row {} keeps its window from key {}, not a multiple of 64", i,
-                  skipped);
+      const int64_t skipped = a.views[first + i].skipped;
+      if (skipped != 0) {
+        DEG_CHECK(skipped > 0 && skipped % 64 == 0 && a.window > 0,
+                  "attention: row {} holds its keys from key {}: not a sliding window kept from "
+                  "a multiple of 64",
+                  i, skipped);
         const int64_t shift = skipped * a.head_dim;
         if (kv.prefix_len == 0) {  // a trunk row: its own keys are the window
           kv.prefix_k = kv.own_k - shift;
