@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 
 #include "backbone_test_util.h"
 #include "deg/model_info.h"
@@ -52,9 +53,11 @@ class Gemma4Backends : public ::testing::TestWithParam<std::tuple<const char*, D
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Gemma4Backends);
 
 TEST_P(Gemma4Backends, AgreeWithTheCpu) {
-  testing::expect_backend_agrees_with_cpu(
-      testing::fixture_path(std::string("gemma4/") + std::get<0>(GetParam())),
-      std::get<1>(GetParam()));
+  // sssf_wide_bf16 amplifies rounding ~100x (Gemma4GoldenBf16 below): there two backends' bf16
+  // roundings are each held to the fp32 reference instead of to each other.
+  const std::string name = std::get<0>(GetParam());
+  testing::expect_backend_agrees_with_cpu(testing::fixture_path("gemma4/" + name),
+                                          std::get<1>(GetParam()), name != "sssf_wide_bf16");
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Backends,
@@ -66,11 +69,18 @@ TEST(Gemma4GoldenBf16, DotProductsStayCloseToHfBf16) {
   // everything in bf16 (the residual stream too). Both sit well away from the fp32 reference on
   // this 8-layer fixture (a 1e-7 weight change moves its logits ~1e-5: ~100x amplification), and
   // deg's bf16 path must stay closer to it than HF's own bf16 run.
-  const auto [deg_bf16, hf_bf16] =
-      testing::bf16_distances(testing::fixture_path("gemma4/sssf_wide_bf16"));
-  EXPECT_LT(deg_bf16, 1e-1);
-  EXPECT_LT(deg_bf16, hf_bf16) << "deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
-  RecordProperty("bf16_rel_max_error", fmt::format("{:.3g} (HF bf16: {:.3g})", deg_bf16, hf_bf16));
+  // On each backend (CUDA also rounds the attention's operands to bf16 for its tensor cores).
+  for (Device device : testing::test_devices()) {
+    const auto [deg_bf16, hf_bf16] =
+        testing::bf16_distances(testing::fixture_path("gemma4/sssf_wide_bf16"), device);
+    const std::string on = device == Device::cuda ? "cuda" : "cpu";
+    std::cout << "sssf_wide_bf16, bf16 dot products on " << on << ": " << deg_bf16
+              << " from fp32 (HF bf16: " << hf_bf16 << ")\n";
+    EXPECT_LT(deg_bf16, 1e-1) << on;
+    EXPECT_LT(deg_bf16, hf_bf16) << on << ": deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
+    RecordProperty("bf16_rel_max_error_" + on,
+                   fmt::format("{:.3g} (HF bf16: {:.3g})", deg_bf16, hf_bf16));
+  }
 }
 
 TEST(Gemma4GoldenMeta, ParameterCountsMatchPyTorch) {
