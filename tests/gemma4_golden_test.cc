@@ -76,7 +76,12 @@ TEST(Gemma4GoldenBf16, DotProductsStayCloseToHfBf16) {
     const std::string on = device == Device::cuda ? "cuda" : "cpu";
     std::cout << "sssf_wide_bf16, bf16 dot products on " << on << ": " << deg_bf16
               << " from fp32 (HF bf16: " << hf_bf16 << ")\n";
-    EXPECT_LT(deg_bf16, 1e-1) << on;
+    // The CPU keeps the attention in f32 (0.049 on this fixture); CUDA rounds its operands to
+    // bf16 as HF's bf16 model does (0.178 on an H200, HF's own 0.218): there only the
+    // comparison with HF's bf16 run holds.
+    if (device == Device::cpu) {
+      EXPECT_LT(deg_bf16, 1e-1) << on;
+    }
     EXPECT_LT(deg_bf16, hf_bf16) << on << ": deg bf16 " << deg_bf16 << " vs HF bf16 " << hf_bf16;
     RecordProperty("bf16_rel_max_error_" + on,
                    fmt::format("{:.3g} (HF bf16: {:.3g})", deg_bf16, hf_bf16));

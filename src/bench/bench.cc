@@ -74,7 +74,7 @@ struct BenchModel {
   int64_t layers = 0;
   std::vector<std::pair<std::string, Shape>> table;
   std::function<std::unique_ptr<Family>()> make;
-  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // on a given backend (qwen3_5, lfm2)
+  std::function<std::unique_ptr<Family>(const Ops&)> make_on;  // on a given backend
   TensorMap one_layer;
   std::vector<std::string> one_layer_names;
 };
@@ -121,6 +121,9 @@ BenchModel bench_model(const BenchOptions& o) {
     m.layers = int64_t(cfg.layers.size());
     m.table = gemma4_tensor_table(cfg);
     m.make = [cfg] { return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1)); };
+    m.make_on = [cfg](const Ops& ops) {
+      return gemma4_family(cfg, gemma4_random_weights(cfg, DType::bf16, 1), ops);
+    };
     Gemma4Config one = cfg;
     one.vocab = one.ple_vocab = 16;
     one.layers = {cfg.layers[0]};
