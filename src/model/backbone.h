@@ -23,7 +23,8 @@
 //
 // Two attention variants a family may declare per layer: sliding attention (LayerSpec::window:
 // a query sees its last `window` positions, itself included; trunk states keep only each row's
-// last window - 1 positions, so prefill of a long input and a fork over it stay bounded) and
+// last window - 1 positions and back to a multiple of 64 (RowView::skipped says how many went),
+// so prefill of a long input and a fork over it stay bounded) and
 // K/V sharing (LayerSpec::kv_source: the layer owns no K/V and attends an earlier layer's, in
 // trunk and fork alike; that layer writes this call's K/V first).
 //
@@ -89,7 +90,8 @@ struct BackboneSpec {
 };
 
 // One layer's state for B rows. Unused members stay undefined (k/v of a K/V-sharing layer).
-// A sliding layer's trunk K/V hold each row's last min(length, window - 1) positions at [0, ..).
+// A sliding layer's trunk K/V hold each row's last positions at [0, ..): the last window - 1 and
+// before them back to a multiple of 64 (at most 63 more), or all when there are fewer.
 struct LayerState {
   Tensor rec;   // f32 [B, rec_shape...]
   Tensor tail;  // f32 [B, K-1, conv_channels]
@@ -98,7 +100,7 @@ struct LayerState {
 };
 
 // Trunk state of B rows: row b has read lengths[b] tokens (its next position); its K/V are
-// positions [0, lengths[b]) of its K/V buffers (sliding layers: the last window - 1 of them).
+// positions [0, lengths[b]) of its K/V buffers (sliding layers: the kept last ones, above).
 struct State {
   std::vector<int64_t> lengths;  // [B]
   int64_t capacity = 0;          // K/V positions allocated per row (full-attention layers)

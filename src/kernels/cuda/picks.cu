@@ -130,8 +130,8 @@ __global__ void logit_merge_kernel(const LogitPicksLaunch a, const Part* parts, 
   }
 }
 
-int parts_of(int64_t n) {
-  return int((n + kPickChunk - 1) / kPickChunk);
+int parts_of(int64_t n) {  // at least one (an empty row has no best)
+  return n > 0 ? int((n + kPickChunk - 1) / kPickChunk) : 1;
 }
 
 }  // namespace
