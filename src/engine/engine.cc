@@ -131,7 +131,9 @@ const std::string& Engine::backbone_name() const {
 
 namespace {
 
-// Tokens a document may have before its state would not fit in half of the machine's memory.
+// Tokens a document may have before its state would not fit in half of the memory it lives in:
+// the machine's, and on a GPU the GPU's too (its K/V and the hidden states the heads read are
+// there; the hidden states come through host memory).
 int64_t max_document_tokens(const Backbone& bb) {
   int64_t per_token = bb.spec().hidden * 4 * 4;  // hidden states kept for the heads + scratch
   for (const LayerSpec& l : bb.spec().layers) {
@@ -139,7 +141,14 @@ int64_t max_document_tokens(const Backbone& bb) {
     if (l.kind == LayerKind::attention && l.window == 0 && l.kv_source < 0)
       per_token += 2 * l.kv_heads * l.head_dim * 4;
   }
-  const int64_t memory = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  int64_t memory = int64_t(sysconf(_SC_PHYS_PAGES)) * int64_t(sysconf(_SC_PAGE_SIZE));
+  if (bb.options().device == Device::cuda) {
+    static const int64_t gpu_memory = [] {  // the first visible GPU's: the backend's
+      const std::vector<CudaDeviceInfo> gpus = cuda_devices();
+      return gpus.empty() ? int64_t(0) : int64_t(gpus[0].memory_bytes);
+    }();
+    if (gpu_memory > 0) memory = std::min(memory, gpu_memory);
+  }
   return std::max<int64_t>(1, memory / 2 / std::max<int64_t>(1, per_token));
 }
 
