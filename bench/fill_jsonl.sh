@@ -6,9 +6,14 @@
 # DATA_DIR holds <task>/dev.jsonl and snips/schema.json (../shared/data, or what
 # scripts/device-test unpacks on the GPU machine: /tmp/deg-dev-data).
 set -euo pipefail
-deg=$1 data=$2 n=${3:-10000} batch=${4:-256}
-shift $(( $# < 4 ? $# : 4 ))
-[ "${1:-}" = "--" ] && shift
+positional=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do positional+=("$1"); shift; done
+[ $# -gt 0 ] && shift  # the --; what follows goes to deg fill
+if [ ${#positional[@]} -lt 2 ]; then
+  echo "usage: bench/fill_jsonl.sh DEG DATA_DIR [N] [BATCH] [-- deg fill options...]" >&2
+  exit 2
+fi
+deg=${positional[0]} data=${positional[1]} n=${positional[2]:-10000} batch=${positional[3]:-256}
 docs=$(mktemp) out=$(mktemp)
 trap 'rm -f "$docs" "$out"' EXIT
 python3 - "$data" "$n" >"$docs" <<'PY'

@@ -146,9 +146,9 @@ TEST(Heads, RelBucketsAsTorchBucketizeRight) {
 
 TEST(Heads, BitwiseBatchAndContextLengthInvariance) {
   Heads h = test_heads();
-  const int64_t T = 8492;
+  const int64_t T = 700;
   auto ctx = randn(T * C, 5, 0.5f), a = randn(5 * C, 6);
-  std::vector<SpanQuery> sq = {{}, {.anchor = 3, .region_end = 90}, {}, {.anchor = 8200}, {}};
+  std::vector<SpanQuery> sq = {{}, {.anchor = 3, .region_end = 90}, {}, {.anchor = 600}, {}};
   SpanLogits all = span_logits(h, a.data(), 5, sq, ctx.data(), T);
   for (int64_t i = 0; i < 5; ++i) {
     SpanLogits one = span_logits(h, a.data() + i * C, 1, {sq[size_t(i)]}, ctx.data(), T);
@@ -158,7 +158,7 @@ TEST(Heads, BitwiseBatchAndContextLengthInvariance) {
     }
   }
   // A shorter context gives the same bits for the tokens it shares with the longer one.
-  const int64_t T1 = 8192;
+  const int64_t T1 = 513;
   SpanLogits short_ctx = span_logits(h, a.data(), 1, {sq[0]}, ctx.data(), T1);
   for (int64_t t = 0; t < T1; ++t) ASSERT_EQ(short_ctx.start[size_t(t)], all.start[size_t(t)]);
   auto an_all = anchor_logits(h, a.data(), 3, {{}, {.lo = 2, .hi = 50}, {}}, ctx.data(), T);
@@ -167,45 +167,63 @@ TEST(Heads, BitwiseBatchAndContextLengthInvariance) {
 }
 
 // The context's keys made on a backend (as the engine makes them where the hidden states are)
-// give the host functions' logits: the same bits on the CPU, within f32 rounding of a different
-// summation order on a GPU (its exact f32 products; no TF32).
+// and the products with them there, against the formulas in double precision: the layout of
+// the products that come back, the queries' padding on a GPU (70 queries: a block of 64 and a
+// padded one), the span bias and the anchor regions.
 class HeadsBackends : public ::testing::TestWithParam<Device> {};
 
-TEST_P(HeadsBackends, KeysWhereTheContextIsGiveTheHostLogits) {
+TEST_P(HeadsBackends, KeysWhereTheContextIsMatchTheFormulas) {
   const Ops& ops = ops_for(GetParam());
   const Heads h = test_heads(), on = h.on(ops);
-  const int64_t T = 700, n = 19;  // n: not a multiple of the GPU's padding of the queries
+  const int64_t T = 300, n = 70;
   const auto ctx = randn(T * C, 11, 0.5f), a = randn(n * C, 12);
   Tensor ctx_on = ops.alloc({T, C}, DType::f32);
   ops.to_device(ctx_on.mutable_data<float>(), ctx.data(), ctx.size() * sizeof(float));
   std::vector<SpanQuery> sq(static_cast<size_t>(n));
   std::vector<Region> regions(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; i += 3) {
-    sq[size_t(i)] = {.anchor = 7 * i, .region_end = 7 * i + 40};
-    regions[size_t(i)] = {.lo = 5 * i, .hi = 5 * i + 100};
+    sq[size_t(i)] = {.anchor = 3 * i, .region_end = 3 * i + 40};
+    regions[size_t(i)] = {.lo = 2 * i, .hi = 2 * i + 100};
   }
   ContextKeys keys;
   span_keys(ops, on, ctx_on.data<float>(), T, keys);
   anchor_keys(ops, on, ctx_on.data<float>(), T, keys);
-  const SpanLogits host = span_logits(h, a.data(), n, sq, ctx.data(), T);
-  const SpanLogits got = span_logits(h, a.data(), n, sq, keys);
-  const std::vector<float> host_an = anchor_logits(h, a.data(), n, regions, ctx.data(), T);
-  const std::vector<float> got_an = anchor_logits(h, a.data(), n, regions, keys);
-  const double tol = GetParam() == Device::cpu ? 0.0 : 1e-5;
-  auto expect_close = [&](const std::vector<float>& x, const std::vector<float>& y,
-                          const char* what) {
-    ASSERT_EQ(x.size(), y.size()) << what;
-    for (size_t i = 0; i < x.size(); ++i) {
-      if (std::isinf(y[i])) {
-        ASSERT_EQ(x[i], y[i]) << what << " " << i;
+  const SpanLogits s = span_logits(h, a.data(), n, sq, keys);
+  const std::vector<float> an = anchor_logits(h, a.data(), n, regions, keys);
+  std::vector<std::vector<double>> ks, ke, ka, prior;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* c = ctx.data() + t * C;
+    ks.push_back(lin(h.span.k_start, c));
+    ke.push_back(lin(h.span.k_end, c));
+    ka.push_back(lin(h.anchor.key, c));
+    prior.push_back(lin(h.anchor.prior, c));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const float* ai = a.data() + i * C;
+    const auto qs = lin(h.span.q_start, ai), qe = lin(h.span.q_end, ai),
+               qa = lin(h.anchor.query, ai);
+    const SpanQuery& q = sq[size_t(i)];
+    const Region& r = regions[size_t(i)];
+    for (int64_t t = 0; t < T; ++t) {
+      double ws = dot(qs, ks[size_t(t)]) / 16.0, we = dot(qe, ke[size_t(t)]) / 16.0;
+      if (q.anchor >= 0) {
+        const int inside = t >= q.anchor && t < q.region_end;
+        const int b = rel_bucket(t - q.anchor);
+        ws += h.span_bias.get({0, inside, b});
+        we += h.span_bias.get({1, inside, b});
+      }
+      expect_close(s.start[size_t(i * (T + 1) + t)], ws, "start");
+      expect_close(s.end[size_t(i * (T + 1) + t)], we, "end");
+      const float got = an[size_t(i * T + t)];
+      if (t < r.lo || (r.hi >= 0 && t >= r.hi)) {
+        EXPECT_TRUE(std::isinf(got) && got < 0) << i << " " << t;
       } else {
-        ASSERT_LE(std::fabs(x[i] - y[i]), tol * (1 + std::fabs(y[i]))) << what << " " << i;
+        expect_close(got, dot(qa, ka[size_t(t)]) / 16.0 + prior[size_t(t)][0], "anchor");
       }
     }
-  };
-  expect_close(got.start, host.start, "start");
-  expect_close(got.end, host.end, "end");
-  expect_close(got_an, host_an, "anchor");
+    expect_close(s.start[size_t(i * (T + 1) + T)], lin(h.span.null_start, ai)[0], "null start");
+    expect_close(s.end[size_t(i * (T + 1) + T)], lin(h.span.null_end, ai)[0], "null end");
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Device, HeadsBackends, ::testing::ValuesIn(testing::test_devices()),

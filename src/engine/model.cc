@@ -142,7 +142,6 @@ std::unique_ptr<DegModel> DegModel::open(const fs::path& dir, const fs::path& ba
       text::Tokenizer::load(fs::exists(dir / "tokenizer.json") ? dir : config_dir);
   auto m = std::unique_ptr<DegModel>(
       new DegModel(std::move(backbone), std::move(heads), std::move(tokenizer)));
-  m->heads_on_backend_ = m->heads_.on(m->backbone_->family().ops());
   m->name_ = meta.backbone.empty() ? m->backbone_->spec().family : meta.backbone;
   m->layout_ = chat_layout(m->backbone_->spec().family);
   m->array_mode_ =

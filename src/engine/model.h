@@ -70,6 +70,7 @@ class DegModel {
   DegModel(std::unique_ptr<Backbone> backbone, Heads heads, text::Tokenizer tokenizer)
       : backbone_(std::move(backbone)),
         heads_(std::move(heads)),
+        heads_on_backend_(heads_.on(backbone_->family().ops())),
         tokenizer_(std::move(tokenizer)) {}
 
   std::unique_ptr<Backbone> backbone_;

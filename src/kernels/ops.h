@@ -87,10 +87,13 @@ struct RowView {
   int64_t own_before = 0;
   int64_t own_stride = 0;
   // Keys before the first one the views hold (a sliding window's state keeps only its last
-  // keys): the first held key's absolute index. A backend whose key blocks are cut at absolute
-  // indices reads the held keys there; the results do not depend on it otherwise.
+  // keys): the first held key's absolute index, a multiple of kSkippedAlign. A backend whose key
+  // blocks are cut at absolute indices reads the held keys there; the results do not depend on
+  // it otherwise.
   int64_t skipped = 0;
 };
+// What RowView::skipped is a multiple of: the CUDA attention's key block (attention_plan.cuh).
+inline constexpr int64_t kSkippedAlign = 64;
 
 // ---- argument structs (one per op; designated initializers at call sites) ----
 
@@ -719,8 +722,9 @@ class Ops {
   // Memory the backend owns (model state: K/V, recurrent state, conv tails): zero-filled, of
   // `shape` and `dtype`, on the backend's device.
   virtual Tensor alloc(const Shape& shape, DType dtype) const = 0;
-  // A model weight on the backend's device: a host backend returns `host` itself (a view, never
-  // a copy); a device backend copies it once into its memory (contiguous; any dtype).
+  // A host tensor the backend reads (a model weight, a document's hidden states) on its device:
+  // a host backend returns `host` itself (a view, never a copy); a device backend copies it once
+  // into its memory (contiguous; any dtype).
   virtual Tensor upload(const Tensor& host) const { return host; }
   // Bytes between host memory and the backend's memory (a host backend: memcpy). to_host waits
   // for the ops before it.

@@ -54,7 +54,7 @@ bool owns_kv(const LayerSpec& l) {
 // multiple of kKeptAlign (at most kKeptAlign - 1 more): the kept keys then start at an absolute
 // key index aligned to the 64-key blocks a backend may cut keys into (the CUDA attention), so a
 // query's blocks are the same whether its keys come from one read or from a kept window.
-constexpr int64_t kKeptAlign = 64;
+constexpr int64_t kKeptAlign = kSkippedAlign;
 int64_t kept(const LayerSpec& l, int64_t length) {
   if (l.window <= 0 || length <= l.window - 1) return length;
   return length - (length - (l.window - 1)) / kKeptAlign * kKeptAlign;

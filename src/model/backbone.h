@@ -211,8 +211,8 @@ using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
 struct BackboneOptions {
   GemmPrecision precision = GemmPrecision::exact;
   // When set and the backbone lands on a GPU: the precision there instead (the engine's
-  // default, bf16 dot products on CUDA and exact ones on the CPU, also when an automatic device
-  // choice falls back to the CPU).
+  // default, bf16 dot products on CUDA and exact ones on the CPU, also when `auto` picks the
+  // CPU).
   std::optional<GemmPrecision> cuda_precision;
   // Where the weights, the state and every call live (the family is built for it). Results
   // (hidden states, logits) come back to host memory.

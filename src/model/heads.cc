@@ -260,22 +260,33 @@ Tensor project_on(const Ops& ops, const Linear& proj, const float* context, int6
   return y;
 }
 
-// Every query's dot product with every key: y[t, i] = keys[t] · q[i] (host [T, n]) for q [n,
-// kHeadDim] on the host and keys where ContextKeys keeps them. Only the products cross to the
-// host. On a GPU the queries are padded to a multiple of 16 (zero rows), so the product's shapes
-// — each picks its GEMM algorithm once — stay few.
+// On a GPU, queries per product: the product's weight is always [kQueryBlock, kHeadDim] (zero
+// rows pad the last block), so its one pinned GEMM algorithm — and a query's bits — do not
+// depend on how many queries share the round.
+constexpr int64_t kQueryBlock = 64;
+
+// Every query's dot product with every key: y[t, i] = keys[t] · q[i] for q [n, kHeadDim] on the
+// host and keys where ContextKeys keeps them; returns y [T, ld] in host memory (columns >= n
+// unused). Only the products cross to the host.
 std::vector<float> key_products(const Ops& ops, const Tensor& keys, const std::vector<float>& q,
                                 int64_t n, int64_t* ld) {
   const int64_t T = keys.dim(0);
-  const int64_t np = ops.device() == Device::cpu ? n : (n + 15) / 16 * 16;
-  Tensor qd = ops.alloc({np, kHeadDim}, DType::f32);
-  ops.to_device(qd.mutable_data<float>(), q.data(), q.size() * sizeof(float));
-  Tensor y = ops.alloc({T, np}, DType::f32);
-  GemmOutput o{.w = &qd, .y = y.mutable_data<float>(), .ldy = np};
-  ops.gemm({.x = keys.data<float>(), .m = T, .k = kHeadDim, .ldx = kHeadDim, .outputs = {&o, 1}});
-  std::vector<float> out(size_t(T * np));
-  ops.to_host(out.data(), y.data<float>(), out.size() * sizeof(float));
-  *ld = np;
+  const int64_t block = ops.device() == Device::cpu ? std::max<int64_t>(n, 1) : kQueryBlock;
+  *ld = (n + block - 1) / block * block;
+  std::vector<float> out(size_t(T * *ld)), qb(size_t(block * kHeadDim)), part(size_t(T * block));
+  Tensor qd = ops.alloc({block, kHeadDim}, DType::f32);
+  Tensor y = ops.alloc({T, block}, DType::f32);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t m = std::min(block, n - b0);
+    std::fill(qb.begin(), qb.end(), 0.0f);
+    std::copy(q.begin() + b0 * kHeadDim, q.begin() + (b0 + m) * kHeadDim, qb.begin());
+    ops.to_device(qd.mutable_data<float>(), qb.data(), qb.size() * sizeof(float));
+    GemmOutput o{.w = &qd, .y = y.mutable_data<float>(), .ldy = block};
+    ops.gemm({.x = keys.data<float>(), .m = T, .k = kHeadDim, .ldx = kHeadDim, .outputs = {&o, 1}});
+    ops.to_host(part.data(), y.data<float>(), part.size() * sizeof(float));
+    for (int64_t t = 0; t < T; ++t)
+      std::copy(part.begin() + t * block, part.begin() + t * block + m, out.begin() + t * *ld + b0);
+  }
   return out;
 }
 

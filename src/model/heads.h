@@ -84,7 +84,8 @@ struct Heads {
   // A writable deep copy (loaded heads view their read-only mapped file).
   Heads clone() const;
   // The same heads with every tensor in `ops`'s memory (Ops::upload: the host tensors
-  // themselves on the CPU), for the context-side products (span_keys, span_logits, ...).
+  // themselves on the CPU): what span_keys / anchor_keys take. Every other function here reads
+  // host heads (on a GPU these tensors are device memory).
   Heads on(const Ops& ops) const;
   // Zeros of the same shapes: gradients, optimizer moments.
   Heads zeros_like() const;

@@ -5,7 +5,6 @@
 #include <optional>
 
 #include "core/error.h"
-#include "core/log.h"
 #include "io/hf_config.h"
 #include "io/weights.h"
 #include "kernels/ops.h"

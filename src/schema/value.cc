@@ -161,10 +161,15 @@ std::shared_ptr<const Pattern> Pattern::compile(std::string_view source) {
   OnigErrorInfo info{};
   const std::string onig_source = ecma_anchors(source);
   const auto* p = reinterpret_cast<const OnigUChar*>(onig_source.data());
+  // Searches may run on several threads at once (a fill's span searches); Oniguruma does not
+  // say onig_new may, so compiles take turns (a "regex" format compiles each span it checks).
+  static std::mutex compiling;
+  std::unique_lock<std::mutex> turn(compiling);
   const int rc =
       onig_new(&regex, p, p + onig_source.size(),
                ONIG_OPTION_DIGIT_IS_ASCII | ONIG_OPTION_WORD_IS_ASCII | ONIG_OPTION_POSIX_IS_ASCII,
                ONIG_ENCODING_UTF8, ONIG_SYNTAX_PERL_NG, &info);
+  turn.unlock();
   if (rc != ONIG_NORMAL) {
     OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
     onig_error_code_to_str(message, rc, &info);

@@ -193,15 +193,16 @@ void CudaOps::attention(const AttendArgs& a) const {
       cuda::KvRow& kv = l.kv[i];
       kv = kv_row(a.views[first + i]);
       // A sliding window's kept keys start past key 0 (backbone.cc keeps them from a multiple
-      // of 64): the kernels see them at their absolute key indices, as if every earlier key
-      // were there (a prefix as long as the keys not kept, whose blocks no query reaches), so a
-      // query's key blocks and splits are those of one read of the whole input.
+      // of kSkippedAlign, the kernels' key block): the kernels see them at their absolute key
+      // indices, as if every earlier key were there (a prefix as long as the keys not kept, whose
+      // blocks no query reaches), so a query's key blocks and splits are those of one read of the
+      // whole input.
       const int64_t skipped = a.views[first + i].skipped;
       if (skipped != 0) {
-        DEG_CHECK(skipped > 0 && skipped % 64 == 0 && a.window > 0,
+        DEG_CHECK(skipped > 0 && skipped % kSkippedAlign == 0 && a.window > 0,
                   "attention: row {} holds its keys from key {}: not a sliding window kept from "
-                  "a multiple of 64",
-                  i, skipped);
+                  "a multiple of {}",
+                  first + i, skipped, kSkippedAlign);
         const int64_t shift = skipped * a.head_dim;
         if (kv.prefix_len == 0) {  // a trunk row: its own keys are the window
           kv.prefix_k = kv.own_k - shift;
@@ -346,6 +347,7 @@ void CudaOps::softcap(const SoftcapArgs& a) const {
 }
 
 void CudaOps::logit_picks(const LogitPicksArgs& a) const {
+  std::lock_guard lock(mu_);  // the scratch slot
   check(cuda::launch_logit_picks({.logits = a.logits,
                                   .ld = a.ld,
                                   .rows = a.rows,
