@@ -260,9 +260,10 @@ Tensor project_on(const Ops& ops, const Linear& proj, const float* context, int6
   return y;
 }
 
-// On a GPU, queries per product: the product's weight is always [kQueryBlock, kHeadDim] (zero
+// Queries per product. On a GPU the product's weight is always [kQueryBlock, kHeadDim] (zero
 // rows pad the last block), so its one pinned GEMM algorithm — and a query's bits — do not
-// depend on how many queries share the round.
+// depend on how many queries share the round; the CPU's products are column-invariant anyway,
+// so fewer queries go in one unpadded product there.
 constexpr int64_t kQueryBlock = 64;
 
 // Every query's dot product with every key: y[t, i] = keys[t] · q[i] for q [n, kHeadDim] on the
@@ -271,7 +272,11 @@ constexpr int64_t kQueryBlock = 64;
 std::vector<float> key_products(const Ops& ops, const Tensor& keys, const std::vector<float>& q,
                                 int64_t n, int64_t* ld) {
   const int64_t T = keys.dim(0);
-  const int64_t block = ops.device() == Device::cpu ? std::max<int64_t>(n, 1) : kQueryBlock;
+  if (n <= 0) {
+    *ld = 0;
+    return {};
+  }
+  const int64_t block = ops.device() == Device::cpu && n < kQueryBlock ? n : kQueryBlock;
   *ld = (n + block - 1) / block * block;
   std::vector<float> out(size_t(T * *ld)), qb(size_t(block * kHeadDim)), part(size_t(T * block));
   Tensor qd = ops.alloc({block, kHeadDim}, DType::f32);
