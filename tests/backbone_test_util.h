@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -129,6 +130,23 @@ inline void expect_backend_agrees_with_cpu(const std::filesystem::path& dir, Dev
         << dir.filename().string() << (p == GemmPrecision::exact ? " exact" : " bf16");
   }
 }
+
+// Test names of the family suites' parameters: a fixture or a GEMM precision, then "_cuda" on
+// CUDA (gtest's name generator for Combine(fixtures or precisions, test_devices())).
+struct FixtureOnDevice {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    return std::string(std::get<0>(info.param)) +
+           (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+  }
+};
+struct PrecisionOnDevice {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
+           (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
+  }
+};
 
 // test_devices() less the CPU: the backends checked against the CPU's.
 inline std::vector<Device> gpu_devices() {

@@ -43,10 +43,7 @@ TEST_P(Gemma4Golden, LogitsHiddenAndForksMatchHf) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Gemma4Golden,
                          ::testing::Combine(::testing::ValuesIn(kGemma4Fixtures),
                                             ::testing::ValuesIn(testing::test_devices())),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-                         });
+                         testing::FixtureOnDevice());
 
 // A device backend against the CPU's (instantiated where a GPU is visible).
 class Gemma4Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};

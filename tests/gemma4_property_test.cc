@@ -316,14 +316,11 @@ TEST_P(Gemma4Property, LogitsAreSoftCapped) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Precision, Gemma4Property,
-    ::testing::Combine(::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
-                       ::testing::ValuesIn(testing::test_devices())),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
-             (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Precision, Gemma4Property,
+                         ::testing::Combine(::testing::Values(GemmPrecision::exact,
+                                                              GemmPrecision::bf16),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         testing::PrecisionOnDevice());
 
 // A plain double-precision forward of one sequence, written from the layer description in
 // src/model/gemma4.cc (explicit window masks, K/V sharing by layer index, per-layer inputs by

@@ -45,10 +45,7 @@ TEST_P(Lfm2Backend, LogitsHiddenAndForksMatchHf) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Lfm2Backend,
                          ::testing::Combine(::testing::ValuesIn(kLfm2Fixtures),
                                             ::testing::ValuesIn(testing::test_devices())),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-                         });
+                         testing::FixtureOnDevice());
 
 // A device backend against the CPU's (instantiated where a GPU is visible).
 class Lfm2Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};

@@ -245,14 +245,11 @@ TEST_P(Lfm2Property, IdleRowInADecodeBatchKeepsItsTail) {
   EXPECT_TRUE(bitwise_equal(tail_before, row_slice(fs.own[0].tail, 1, INT64_MAX)));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Precision, Lfm2Property,
-    ::testing::Combine(::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
-                       ::testing::ValuesIn(testing::test_devices())),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
-             (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Precision, Lfm2Property,
+                         ::testing::Combine(::testing::Values(GemmPrecision::exact,
+                                                              GemmPrecision::bf16),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         testing::PrecisionOnDevice());
 
 TEST(Lfm2Errors, MissingTensorIsNamed) {
   // A snapshot whose config asks for one more (conv) layer than the weights hold.

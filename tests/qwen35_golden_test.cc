@@ -41,10 +41,7 @@ TEST_P(Qwen35Golden, LogitsHiddenAndForksMatchHf) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, Qwen35Golden,
                          ::testing::Combine(::testing::ValuesIn(kQwen35Fixtures),
                                             ::testing::ValuesIn(testing::test_devices())),
-                         [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-                         });
+                         testing::FixtureOnDevice());
 
 // A device backend against the CPU's (instantiated where a GPU is visible).
 class Qwen35Backends : public ::testing::TestWithParam<std::tuple<const char*, Device>> {};

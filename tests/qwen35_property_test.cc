@@ -234,14 +234,11 @@ TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
   EXPECT_TRUE(bitwise_equal(rec_before, rec_after));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Precision, Qwen35Property,
-    ::testing::Combine(::testing::Values(GemmPrecision::exact, GemmPrecision::bf16),
-                       ::testing::ValuesIn(testing::test_devices())),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) == GemmPrecision::exact ? "exact" : "bf16") +
-             (std::get<1>(info.param) == Device::cuda ? "_cuda" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Precision, Qwen35Property,
+                         ::testing::Combine(::testing::Values(GemmPrecision::exact,
+                                                              GemmPrecision::bf16),
+                                            ::testing::ValuesIn(testing::test_devices())),
+                         testing::PrecisionOnDevice());
 
 // The LM head runs in blocks of vocabulary rows (Qwen3.5-0.8B's [248320, 1024] head has no
 // pinned bf16 cuBLASLt algorithm as a whole): over a vocabulary of 70,001 (two full blocks and

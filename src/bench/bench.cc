@@ -313,8 +313,7 @@ void bench_run(const BenchOptions& o) {
     throw Error(ErrorKind::invalid_argument, "--layers must be in 1..240 (0: the real model's)");
   }
   const BenchModel model = bench_model(o);
-  const DeviceChoice device = pick_device(o.device);
-  if (device.device == Device::cuda) {
+  if (pick_device(o.device) == Device::cuda) {
     run_cuda(o, model, o.gemm == "bf16" ? GemmPrecision::bf16 : GemmPrecision::exact);
     return;
   }

@@ -109,8 +109,7 @@ Engine Engine::open(const EngineOptions& options_in) {
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto impl = std::make_unique<Impl>();
-  const DeviceChoice device = pick_device(options.device);
-  backbone.device = device.device;
+  backbone.device = pick_device(options.device);
   impl->model = DegModel::open(options.model, options.base, backbone);
   impl->options = options;
   const BackboneSpec& spec = impl->model->backbone().spec();

@@ -65,10 +65,9 @@ void forward_write(const ForwardOptions& options, const std::filesystem::path& o
     throw Error(ErrorKind::invalid_argument, "--read-chunk must be positive (or 0: the default)");
   }
   if (options.ids.empty()) throw Error(ErrorKind::invalid_argument, "no token ids");
-  const DeviceChoice device = pick_device(options.device);
   auto backbone = backbone_open(
       options.model, {.precision = options.bf16_gemm ? GemmPrecision::bf16 : GemmPrecision::exact,
-                      .device = device.device,
+                      .device = pick_device(options.device),
                       .read_chunk = options.read_chunk});
   std::optional<SoftTokens> soft;
   if (!options.soft.empty()) {

@@ -58,20 +58,20 @@ void Arena::reset() {
   for (Block& b : blocks_) b.used = 0;
 }
 
-DeviceChoice pick_device(const std::string& name) {
+Device pick_device(const std::string& name) {
   std::string d = name;
   if (d == "auto") {
     const std::string& env = env_config().device;
     d = !env.empty() ? env : (cuda_available() ? "cuda" : "cpu");
   }
-  if (d == "cpu") return {.device = Device::cpu};
+  if (d == "cpu") return Device::cpu;
   if (d == "cuda") {
     if (!cuda_built()) {
       throw Error(ErrorKind::unsupported,
                   "device cuda: this deg was built without CUDA (nvcc was not found when it was "
                   "compiled); use --device cpu");
     }
-    return {.device = Device::cuda};
+    return Device::cuda;
   }
   throw Error(ErrorKind::invalid_argument,
               "the device must be cpu, cuda or auto (DEG_DEVICE: cpu or cuda), got \"" + d + "\"");

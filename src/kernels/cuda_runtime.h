@@ -25,10 +25,7 @@ bool cuda_available();                       // built, and a GPU is visible
 
 // A device by name: cpu, cuda, or auto ($DEG_DEVICE when set, else cuda when a GPU is visible,
 // else cpu). Throws deg::Error for another name, or cuda without a CUDA build.
-struct DeviceChoice {
-  Device device = Device::cpu;
-};
-DeviceChoice pick_device(const std::string& name);
+Device pick_device(const std::string& name);
 
 // Device memory of the current GPU; throw deg::Error naming the size when it cannot be had.
 void* cuda_malloc(size_t bytes);

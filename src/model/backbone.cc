@@ -51,13 +51,13 @@ bool owns_kv(const LayerSpec& l) {
 
 // Earlier positions of a row with `length` tokens that a layer's trunk state keeps. A sliding
 // layer keeps its last window - 1 positions and, before them, back to a position that is a
-// multiple of kKeptAlign (at most kKeptAlign - 1 more): the kept keys then start at an absolute
-// key index aligned to the 64-key blocks a backend may cut keys into (the CUDA attention), so a
-// query's blocks are the same whether its keys come from one read or from a kept window.
-constexpr int64_t kKeptAlign = kSkippedAlign;
+// multiple of kSkippedAlign (at most kSkippedAlign - 1 more): the kept keys then start at an
+// absolute key index aligned to the 64-key blocks a backend may cut keys into (the CUDA
+// attention), so a query's blocks are the same whether its keys come from one read or from a
+// kept window.
 int64_t kept(const LayerSpec& l, int64_t length) {
   if (l.window <= 0 || length <= l.window - 1) return length;
-  return length - (length - (l.window - 1)) / kKeptAlign * kKeptAlign;
+  return length - (length - (l.window - 1)) / kSkippedAlign * kSkippedAlign;
 }
 
 // A sliding layer's K/V after a call: row b has ext[b] keys at [0, ext[b]); only the last
@@ -355,9 +355,9 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
       for (int64_t b = 0; b < B; ++b) {
         const int64_t before = state.lengths[size_t(b)], n = batch.lengths[size_t(b)];
         tails[size_t(b)] = kept(layers[i], before);
-        // A chunk reads next to at most window - 1 + kKeptAlign - 1 kept keys.
-        room = std::max(room,
-                        std::min(before + n, layers[i].window + kKeptAlign - 2 + std::min(R, n)));
+        // A chunk reads next to at most window - 1 + kSkippedAlign - 1 kept keys.
+        room = std::max(
+            room, std::min(before + n, layers[i].window + kSkippedAlign - 2 + std::min(R, n)));
       }
     }
     if (room <= state.layers[i].k.dim(2)) continue;

@@ -702,7 +702,7 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
         throw Error(ErrorKind::not_found, "no such file (--task)", {.path = f.string()});
     schema::plan_compile(schema::schema_load(t.schema.string()));
   }
-  const Device device = pick_device(o.device).device;
+  const Device device = pick_device(o.device);
   if (o.profile_step > 0 && device != Device::cuda)
     throw Error(ErrorKind::invalid_argument, kProfileNeeds);
   prepare_out(o);

@@ -136,7 +136,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   params.init(o.seed);
   // The parameters, gradients and optimizer state live on the training device for the whole run
   // (host memory on the CPU); checkpoints download them.
-  const Device device = pick_device(o.device).device;
+  const Device device = pick_device(o.device);
   const Ops& ops = ops_for(device);
   GptOptimizer opt(params, {}, ops);
   ShardLoader loader(train_files, info.bos_id);
