@@ -1559,6 +1559,34 @@ const std::vector<OpCase>& op_cases() {
                                 .own_before = {0, 0, 3, 0, 9, 2, 0}},
                                att_bf16));
 
+    // Head dims past 256 (Gemma 4's global layers, D = 512): the few-query kernel's wide form
+    // takes every job on CUDA, in f32 whether or not bf16 products were asked for.
+    c.push_back(attention_case("attention_wide_d512_gqa_prefix_own_before",
+                               {.kv_heads = 1,
+                                .group = 2,
+                                .dim = 512,
+                                .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                .own_before = {0, 4, 3, 0, 9, 2, 30}},
+                               att));
+    c.push_back(attention_case("attention_wide_d300_decode_window",
+                               {.kv_heads = 2,
+                                .group = 3,
+                                .dim = 300,
+                                .window = 40,
+                                .lengths = kDecodeLengths,
+                                .prefix_len = {40, 3, 0, 0, 12, 100, 1},
+                                .own_before = {0, 5, 2, 17, 0, 3, 60}},
+                               att));
+    c.push_back(attention_case("attention_bf16_wide_d512_decode",
+                               {.kv_heads = 1,
+                                .group = 8,
+                                .dim = 512,
+                                .bf16 = true,
+                                .lengths = kDecodeLengths,
+                                .prefix_len = {40, 3, 0, 0, 12, 100, 1},
+                                .own_before = {0, 5, 2, 17, 0, 3, 60}},
+                               att));
+
     // K <= 4 products per output, then SiLU; tails are copies (cpu: 1.2e-7, 4e-15; tails 0).
     const Tolerance conv{1e-6, 1e-13};
     c.push_back(conv_case("conv_silu_600_channels", 600, 4, true, Tail::separate, conv));

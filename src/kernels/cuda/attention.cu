@@ -2,7 +2,8 @@
 // kernels/ops.h): flash-style with the key sequence cut into splits (flash-decoding), f32 on the
 // CUDA cores, bitwise batch invariant.
 //
-// Letters: G query heads per KV head (group), D head dim (at most 256), a row's "query rows" are
+// Letters: G query heads per KV head (group), D head dim (at most 512; past 256 every job
+// runs in the few-query kernel's wide form), a row's "query rows" are
 // its n real tokens times G heads of one KV head, flattened as f = t G + g; a query row's key
 // index is that of its token (prefix_len + own_before + t), its "reach" the keys it sees.
 //
@@ -341,8 +342,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- few-query kernel: up to 8 query rows of one row per CTA (decode) ----
 //
 // Thread roles: scores: threads < 128, key t % 64, rows 4 (t / 64) + i (i < 4), skipped when
-// those rows hold no query; softmax: warp 0, row l % 8, part l / 8; values: column t (t < D),
-// all rows of the CTA.
+// those rows hold no query; softmax: warp 0, row l % 8, part l / 8; values: columns t + 256 c
+// (c < kCols, below D), all rows of the CTA.
+//
+// kCols == 2 is the wide form for head dims past kMaxHeadDim (Gemma 4's global layers, D = 512),
+// which takes every job of such a launch: one tile holds a block's K, then its V (two tiles would
+// not fit in shared memory), so the copies no longer overlap the arithmetic. The arithmetic per
+// column is the narrow form's.
 
 template <int kRows>
 __device__ __forceinline__ void accumulate_few(float (&acc)[kFewQueries], const float* probs,
@@ -358,13 +364,21 @@ __device__ __forceinline__ void accumulate_few(float (&acc)[kFewQueries], const 
   }
 }
 
+size_t few_shared_bytes(const Geometry& g, bool wide) {
+  return sizeof(float) * (size_t((wide ? 1 : 2) * kKeyBlock + kFewQueries) * g.pitch +
+                          kKeyBlock * kFewQueries + kFewQueries) +
+         kFewQueries * sizeof(RowEnd);
+}
+
+template <int kCols>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_few_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const Geometry g) {
+  constexpr bool kWide = kCols > 1;
   extern __shared__ float4 shared[];
   float* const q_tile = reinterpret_cast<float*>(shared);                // [8 query rows][pitch]
   float* const k_tile = q_tile + kFewQueries * g.pitch;                  // [64 keys][pitch]
-  float* const v_tile = k_tile + kKeyBlock * g.pitch;                    // [64 keys][pitch]
+  float* const v_tile = kWide ? k_tile : k_tile + kKeyBlock * g.pitch;   // [64 keys][pitch]
   float* const probs = v_tile + kKeyBlock * g.pitch;                     // [64 keys][8 query rows]
   float* const alphas = probs + kKeyBlock * kFewQueries;                 // [8 query rows]
   RowEnd* const ends = reinterpret_cast<RowEnd*>(alphas + kFewQueries);  // [8 query rows]
@@ -402,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stage_tile(q_tile, kFewQueries, q_walk, g, query);
   stage_keys(first_block);
   commit_copies();
-  stage_values(first_block);
+  if (!kWide) stage_values(first_block);
   commit_copies();
 
   const int2 soft_query = make_int2(row, int(f0 + soft_row));
@@ -411,11 +425,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool local = p.row_local[row];
   Running run{-INFINITY, 0.0f, 1.0f};
   Fold fold{-INFINITY, 0.0f};
-  float acc[kFewQueries] = {};
+  float acc[kCols][kFewQueries] = {};
 
   for (int64_t block = first_block; block <= last_block; ++block) {
     const int64_t key0 = block * kKeyBlock;
-    wait_copies<1>();  // this block's K (and, the first time, Q)
+    if (kWide) {
+      wait_copies<0>();  // this block's K (and, the first time, Q)
+    } else {
+      wait_copies<1>();  // the same; this block's V may still arrive
+    }
     __syncthreads();
 
     if (scores_here) {
@@ -434,38 +452,54 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // scores complete; the K tile is free
 
-    if (block < last_block) stage_keys(block + 1);
+    if (kWide) {
+      stage_values(block);
+    } else if (block < last_block) {
+      stage_keys(block + 1);
+    }
     commit_copies();
     if (warp == 0) {
       run = softmax_step(probs + soft_row, kFewQueries, key0, reach, run.max, run.sum);
       end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
                alphas + soft_row, ends + soft_row);
     }
-    wait_copies<1>();  // this block's V
+    if (kWide) {
+      wait_copies<0>();  // this block's V
+    } else {
+      wait_copies<1>();
+    }
     __syncthreads();
 
-    if (t < D) {
 #pragma unroll
-      for (int i = 0; i < kFewQueries; ++i) acc[i] = __fmul_rn(acc[i], alphas[i]);
+    for (int c = 0; c < kCols; ++c) {
+      const int col = t + kThreads * c;
+      if (col >= D) break;
+      float(&cacc)[kFewQueries] = acc[c];
+#pragma unroll
+      for (int i = 0; i < kFewQueries; ++i) cacc[i] = __fmul_rn(cacc[i], alphas[i]);
       if (quads > 1) {
-        accumulate_few<8>(acc, probs, v_tile + t, g.pitch);
+        accumulate_few<8>(cacc, probs, v_tile + col, g.pitch);
       } else {
-        accumulate_few<4>(acc, probs, v_tile + t, g.pitch);
+        accumulate_few<4>(cacc, probs, v_tile + col, g.pitch);
       }
       // Rows whose split ends here store their partial or output and start afresh.
 #pragma unroll
       for (int i = 0; i < kFewQueries; ++i) {
         const RowEnd e = ends[i];
         if (e.end == kGoOn) continue;
-        float v = acc[i];
-        if (e.end == kFold || e.end == kFoldOutput) v = fold_value(e.fold[t], v, e.w);
-        e.dest[t] = e.end == kOutput || e.end == kFoldOutput ? __fdiv_rn(v, e.sum) : v;
-        acc[i] = 0.0f;
+        float v = cacc[i];
+        if (e.end == kFold || e.end == kFoldOutput) v = fold_value(e.fold[col], v, e.w);
+        e.dest[col] = e.end == kOutput || e.end == kFoldOutput ? __fdiv_rn(v, e.sum) : v;
+        cacc[i] = 0.0f;
       }
     }
     __syncthreads();  // the V tile, the probabilities and the row states are free
 
-    if (block < last_block) stage_values(block + 1);
+    if (kWide) {
+      if (block < last_block) stage_keys(block + 1);
+    } else if (block < last_block) {
+      stage_values(block + 1);
+    }
     commit_copies();
   }
 }
@@ -487,20 +521,20 @@ __global__ void __launch_bounds__(kThreads)
   const float* rec = record_of(a, p, g, row, head, f, s.first);
   const int lane = int(threadIdx.x % 32), D = g.head_dim;
   Fold fold{rec[g.dim4], rec[g.dim4 + 1]};
-  float acc[kMaxHeadDim / 32] = {};
+  float acc[kMaxWideHeadDim / 32] = {};
 #pragma unroll
-  for (int c = 0; c < kMaxHeadDim / 32; ++c)
+  for (int c = 0; c < kMaxWideHeadDim / 32; ++c)
     if (lane + 32 * c < D) acc[c] = rec[lane + 32 * c];
   for (int64_t k = 1; k <= s.last - s.first; ++k) {
     const float* r = rec + k * g.record;
     const float2 w = fold_step(fold, r[g.dim4], r[g.dim4 + 1]);
 #pragma unroll
-    for (int c = 0; c < kMaxHeadDim / 32; ++c)
+    for (int c = 0; c < kMaxWideHeadDim / 32; ++c)
       if (lane + 32 * c < D) acc[c] = fold_value(acc[c], r[lane + 32 * c], w);
   }
   float* out = output_of(a, row, head, f);
 #pragma unroll
-  for (int c = 0; c < kMaxHeadDim / 32; ++c)
+  for (int c = 0; c < kMaxWideHeadDim / 32; ++c)
     if (lane + 32 * c < D) out[lane + 32 * c] = __fdiv_rn(acc[c], fold.sum);
 }
 
@@ -533,13 +567,13 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
     if (e != cudaSuccess) return e;
   }
   if (p.few_ctas > 0) {
-    const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kFewQueries) * g.pitch +
-                                          kKeyBlock * kFewQueries + kFewQueries) +
-                         kFewQueries * sizeof(RowEnd);
-    cudaError_t e = cudaFuncSetAttribute(attention_few_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    const bool wide = g.head_dim > kMaxHeadDim;
+    const size_t bytes = few_shared_bytes(g, wide);
+    auto* kernel = wide ? attention_few_kernel<2> : attention_few_kernel<1>;
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
-    attention_few_kernel<<<unsigned(p.few_ctas), threads, bytes, stream>>>(a, p, g);
+    kernel<<<unsigned(p.few_ctas), threads, bytes, stream>>>(a, p, g);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }

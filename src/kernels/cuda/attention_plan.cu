@@ -14,7 +14,7 @@ bool aligned16(const void* p) {
 }
 
 bool valid_launch(const AttentionLaunch& a) {
-  return a.head_dim > 0 && a.head_dim <= kMaxHeadDim && a.group > 0 && a.kv_heads > 0 &&
+  return a.head_dim > 0 && a.head_dim <= kMaxWideHeadDim && a.group > 0 && a.kv_heads > 0 &&
          a.kv_heads <= 65535 && a.rows.count <= kRows;
 }
 
@@ -99,6 +99,8 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
   plan_records(a, p);
   const Rows& r = a.rows;
   const int64_t G = a.group;
+  // Head dims past the block kernel's run every job, one row each, in the few kernel's wide form.
+  const bool wide = a.head_dim > kMaxHeadDim;
   int64_t count[kRows] = {}, lo_block[kRows] = {}, end_block[kRows] = {}, blocks[kRows] = {};
   for (int i = 0; i < r.count; ++i) {
     if (r.length[i] <= 0) continue;
@@ -148,7 +150,7 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
     }
     // The prefix blocks that whole splits of every member cover.
     const int64_t shared_end = a.kv[i].prefix_len / kKeyBlock / split * split;
-    const bool pack = m >= 2 && queries >= kPackQueries && lo < shared_end;
+    const bool pack = !wide && m >= 2 && queries >= kPackQueries && lo < shared_end;
     const int begin = pos;
     int64_t before = 0;
     for (int k = 0; k < m; ++k) {
@@ -165,7 +167,7 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
       const int64_t from = pack ? std::max(shared_end, lo_block[row]) : lo_block[row];
       if (from < end_block[row])
         add(begin + k, begin + k + 1, count[row], from, end_block[row], blocks[row], false,
-            count[row] <= kFewLimit && !a.bf16);
+            wide || (count[row] <= kFewLimit && !a.bf16));
     }
   }
 

@@ -15,8 +15,9 @@ constexpr int kBlockQueries = 64;     // query rows per block-kernel CTA
 constexpr int kFewQueries = 8;        // query rows per few-query CTA
 constexpr int64_t kFewLimit = 16;     // a row's own job with n G <= this runs in the few kernel
 constexpr int64_t kPackQueries = 16;  // rows sharing a prefix pack from this many query rows
-constexpr int kMaxHeadDim = 256;
-constexpr int kBlockProbPitch = 72;  // floats per key of the block kernel's probabilities
+constexpr int kMaxHeadDim = 256;      // the block kernel's and the narrow few kernel's
+constexpr int kMaxWideHeadDim = 512;  // the few kernel's wide form (every job past kMaxHeadDim)
+constexpr int kBlockProbPitch = 72;   // floats per key of the block kernel's probabilities
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kMaxJobs = 2 * kRows;  // a packed job per group (>= 2 rows) and one per row
 constexpr int kMergeWarps = kThreads / 32;
