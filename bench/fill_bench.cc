@@ -1,8 +1,11 @@
 // deg fill at a real model's size (issue 13's benchmark): a deg checkpoint at Qwen3.5-0.8B dims
-// with random bf16 weights and fresh heads, built on the spot, fills bench/fill_schema.json (40
+// (--family lfm2: LFM2.5-1.2B, gemma4: Gemma 4 E2B's text decoder) with random bf16 weights and
+// fresh heads, built on the spot, fills bench/fill_schema.json (40
 // fields: 12 choices, 10 booleans, 15 extracts, two anchored arrays of exactly 10 items, one
 // x-generate field of exactly 16 tokens) from synthetic business documents of exactly --tokens
-// tokens of a real BPE tokenizer (Qwen3's, fetched by scripts/fetch-test-data). Figures, each the
+// tokens of a real BPE tokenizer (Qwen3's, fetched by scripts/fetch-test-data; for LFM2 and Gemma 4
+// with their chat layout's special tokens added, and LFM2's vocabulary widened from 65,536 to hold
+// its ids). Figures, each the
 // median of --repeats calls after a warm-up:
 //   * one document with the 39 fields that are not generated, and with all 40 (latency);
 //   * --docs documents in one call (throughput: documents/s and document tokens/s).
@@ -13,8 +16,8 @@
 // JSON of document 0 (bench/fill_hf.py generates that text token by token for the peer figure).
 // Not a test: nothing here asserts on time.
 //
-// usage: fill_bench [--device cuda|cpu] [--gemm auto|exact|bf16] [--tokens N] [--docs N] [--repeats
-// N] [--layers N]
+// usage: fill_bench [--family qwen3_5|lfm2|gemma4] [--device cuda|cpu] [--gemm auto|exact|bf16]
+//                   [--tokens N] [--docs N] [--repeats N] [--layers N]
 //                   [--work DIR] [--tokenizer FILE] [--schema FILE] [--json FILE] [--profile]
 //                   [--log-level warn|info|debug|trace]
 #include <fmt/format.h>
@@ -26,6 +29,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,6 +41,8 @@
 #include "io/json.h"
 #include "io/safetensors.h"
 #include "kernels/cuda_runtime.h"
+#include "model/gemma4.h"
+#include "model/lfm2.h"
 #include "model/qwen35.h"
 #include "text/tokenizer.h"
 
@@ -62,7 +68,7 @@ double median(std::vector<double> v) {
 }
 
 struct Options {
-  std::string device = "cuda", gemm = "auto", log_level = "warn";
+  std::string family = "qwen3_5", device = "cuda", gemm = "auto", log_level = "warn";
   int64_t tokens = 4096, docs = 32, repeats = 5, layers = 0;
   fs::path work, json;
   fs::path tokenizer = fs::path(DEG_SOURCE_DIR) / ".cache/tokenizers/qwen3/tokenizer.json";
@@ -80,7 +86,9 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw Error(ErrorKind::invalid_argument, "missing value after " + a);
     const std::string v = argv[++i];
-    if (a == "--device") {
+    if (a == "--family") {
+      o.family = v;
+    } else if (a == "--device") {
       o.device = v;
     } else if (a == "--log-level") {
       o.log_level = v;
@@ -108,6 +116,8 @@ Options parse(int argc, char** argv) {
   }
   if (o.tokens < 16 || o.docs < 1 || o.repeats < 1 || o.layers < 0)
     throw Error(ErrorKind::invalid_argument, "--tokens >= 16, --docs >= 1, --repeats >= 1");
+  if (o.family != "qwen3_5" && o.family != "lfm2" && o.family != "gemma4")
+    throw Error(ErrorKind::invalid_argument, "--family: qwen3_5, lfm2 or gemma4");
   return o;
 }
 
@@ -139,25 +149,126 @@ Json qwen35_config_json(const Qwen35Config& c) {
           {"tie_word_embeddings", c.tied}};
 }
 
-// A deg checkpoint at Qwen3.5-0.8B dims (`layers` > 0: that many layers of its pattern) with
-// random bf16 weights and fresh heads, under `work` (base/ is the HF snapshot it starts from).
-fs::path make_checkpoint(const fs::path& work, const fs::path& tokenizer, int64_t layers) {
-  Qwen35Config cfg = Qwen35Config::preset("0.8b");
-  if (layers > 0) {
-    std::vector<LayerKind> pattern = cfg.layers;
-    cfg.layers.clear();
-    for (int64_t i = 0; i < layers; ++i) cfg.layers.push_back(pattern[size_t(i) % pattern.size()]);
+// config.json of an HF LFM2 model with `cfg`'s dims (its MLP width as built, not adjusted again).
+Json lfm2_config_json(const Lfm2Config& c) {
+  Json types = Json::array();
+  for (LayerKind k : c.layers)
+    types.push_back(k == LayerKind::attention ? "full_attention" : "conv");
+  return {{"architectures", {"Lfm2ForCausalLM"}},
+          {"model_type", "lfm2"},
+          {"vocab_size", c.vocab},
+          {"hidden_size", c.hidden},
+          {"intermediate_size", c.ffn},
+          {"block_auto_adjust_ff_dim", false},
+          {"num_hidden_layers", int64_t(c.layers.size())},
+          {"layer_types", types},
+          {"num_attention_heads", c.heads},
+          {"num_key_value_heads", c.kv_heads},
+          {"conv_L_cache", c.conv_kernel},
+          {"norm_eps", c.eps},
+          {"rope_theta", c.rope_theta},
+          {"tie_word_embeddings", c.tied}};
+}
+
+// `tokens` cycled to n entries (a real model's layer pattern for --layers).
+template <class T>
+std::vector<T> cycled(const std::vector<T>& pattern, int64_t n) {
+  std::vector<T> out;
+  for (int64_t i = 0; i < n; ++i) out.push_back(pattern[size_t(i) % pattern.size()]);
+  return out;
+}
+
+struct Base {
+  std::string what;  // the model, in words
+  Json config;
+  std::vector<NamedTensor> weights;
+};
+
+// The HF snapshot the checkpoint starts from: the family at its real size (`layers` > 0: that
+// many layers of its pattern; Gemma 4: its first `layers`), random bf16 weights, the vocabulary
+// at least `vocab`.
+Base base_model(const std::string& family, int64_t layers, int64_t vocab) {
+  Base b;
+  TensorMap weights;
+  if (family == "qwen3_5") {
+    Qwen35Config cfg = Qwen35Config::preset("0.8b");
+    if (layers > 0) cfg.layers = cycled(cfg.layers, layers);
+    b.what = fmt::format("Qwen3.5-0.8B dims, {} layers", cfg.layers.size());
+    b.config = qwen35_config_json(cfg);
+    weights = qwen35_random_weights(cfg, DType::bf16, 1);
+  } else if (family == "lfm2") {
+    Lfm2Config cfg = Lfm2Config::preset("1.2b");
+    if (layers > 0) cfg.layers = cycled(cfg.layers, layers);
+    cfg.vocab = std::max(cfg.vocab, vocab);
+    b.what =
+        fmt::format("LFM2.5-1.2B dims, {} layers, vocabulary {}", cfg.layers.size(), cfg.vocab);
+    b.config = lfm2_config_json(cfg);
+    weights = lfm2_random_weights(cfg, DType::bf16, 1);
+  } else {
+    Json text = gemma4_preset_json("e2b");
+    const int64_t all = text["num_hidden_layers"].get<int64_t>();
+    if (layers > 0 && layers < all) {  // the first layers; the shared ones are the last of all
+      text["layer_types"].erase(text["layer_types"].begin() + layers, text["layer_types"].end());
+      text["num_hidden_layers"] = layers;
+      text["num_kv_shared_layers"] =
+          std::max<int64_t>(0, text["num_kv_shared_layers"].get<int64_t>() - (all - layers));
+    }
+    const Gemma4Config cfg = Gemma4Config::from_json(JsonConfig(text, "<fill_bench gemma4>"));
+    if (cfg.vocab < vocab)
+      throw Error(ErrorKind::internal, "the tokenizer outgrows Gemma 4's vocabulary");
+    b.what = fmt::format("Gemma 4 E2B dims, {} layers", cfg.layers.size());
+    b.config = text;
+    weights = gemma4_random_weights(cfg, DType::bf16, 1);
   }
+  for (auto& [name, t] : weights)
+    b.weights.push_back({name == "lm_head.weight" ? name : "model." + name, t});
+  return b;
+}
+
+// The tokenizer.json at `path` with the special tokens the family's chat layout needs that it
+// lacks, appended after its last id; returns it and its id count.
+std::pair<Json, int64_t> family_tokenizer(const fs::path& path, const std::string& family) {
+  Json tok = Json::parse(read_file(path));
+  int64_t next = 0;
+  std::set<std::string> have;
+  for (const auto& [piece, id] : tok["model"]["vocab"].items()) {
+    next = std::max(next, id.get<int64_t>() + 1);
+    have.insert(piece);
+  }
+  for (const Json& t : tok["added_tokens"]) {
+    next = std::max(next, t["id"].get<int64_t>() + 1);
+    have.insert(t["content"].get<std::string>());
+  }
+  std::vector<std::string> specials;
+  if (family == "lfm2") specials = {"<|startoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"};
+  if (family == "gemma4") specials = {"<bos>", "<pad>", "<|turn>", "<turn|>"};
+  for (const std::string& s : specials) {
+    if (have.count(s)) continue;
+    tok["added_tokens"].push_back({{"id", next++},
+                                   {"content", s},
+                                   {"single_word", false},
+                                   {"lstrip", false},
+                                   {"rstrip", false},
+                                   {"normalized", false},
+                                   {"special", true}});
+  }
+  return {tok, next};
+}
+
+// A deg checkpoint of the family with random bf16 weights and fresh heads, under `work` (base/ is
+// the HF snapshot it starts from).
+fs::path make_checkpoint(const fs::path& work, const fs::path& tokenizer, const Options& o,
+                         std::string* what) {
   const fs::path base = work / "base", ckpt = work / "checkpoint";
   fs::remove_all(base);
   fs::remove_all(ckpt);
   fs::create_directories(base);
-  write_text(base / "config.json", qwen35_config_json(cfg).dump(2));
-  std::vector<NamedTensor> named;
-  for (auto& [name, t] : qwen35_random_weights(cfg, DType::bf16, 1))
-    named.push_back({name == "lm_head.weight" ? name : "model." + name, t});
-  safetensors_write(base / "model.safetensors", named);
-  fs::copy_file(tokenizer, base / "tokenizer.json");
+  const auto [tok, ids] = family_tokenizer(tokenizer, o.family);
+  const Base b = base_model(o.family, o.layers, (ids + 127) / 128 * 128);
+  *what = b.what;
+  write_text(base / "config.json", b.config.dump(2));
+  safetensors_write(base / "model.safetensors", b.weights);
+  write_text(base / "tokenizer.json", tok.dump());
   checkpoint_create({.base = base, .out = ckpt, .seed = 2});
   return ckpt;
 }
@@ -252,9 +363,9 @@ void run(const Options& o) {
       o.device == "cuda" ? (gpus.empty() ? "no GPU visible" : gpus[0].name) : "CPU";
   const fs::path work = o.work.empty() ? fs::temp_directory_path() / "deg_fill_bench" : o.work;
   auto t0 = Clock::now();
-  const fs::path ckpt = make_checkpoint(work, o.tokenizer, o.layers);
-  fmt::print("checkpoint (Qwen3.5-0.8B dims, random bf16, {} layers): {:.1f} s\n",
-             o.layers > 0 ? o.layers : 24, ms_since(t0) / 1e3);
+  std::string what;
+  const fs::path ckpt = make_checkpoint(work, o.tokenizer, o, &what);
+  fmt::print("checkpoint ({}, random bf16): {:.1f} s\n", what, ms_since(t0) / 1e3);
 
   t0 = Clock::now();
   const Engine engine = Engine::open({.model = ckpt, .device = o.device, .gemm = o.gemm});
@@ -270,8 +381,8 @@ void run(const Options& o) {
   time_fill(engine, full, one, 1);  // warm-up (and the GEMM tuning of each shape)
   fmt::print("warm-up (first fill): {:.0f} ms\n", ms_since(t0));
 
-  fmt::print("\ndeg fill on {} ({}, --gemm {}), a {}-token document, {} fields\n", hw, o.device,
-             o.gemm, o.tokens, full["properties"].size());
+  fmt::print("\ndeg fill on {} ({}, --gemm {}), {}, a {}-token document, {} fields\n", hw, o.device,
+             o.gemm, what, o.tokens, full["properties"].size());
   const Figure f39 = time_fill(engine, plain, one, o.repeats);
   fmt::print("  one document, {} fields (no x-generate): {:8.1f} ms   [{}]\n",
              plain["properties"].size(), f39.ms, work_done(f39.results[0]));
@@ -301,10 +412,11 @@ void run(const Options& o) {
 
   if (!o.json.empty()) {
     Json j = {{"hardware", hw},
+              {"family", o.family},
+              {"model", what},
               {"device", o.device},
               {"gemm", o.gemm},
               {"document_tokens", o.tokens},
-              {"layers", o.layers > 0 ? o.layers : 24},
               {"one_document_39_fields_ms", f39.ms},
               {"one_document_40_fields_ms", f40.ms},
               {"batch_documents", o.docs},

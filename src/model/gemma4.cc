@@ -307,6 +307,10 @@ class Gemma4 final : public Family {
 }  // namespace
 
 Gemma4Config Gemma4Config::preset(const std::string& size) {
+  return from_json(JsonConfig(gemma4_preset_json(size), "<gemma4 preset " + size + ">"));
+}
+
+Json gemma4_preset_json(const std::string& size) {
   if (size != "e2b") {
     throw Error(ErrorKind::invalid_argument, "unknown Gemma 4 size \"" + size + "\" (known: e2b)");
   }
@@ -316,7 +320,9 @@ Gemma4Config Gemma4Config::preset(const std::string& size) {
   // vocabulary 262144; final soft-cap 30.
   Json types = Json::array();
   for (int i = 0; i < 35; ++i) types.push_back(i % 5 == 4 ? kGlobal : kSliding);
-  const Json text = {
+  return {
+      {"model_type", "gemma4_text"},
+      {"architectures", {"Gemma4ForCausalLM"}},
       {"vocab_size", 262144},
       {"hidden_size", 1536},
       {"intermediate_size", 6144},
@@ -335,7 +341,6 @@ Gemma4Config Gemma4Config::preset(const std::string& size) {
        {{kSliding, {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
         {kGlobal,
          {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}, {"rope_theta", 1e6}}}}}};
-  return from_json(JsonConfig(text, "<gemma4 preset e2b>"));
 }
 
 bool gemma4_handles(const std::string& model_type) {

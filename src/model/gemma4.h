@@ -64,6 +64,11 @@ struct Gemma4Config {
   static Gemma4Config preset(const std::string& size);
 };
 
+// The config.json (text decoder, `gemma4_text`) of a preset size, as Gemma4Config::preset reads
+// it: for benchmarks that write a checkpoint. Throws deg::Error (invalid_argument) for another
+// size.
+Json gemma4_preset_json(const std::string& size);
+
 bool gemma4_handles(const std::string& model_type);
 
 // Tensor names (relative to the text prefix, plus "lm_head.weight" when untied) with shapes: the
