@@ -288,6 +288,17 @@ TEST_P(Qwen35Property, LmHeadOverALargeVocabulary) {
     EXPECT_NEAR(picks[size_t(r)].sum, sum, 1e-9 * sum) << r;
     EXPECT_NEAR(picks[size_t(r)].log_prob(l[best]), -std::log(sum), 1e-9) << r;
   }
+  // Among the first 50,000 ids only (a tokenizer's ids below a padded vocabulary).
+  const std::vector<Backbone::LogitPick> first =
+      bb->lm_picks(Tensor::from_vector(h, {M, C}), 50000);
+  for (int64_t r = 0; r < M; ++r) {
+    const float* l = got.data() + r * 70001;
+    const int64_t best = std::max_element(l, l + 50000) - l;
+    EXPECT_EQ(first[size_t(r)].best, best) << r;
+    double sum = 0;
+    for (int64_t v = 0; v < 50000; ++v) sum += std::exp(double(l[v]) - double(l[best]));
+    EXPECT_NEAR(first[size_t(r)].sum, sum, 1e-9 * sum) << r;
+  }
 }
 
 TEST(Qwen35Errors, BadBatchesAreUserErrors) {

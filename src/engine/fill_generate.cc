@@ -57,8 +57,10 @@ void Filler::generate(const std::vector<size_t>& group) {
   double head_ms = 0, step_ms = 0;  // LM head and its picks, decode steps; the rest: the host's
   for (int64_t step = 0;; ++step, ++steps) {
     auto t1 = std::chrono::steady_clock::now();
-    // The greedy picks where the logits are (only they come back from a GPU).
-    const std::vector<Backbone::LogitPick> picks = bb.lm_picks(last);
+    // The greedy picks where the logits are (only they come back from a GPU), among the ids the
+    // tokenizer can write (random or padded rows past them decode to nothing).
+    const std::vector<Backbone::LogitPick> picks =
+        bb.lm_picks(last, model_.tokenizer().vocab_size());
     head_ms += ms_since(t1);
     std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
     bool any = false;

@@ -576,8 +576,9 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
   return logits;
 }
 
-std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden) const {
+std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden, int64_t ids) const {
   const int64_t M = hidden.numel() / spec().hidden, V = family_->lm_head().dim(0);
+  const int64_t n = ids > 0 ? std::min(ids, V) : V;
   const Exec exec = call_exec();
   exec.arena.reset();
   const bool host = ops_->device() == Device::cpu;
@@ -590,7 +591,7 @@ std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden) const 
   exec.ops.logit_picks({.logits = y,
                         .ld = V,
                         .rows = M,
-                        .n = V,
+                        .n = n,
                         .best = reinterpret_cast<int32_t*>(o),
                         .second = reinterpret_cast<int32_t*>(o + M),
                         .best_logit = o + 2 * M,

@@ -10,6 +10,9 @@
 // chunk_kernel has written the state to rec_out). The choice depends on n only, and a row fed in
 // 64-aligned pieces makes the same choices, chunk by chunk, as the whole row. Decode (n == 1) and
 // short rows (n <= kRecurTokens: fork rows) are recurrence only; an empty row copies its state.
+// kRecurTokens is 63 today, so every partial chunk runs the recurrence; chunk_kernel keeps its
+// zero-filled partial chunks (a lower kRecurTokens, and the op table's CPU-side reasoning, rely on
+// the form being whole).
 //
 // * recur_kernel: one CTA per (row, head, 64 value columns), 4 warps of 16 columns each. A lane
 //   holds 4 columns x R rows of S (8 R >= Dk, R 4, 16 or 32) in registers for all the row's

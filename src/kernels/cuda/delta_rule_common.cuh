@@ -13,7 +13,10 @@
 namespace deg::cuda::dr {
 
 constexpr int kChunk = 64;        // tokens per chunk (kDeltaRuleChunk)
-constexpr int kRecurTokens = 32;  // a last partial chunk of at most this many runs the recurrence
+// A last partial chunk of at most this many tokens runs the recurrence: every partial chunk (the
+// chunked form costs a whole chunk's preparation, and one CTA per SM, for fork rows of 33-63
+// tokens: 23 and 54 ms of a fill's two fork passes at Qwen3.5-0.8B dims).
+constexpr int kRecurTokens = kChunk - 1;
 constexpr int kThreads = 256;     // chunk_kernel
 constexpr int kCols = 16;         // value columns of S per chunk_kernel CTA
 constexpr int kLdm = 68;          // row stride of A, P, T (float4 rows, 4 banks apart)
