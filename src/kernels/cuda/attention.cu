@@ -339,52 +339,61 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// ---- few-query kernel: up to 8 query rows of one row per CTA (decode) ----
+// ---- few-query kernel: up to kQ query rows of one row per CTA (decode; kQ = 8) ----
 //
-// Thread roles: scores: threads < 128, key t % 64, rows 4 (t / 64) + i (i < 4), skipped when
-// those rows hold no query; softmax: warp 0, row l % 8, part l / 8; values: columns t + 256 c
-// (c < kCols, below D), all rows of the CTA.
+// Thread roles: scores: key t % 64, rows 4 (t / 64 + 4 u) + i (i < 4, u < kQ / 16 rounded up),
+// skipped where those rows hold no query; softmax: warps w < kQ / 8, row 8 w + l % 8, part l / 8;
+// values: columns t + 256 c (c < kCols, below D), all rows of the CTA.
 //
-// kCols == 2 is the wide form for head dims past kMaxHeadDim (Gemma 4's global layers, D = 512),
-// which takes every job of such a launch: one tile holds a block's K, then its V (two tiles would
-// not fit in shared memory), so the copies no longer overlap the arithmetic. The arithmetic per
-// column is the narrow form's.
+// The wide form (kCols = 2, kQ = kWideQueries) takes every job of a launch whose head dim is past
+// kMaxHeadDim (Gemma 4's global layers, D = 512): one tile holds a block's K, then its V (two
+// tiles would not fit in shared memory beside 32 query rows), so the copies no longer overlap the
+// arithmetic; 32 query rows a CTA read each K / V tile for four tokens of eight heads. The
+// arithmetic per query row and column is the narrow form's.
 
-template <int kRows>
-__device__ __forceinline__ void accumulate_few(float (&acc)[kFewQueries], const float* probs,
+// acc[i] = fma(p_i, v, acc[i]) over the block's keys in order, for the first kRows of kQ rows.
+template <int kRows, int kQ>
+__device__ __forceinline__ void accumulate_few(float (&acc)[kQ], const float* probs,
                                                const float* values, int pitch) {
 #pragma unroll 8
   for (int j = 0; j < kKeyBlock; ++j) {
-    const float4 p0 = load4(probs + j * kFewQueries);
-    const float4 p1 = kRows > 4 ? load4(probs + j * kFewQueries + 4) : p0;
     const float v = values[j * pitch];
-    const float p[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
 #pragma unroll
-    for (int i = 0; i < kRows; ++i) acc[i] = __fmaf_rn(p[i], v, acc[i]);
+    for (int m = 0; m < kRows / 4; ++m) {
+      const float4 p = load4(probs + j * kQ + 4 * m);
+      acc[4 * m] = __fmaf_rn(p.x, v, acc[4 * m]);
+      acc[4 * m + 1] = __fmaf_rn(p.y, v, acc[4 * m + 1]);
+      acc[4 * m + 2] = __fmaf_rn(p.z, v, acc[4 * m + 2]);
+      acc[4 * m + 3] = __fmaf_rn(p.w, v, acc[4 * m + 3]);
+    }
   }
 }
 
 size_t few_shared_bytes(const Geometry& g, bool wide) {
-  return sizeof(float) * (size_t((wide ? 1 : 2) * kKeyBlock + kFewQueries) * g.pitch +
-                          kKeyBlock * kFewQueries + kFewQueries) +
-         kFewQueries * sizeof(RowEnd);
+  const int rows = wide ? kWideQueries : kFewQueries;
+  return sizeof(float) *
+             (size_t((wide ? 1 : 2) * kKeyBlock + rows) * g.pitch + kKeyBlock * rows + rows) +
+         rows * sizeof(RowEnd);
 }
 
-template <int kCols>
+template <int kCols, int kQ>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_few_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const Geometry g) {
   constexpr bool kWide = kCols > 1;
+  constexpr int kScoreQuads = kThreads / kKeyBlock;                     // 4 quads of rows at once
+  constexpr int kQuadSteps = (kQ / 4 + kScoreQuads - 1) / kScoreQuads;  // 1 (kQ = 8) or 2 (32)
+  static_assert(kQ % 8 == 0 && kQ / 8 <= kThreads / 32, "a softmax warp per 8 rows");
   extern __shared__ float4 shared[];
-  float* const q_tile = reinterpret_cast<float*>(shared);                // [8 query rows][pitch]
-  float* const k_tile = q_tile + kFewQueries * g.pitch;                  // [64 keys][pitch]
-  float* const v_tile = kWide ? k_tile : k_tile + kKeyBlock * g.pitch;   // [64 keys][pitch]
-  float* const probs = v_tile + kKeyBlock * g.pitch;                     // [64 keys][8 query rows]
-  float* const alphas = probs + kKeyBlock * kFewQueries;                 // [8 query rows]
-  RowEnd* const ends = reinterpret_cast<RowEnd*>(alphas + kFewQueries);  // [8 query rows]
+  float* const q_tile = reinterpret_cast<float*>(shared);               // [kQ query rows][pitch]
+  float* const k_tile = q_tile + kQ * g.pitch;                          // [64 keys][pitch]
+  float* const v_tile = kWide ? k_tile : k_tile + kKeyBlock * g.pitch;  // [64 keys][pitch]
+  float* const probs = v_tile + kKeyBlock * g.pitch;                    // [64 keys][kQ rows]
+  float* const alphas = probs + kKeyBlock * kQ;                         // [kQ query rows]
+  RowEnd* const ends = reinterpret_cast<RowEnd*>(alphas + kQ);          // [kQ query rows]
 
   const Job& job = find_job(p, p.block_jobs, p.few_jobs, int(blockIdx.x));
-  const Task task = task_of(a, p, job, int(blockIdx.x), kFewQueries);
+  const Task task = task_of(a, p, job, int(blockIdx.x), kQ);
   if (task.first_block > task.last_block) return;
   const int64_t head = task.head, G = a.group, D = g.head_dim;
   const int64_t first_block = task.first_block, last_block = task.last_block;
@@ -396,8 +405,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int t = int(threadIdx.x), warp = t / 32, lane = t % 32;
   const int score_key = t % kKeyBlock, score_quad = t / kKeyBlock;
-  const bool scores_here = score_quad < quads;  // false for t >= 128
-  const int soft_row = lane % 8;
+  const bool soft_here = warp < kQ / 8;
+  const int soft_row = 8 * (warp % (kQ / 8)) + lane % 8;
 
   const Walk q_walk = make_walk(g.q_wide, g.dim4), kv_walk = make_walk(g.kv_wide, g.dim4);
   auto query = [&](int v) -> const float* {
@@ -413,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     stage_keys_tile(v_tile, kb, hk.prefix_v, hk.own_v, kv_walk, g);
   };
 
-  stage_tile(q_tile, kFewQueries, q_walk, g, query);
+  stage_tile(q_tile, kQ, q_walk, g, query);
   stage_keys(first_block);
   commit_copies();
   if (!kWide) stage_values(first_block);
@@ -425,7 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool local = p.row_local[row];
   Running run{-INFINITY, 0.0f, 1.0f};
   Fold fold{-INFINITY, 0.0f};
-  float acc[kCols][kFewQueries] = {};
+  float acc[kCols][kQ] = {};
 
   for (int64_t block = first_block; block <= last_block; ++block) {
     const int64_t key0 = block * kKeyBlock;
@@ -436,17 +445,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
 
-    if (scores_here) {
+#pragma unroll
+    for (int u = 0; u < kQuadSteps; ++u) {
+      const int quad = score_quad + kScoreQuads * u;
+      if (quad >= quads) break;
       float score[4] = {};
       const float* k_row = k_tile + score_key * g.pitch;
-      const float* q_rows = q_tile + 4 * score_quad * g.pitch;
+      const float* q_rows = q_tile + 4 * quad * g.pitch;
 #pragma unroll 4
       for (int d = 0; d < g.dim4; d += 4) {
         const float4 k = load4(k_row + d);
 #pragma unroll
         for (int i = 0; i < 4; ++i) score[i] = dot4(load4(q_rows + i * g.pitch + d), k, score[i]);
       }
-      *reinterpret_cast<float4*>(probs + score_key * kFewQueries + 4 * score_quad) =
+      *reinterpret_cast<float4*>(probs + score_key * kQ + 4 * quad) =
           make_float4(__fmul_rn(score[0], g.scale), __fmul_rn(score[1], g.scale),
                       __fmul_rn(score[2], g.scale), __fmul_rn(score[3], g.scale));
     }
@@ -458,8 +470,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       stage_keys(block + 1);
     }
     commit_copies();
-    if (warp == 0) {
-      run = softmax_step(probs + soft_row, kFewQueries, key0, reach, run.max, run.sum);
+    if (soft_here) {
+      run = softmax_step(probs + soft_row, kQ, key0, reach, run.max, run.sum);
       end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
                alphas + soft_row, ends + soft_row);
     }
@@ -474,17 +486,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < kCols; ++c) {
       const int col = t + kThreads * c;
       if (col >= D) break;
-      float(&cacc)[kFewQueries] = acc[c];
+      float(&cacc)[kQ] = acc[c];
 #pragma unroll
-      for (int i = 0; i < kFewQueries; ++i) cacc[i] = __fmul_rn(cacc[i], alphas[i]);
-      if (quads > 1) {
-        accumulate_few<8>(cacc, probs, v_tile + col, g.pitch);
+      for (int i = 0; i < kQ; ++i) cacc[i] = __fmul_rn(cacc[i], alphas[i]);
+      if (kQ > 8 || quads > 1) {
+        accumulate_few<kQ, kQ>(cacc, probs, v_tile + col, g.pitch);
       } else {
-        accumulate_few<4>(cacc, probs, v_tile + col, g.pitch);
+        accumulate_few<4, kQ>(cacc, probs, v_tile + col, g.pitch);
       }
       // Rows whose split ends here store their partial or output and start afresh.
 #pragma unroll
-      for (int i = 0; i < kFewQueries; ++i) {
+      for (int i = 0; i < kQ; ++i) {
         const RowEnd e = ends[i];
         if (e.end == kGoOn) continue;
         float v = cacc[i];
@@ -569,7 +581,8 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry&
   if (p.few_ctas > 0) {
     const bool wide = g.head_dim > kMaxHeadDim;
     const size_t bytes = few_shared_bytes(g, wide);
-    auto* kernel = wide ? attention_few_kernel<2> : attention_few_kernel<1>;
+    auto* kernel =
+        wide ? attention_few_kernel<2, kWideQueries> : attention_few_kernel<1, kFewQueries>;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;

@@ -117,7 +117,7 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
   auto add = [&](int member_begin, int member_end, int64_t queries, int64_t key_begin,
                  int64_t key_end, int64_t split, bool shared, bool to_few) {
     Draft d{};
-    const int64_t per_cta = to_few ? kFewQueries : kBlockQueries;
+    const int64_t per_cta = !to_few ? kBlockQueries : wide ? kWideQueries : kFewQueries;
     d.job.member_begin = int16_t(member_begin);
     d.job.member_end = int16_t(member_end);
     d.job.queries = int32_t(queries);

@@ -13,6 +13,7 @@ constexpr int kThreads = 256;
 constexpr int kKeyBlock = 64;         // keys per softmax block, aligned at key index 0
 constexpr int kBlockQueries = 64;     // query rows per block-kernel CTA
 constexpr int kFewQueries = 8;        // query rows per few-query CTA
+constexpr int kWideQueries = 32;      // query rows per CTA of the few kernel's wide form
 constexpr int64_t kFewLimit = 16;     // a row's own job with n G <= this runs in the few kernel
 constexpr int64_t kPackQueries = 16;  // rows sharing a prefix pack from this many query rows
 constexpr int kMaxHeadDim = 256;      // the block kernel's and the narrow few kernel's
