@@ -489,8 +489,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       float(&cacc)[kQ] = acc[c];
 #pragma unroll
       for (int i = 0; i < kQ; ++i) cacc[i] = __fmul_rn(cacc[i], alphas[i]);
-      if (kQ > 8 || quads > 1) {
+      // Over the rows that hold queries, rounded up to 4, 8, 16 or 32 (decode: G rows).
+      if (kQ > 16 && quads > 4) {
         accumulate_few<kQ, kQ>(cacc, probs, v_tile + col, g.pitch);
+      } else if (kQ > 8 && quads > 2) {
+        accumulate_few<(kQ > 16 ? 16 : kQ), kQ>(cacc, probs, v_tile + col, g.pitch);
+      } else if (quads > 1) {
+        accumulate_few<8, kQ>(cacc, probs, v_tile + col, g.pitch);
       } else {
         accumulate_few<4, kQ>(cacc, probs, v_tile + col, g.pitch);
       }
