@@ -186,6 +186,31 @@ TEST(EngineGenerate, TextsReachTheirMinLength) {
   }
 }
 
+// x-generate text that is no value of its field (a tiny random model does not write four Z's or
+// a date) is left out, never output as a value the schema rejects: the document is filled, the
+// field's report is a null, and a required one is listed missing.
+TEST(EngineGenerate, TextsThatAreNoValueAreLeftOut) {
+  testing::TempDir t;
+  testing::write_tiny_gpt(t / "base", 3);
+  checkpoint_create({.base = t / "base", .out = t / "ckpt", .seed = 1});
+  const Engine engine = Engine::open({.model = t / "ckpt", .device = "cpu"});
+  const OrderedJson code = {{"type", "string"}, {"x-generate", true}, {"pattern", "^Z{4}$"}};
+  const OrderedJson when = {
+      {"type", "string"}, {"x-generate", true}, {"format", "date"}, {"maxLength", 10}};
+  const OrderedJson schema = {
+      {"type", "object"}, {"properties", {{"code", code}, {"when", when}}}, {"required", {"code"}}};
+  for (const FillResult& r : engine.fill(schema, documents())) {
+    ASSERT_TRUE(r.ok()) << r.error;
+    EXPECT_EQ(r.value, OrderedJson::object()) << r.value.dump();
+    EXPECT_EQ(r.missing, std::vector<std::string>{"/code"});
+    ASSERT_EQ(r.fields.size(), 2u);
+    for (const FieldReport& f : r.fields) {
+      EXPECT_EQ(f.kind, "generate") << f.path;
+      EXPECT_TRUE(f.value.is_null()) << f.path << ": " << f.value.dump();
+    }
+  }
+}
+
 TEST_F(EngineTest, SpansHoldTheirValues) {
   OrderedJson schema = load_schema("examples/invoice.schema.json");
   std::vector<FillResult> results = engine_->fill(schema, documents(), {.keep_nulls = true});

@@ -106,8 +106,9 @@ struct FillResult {
   nlohmann::ordered_json value;
   std::vector<FieldReport> fields;  // schema order
   // Required fields for which the document holds no valid value at all (a required number in a
-  // document without one): left out of `value`, which then does not validate. Never silent: the
-  // CLI reports them and exits 1 unless --allow-missing.
+  // document without one, or x-generate text that is no value of its field: a pattern or format
+  // it misses): left out of `value`, which then does not validate. Never silent: the CLI reports
+  // them and exits 1 unless --allow-missing.
   std::vector<std::string> missing;
   bool ok() const { return error.empty(); }
 };

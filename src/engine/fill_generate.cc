@@ -118,10 +118,18 @@ void Filler::generate(const std::vector<size_t>& group) {
     std::string text = model_.tokenizer().decode(out[b], /*skip_special_tokens=*/true);
     const Field& f = *fields[b]->field;
     if (f.value.max_length) text = engine::utf8_prefix(text, *f.value.max_length);
+    const std::string pointer = schema::field_pointer(f, fields[b]->scope.place.indices);
     std::optional<Json> v = schema::value_read(f.value, text);
-    doc.answers.set(
-        schema::field_pointer(f, fields[b]->scope.place.indices),
-        {.kind = "generate", .value = v ? *v : Json(text), .confidence = std::exp(logprob[b])});
+    if (!v) {
+      // Text that is no value of the field (a pattern or format it misses, or shorter than its
+      // minLength when the decode budget ran out) is not output: the field reads as null, and a
+      // required one is reported missing, as a value the document does not hold.
+      log::debug("document {}: x-generate {}: {:?} is not a valid value; left out", doc_of[b],
+                 pointer, text);
+      doc.answers.set(pointer, {.kind = "generate", .value = Json(nullptr), .confidence = 0});
+      continue;
+    }
+    doc.answers.set(pointer, {.kind = "generate", .value = *v, .confidence = std::exp(logprob[b])});
   }
 }
 
