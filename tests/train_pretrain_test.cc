@@ -5,12 +5,15 @@
 // -> `deg shard` -> `deg pretrain --config tiny`.
 #include <gtest/gtest.h>
 
+#include <exception>
 #include <fstream>
+#include <thread>
 
 #include "core/error.h"
 #include "io/json.h"
 #include "model/gpt_config.h"
 #include "test_util.h"
+#include "train/comm.h"
 #include "train/data.h"
 #include "train/gpt_params.h"
 
@@ -196,6 +199,106 @@ TEST(TrainPretrain, ResumeContinuesExactly) {
   EXPECT_EQ(lines, 8);
   EXPECT_EQ(deg::testing::read_text(dir / "half" / "model.safetensors"),
             deg::testing::read_text(dir / "straight" / "model.safetensors"));
+}
+
+// Data parallel (train/comm.h): two ranks, threads of one local group, sharing each step's two
+// micro-batches train as one process taking both: the same losses and parameters up to the
+// order in which the two micro-batches' gradients are added (one process adds the second's
+// inside its backward, the ranks after it), and that run differs from one of a single
+// micro-batch of the same tokens (so the micro-batches count).
+TEST(TrainPretrain, RanksSharingMicroBatchesTrainAsOneProcess) {
+  TempDir dir;
+  write_corpus(dir / "data");
+  PretrainOptions o{.config = "tiny",
+                    .data_dir = dir / "data",
+                    .steps = 6,
+                    .batch_tokens = 128,
+                    .micro_batches = 2,
+                    .max_seq_len = 32,
+                    .val_tokens = 64,
+                    .device = "cpu"};
+  o.out_dir = dir / "one";
+  const PretrainResult one = pretrain(o, {});
+  o.out_dir = dir / "ranks";
+  std::vector<std::unique_ptr<Comm>> comms = local_comms(2);
+  PretrainResult lead, other;
+  std::exception_ptr failed_other;
+  std::thread second([&] {
+    try {
+      other = pretrain_ranked(o, *comms[1], {});
+    } catch (...) {
+      failed_other = std::current_exception();
+    }
+  });
+  lead = pretrain_ranked(o, *comms[0], {});
+  second.join();
+  if (failed_other) std::rethrow_exception(failed_other);
+  EXPECT_EQ(lead.steps_run, 6);
+  EXPECT_EQ(other.steps_run, 6);
+  EXPECT_NEAR(lead.last_val_loss, one.last_val_loss, 1e-6 * one.last_val_loss);
+  auto losses = [](const fs::path& metrics) {
+    std::vector<double> out;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);)
+      out.push_back(Json::parse(line)["train_loss"].get<double>());
+    return out;
+  };
+  const std::vector<double> want = losses(dir / "one" / "metrics.jsonl");
+  const std::vector<double> got = losses(dir / "ranks" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_EQ(want.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
+  auto params = [](const fs::path& d) {
+    return GptParams::load(gpt_config_resolve(d.string()), d / "model.safetensors");
+  };
+  // The largest parameter difference against the largest parameter, over every tensor.
+  auto apart = [](const GptParams& a, const GptParams& b) {
+    double worst = 0, largest = 0;
+    for (size_t k = 0; k < a.tensors().size(); ++k)
+      for (size_t i = 0; i < a.tensors()[k].data.size(); ++i) {
+        const double x = a.tensors()[k].data[i], y = b.tensors()[k].data[i];
+        worst = std::max(worst, std::abs(x - y));
+        largest = std::max(largest, std::abs(x));
+      }
+    return worst / largest;
+  };
+  o.micro_batches = 1;
+  o.out_dir = dir / "whole";
+  pretrain(o, {});
+  const GptParams p1 = params(dir / "one");
+  const double order = apart(p1, params(dir / "ranks")),
+               batching = apart(p1, params(dir / "whole"));
+  EXPECT_LT(order, 1e-4);
+  EXPECT_LT(order, batching / 100) << "one micro-batch of the same tokens: " << batching;
+  // Micro-batches that do not share out evenly over the ranks are refused by every rank.
+  o.micro_batches = 3;
+  std::vector<std::unique_ptr<Comm>> pair = local_comms(2);
+  EXPECT_THROW(pretrain_ranked(o, *pair[1], {}), Error);
+  EXPECT_THROW(pretrain_ranked(o, *pair[0], {}), Error);
+}
+
+// A local group sums in rank order, the same bits on every rank.
+TEST(TrainComm, LocalGroupSumsInRankOrder) {
+  std::vector<std::unique_ptr<Comm>> comms = local_comms(3);
+  const std::vector<float> x[3] = {{1e8f, 1.0f, -2.0f}, {-1e8f, 0.5f, 4.0f}, {1.0f, 0.25f, 8.0f}};
+  std::vector<std::vector<float>> got(3);
+  std::vector<double> got_d(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      got[size_t(r)] = x[r];
+      comms[size_t(r)]->sum(got[size_t(r)].data(), 3);
+      got_d[size_t(r)] = comms[size_t(r)]->sum(double(r + 1));
+    });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(comms[size_t(r)]->rank(), r);
+    EXPECT_EQ(comms[size_t(r)]->size(), 3);
+    // (1e8 + -1e8) + 1 = 1; in another order 1e8 + 1 would round away the 1.
+    EXPECT_EQ(got[size_t(r)], (std::vector<float>{1.0f, 1.75f, 10.0f})) << r;
+    EXPECT_EQ(got_d[size_t(r)], 6.0) << r;
+  }
+  EXPECT_EQ(solo_comm()->size(), 1);
 }
 
 std::vector<std::string> short_run(const fs::path& data, const std::string& config,

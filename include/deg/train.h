@@ -153,8 +153,12 @@ struct PretrainOptions {
   int64_t steps = 0;
   uint64_t seed = 0;
   int64_t batch_tokens = 1024;  // tokens per step (one packed stream)
-  int64_t max_seq_len = 256;    // documents are cut to this many tokens
-  int64_t val_every = 0;        // 0: only at the end
+  // A step's batch read as this many micro-batches of batch_tokens / micro_batches tokens each,
+  // their gradients summed and averaged (gradient accumulation: the memory of one micro-batch);
+  // under a multi-process launch the ranks share them out (a multiple of the world size).
+  int64_t micro_batches = 1;
+  int64_t max_seq_len = 256;  // documents are cut to this many tokens
+  int64_t val_every = 0;      // 0: only at the end
   int64_t val_tokens = 4096;
   int64_t save_every = 0;  // 0: only at the end
   int64_t warmup_steps = 0;

@@ -37,6 +37,11 @@ void add_pretrain_command(CLI::App& app) {
                   "and optimizer state stay on the device for the whole run")
       ->capture_default_str();
   cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
+  cmd->add_option("--micro-batches", o->micro_batches,
+                  "Read each step's batch as this many micro-batches and average their "
+                  "gradients (gradient accumulation: the memory of one micro-batch)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--max-seq-len", o->max_seq_len, "Documents are cut to this many tokens")
       ->capture_default_str();
   cmd->add_option("--val-every", o->val_every, "Validate every N steps (0: at the end)")

@@ -62,6 +62,11 @@ class GptOptimizer {
   void step(const std::vector<float*>& p, const std::vector<float*>& g, float lr_scale,
             float momentum, bool do_adam, bool tied);
 
+  // Whether a step with do_adam reads (and then zeroes) parameter k's gradient: NorMuon's every
+  // step, Adam's (embed's too) on Adam steps; the others keep accumulating until then.
+  bool reads_gradient(size_t k, bool do_adam) const {
+    return do_adam || rules_[k].kind == ParamRule::Kind::normuon;
+  }
   const Ops& ops() const { return *ops_; }
   int64_t adam_steps() const { return adam_t_; }
   void save(const std::filesystem::path& path) const;

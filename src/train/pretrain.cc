@@ -1,7 +1,9 @@
 // `deg pretrain` (see include/deg/train.h): the pretraining loop over the training core
 // (gpt_step). Multi-token-prediction weights follow the seed's stage table over thirds of the run
 // ([1, .5, .25 -> 0], [1, .5 -> 0], [1]); Adam steps on odd steps; embed is tied to lm_head for
-// the first two thirds (split at the extension stage in the seed).
+// the first two thirds (split at the extension stage in the seed). A step's micro-batches are
+// shared out over the run's ranks (train/comm.h); their summed gradients are averaged where the
+// optimizer reads them.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -13,6 +15,7 @@
 #include "io/json.h"
 #include "kernels/cuda_runtime.h"
 #include "model/gpt_config.h"
+#include "train/comm.h"
 #include "train/data.h"
 #include "train/distributed.h"
 #include "train/gpt_params.h"
@@ -74,6 +77,21 @@ double unigram_entropy(const std::vector<fs::path>& files, int32_t bos) {
   return h;
 }
 
+// The gradients the coming optimizer step reads: summed over the ranks, then divided by the
+// step's micro-batches (each micro-batch's gradients are of its mean loss). The gradients it
+// does not read yet (Adam's between Adam steps) keep accumulating this rank's own.
+void sum_gradients(const GptOptimizer& opt, GptResident& resident, const Comm& comm, bool do_adam,
+                   int64_t micro) {
+  const std::vector<float*> g = resident.grad_ptrs();
+  for (size_t k = 0; k < g.size(); ++k) {
+    if (!opt.reads_gradient(k, do_adam)) continue;
+    const int64_t n = resident.grads[k].numel();
+    comm.sum(g[k], n);
+    if (micro > 1)
+      resident.ops->scale({.y = g[k], .ldy = n, .rows = 1, .n = n, .s = 1.0f / float(micro)});
+  }
+}
+
 void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const PretrainOptions& o,
                      int64_t step, int64_t steps, const ShardLoader& loader) {
   fs::create_directories(o.out_dir);
@@ -93,10 +111,18 @@ void save_checkpoint(const GptParams& p, const GptOptimizer& opt, const Pretrain
                   fs::copy_options::overwrite_existing);
 }
 
-// The loop on o.config resolved; a preset's vocabulary (vocab_from_data) becomes the data's.
+// The loop on o.config resolved, as rank comm.rank(); a preset's vocabulary (vocab_from_data)
+// becomes the data's.
 PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const PretrainOptions& o,
+                            const Comm& comm,
                             const std::function<void(const PretrainProgress&)>& on_progress) {
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
+  const int64_t micro = o.micro_batches;
+  if (micro < 1 || micro % comm.size())
+    throw Error(
+        ErrorKind::invalid_argument,
+        fmt::format("--micro-batches must be a positive multiple of the ranks ({})", comm.size()));
+  const bool lead = comm.rank() == 0;  // validates, writes and reports
   // Checkpoints sit right after an Adam step (odd step index), so no Adam gradient is pending
   // and a resume continues exactly.
   if (o.stop_at % 2 || o.save_every % 2)
@@ -108,8 +134,10 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   // a few steps (time_budget_steps).
   int64_t steps = o.steps;
   int64_t stop = o.stop_at > 0 ? std::min(o.stop_at, o.steps) : o.steps;
-  if (o.batch_tokens < 2 || o.max_seq_len < 2)
-    throw Error(ErrorKind::invalid_argument, "batch tokens and max_seq_len must be >= 2");
+  if (o.batch_tokens < 2 * micro || o.max_seq_len < 2)
+    throw Error(ErrorKind::invalid_argument,
+                "batch tokens (per micro-batch) and max_seq_len must be >= 2");
+  const int64_t micro_tokens = o.batch_tokens / micro;
   const DataInfo info = data_info_read(o.data_dir);
   if (vocab_from_data) {
     if (info.vocab_size <= 0)
@@ -160,40 +188,55 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   };
   TrainSchedule sched = schedule(steps);
   PretrainResult result;
-  result.unigram_entropy = unigram_entropy(val_files, info.bos_id);
   bool have_first = false;
-  fs::create_directories(o.out_dir);
-  std::ofstream metrics(o.out_dir / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {o.out_dir.string()});
+  std::ofstream metrics;
+  if (lead) {
+    result.unigram_entropy = unigram_entropy(val_files, info.bos_id);
+    fs::create_directories(o.out_dir);
+    metrics.open(o.out_dir / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {o.out_dir.string()});
+  }
   std::vector<ParamTensor> no_host_grads;  // the gradients are the resident ones
   GptResident resident(params, ops);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
-    GptBatch b = loader.next(o.batch_tokens, o.max_seq_len);
     const GptStepOptions so{.mtp_weights = mtp_weights(step, steps),
                             .window_short = params.config().window_short,
                             .window_long = params.config().window_long,
                             .device = device,
                             .resident = &resident};
-    const double loss = gpt_loss_and_grad(params, b, so, no_host_grads, &work);
+    // Every rank reads every micro-batch (the loaders stay in step) and trains on its own.
+    double loss = 0;
+    for (int64_t m = 0; m < micro; ++m) {
+      GptBatch b = loader.next(micro_tokens, o.max_seq_len);
+      tokens += b.size();
+      if (m % comm.size() == comm.rank())
+        loss += gpt_loss_and_grad(params, b, so, no_host_grads, &work);
+    }
+    loss = comm.sum(loss) / double(micro);
     if (!std::isfinite(loss))
       throw Error(ErrorKind::internal, fmt::format("training diverged at step {}", step));
+    const bool do_adam = step % 2 == 1;
+    sum_gradients(opt, resident, comm, do_adam, micro);
     const int64_t split_step = (2 * steps / 3) | 1;  // embed and lm_head tied until here
     opt.step(resident.value_ptrs(), resident.grad_ptrs(), sched.lr_scale(step),
-             sched.momentum(step), step % 2 == 1, step < split_step);
-    tokens += b.size();
-    if (o.max_seconds > 0) {
+             sched.momentum(step), do_adam, step < split_step);
+    if (o.max_seconds > 0) {  // rank 0's pace sizes every rank's run
       const double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const int64_t fit = time_budget_steps(step + 1, secs, o.max_seconds, o.steps, steps);
+      const int64_t lead_fit =
+          lead ? time_budget_steps(step + 1, secs, o.max_seconds, o.steps, steps) : 0;
+      const int64_t fit = int64_t(comm.sum(double(lead_fit)));
       if (fit != steps) {
         steps = stop = fit;
         sched = schedule(steps);
       }
     }
     const bool last = step + 1 == stop;
+    ++result.steps_run;
+    if (!lead) continue;
     PretrainProgress pr{.step = step + 1, .steps = steps, .train_loss = loss};
     if (last || (o.val_every > 0 && (step + 1) % o.val_every == 0)) {
       pr.val_loss = validate(params, resident, o, info, val_files);
@@ -209,7 +252,6 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     line["val_loss"] = pr.val_loss ? Json(*pr.val_loss) : Json(nullptr);
     metrics << line.dump() << "\n" << std::flush;
     if (on_progress) on_progress(pr);
-    ++result.steps_run;
     if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)) {
       resident.download(params);
       save_checkpoint(params, opt, o, step + 1, steps, loader);
@@ -220,12 +262,17 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
 
 }  // namespace
 
+PretrainResult pretrain_ranked(const PretrainOptions& options, const Comm& comm,
+                               const std::function<void(const PretrainProgress&)>& on_progress) {
+  const auto presets = gpt_preset_names();
+  const bool preset = std::find(presets.begin(), presets.end(), options.config) != presets.end();
+  return pretrain_gpt(gpt_config_resolve(options.config), preset, options, comm, on_progress);
+}
+
 PretrainResult pretrain(const PretrainOptions& options,
                         const std::function<void(const PretrainProgress&)>& on_progress) {
   require_one_process(launch_from_env(), "deg pretrain");
-  const auto presets = gpt_preset_names();
-  const bool preset = std::find(presets.begin(), presets.end(), options.config) != presets.end();
-  return pretrain_gpt(gpt_config_resolve(options.config), preset, options, on_progress);
+  return pretrain_ranked(options, *solo_comm(), on_progress);
 }
 
 }  // namespace deg::train
