@@ -170,7 +170,7 @@ Json lfm2_config_json(const Lfm2Config& c) {
           {"tie_word_embeddings", c.tied}};
 }
 
-// `tokens` cycled to n entries (a real model's layer pattern for --layers).
+// `pattern` cycled to n entries (a real model's layer pattern for --layers).
 template <class T>
 std::vector<T> cycled(const std::vector<T>& pattern, int64_t n) {
   std::vector<T> out;
@@ -193,6 +193,8 @@ Base base_model(const std::string& family, int64_t layers, int64_t vocab) {
   if (family == "qwen3_5") {
     Qwen35Config cfg = Qwen35Config::preset("0.8b");
     if (layers > 0) cfg.layers = cycled(cfg.layers, layers);
+    if (cfg.vocab < vocab)
+      throw Error(ErrorKind::internal, "the tokenizer outgrows the vocabulary");
     b.what = fmt::format("Qwen3.5-0.8B dims, {} layers", cfg.layers.size());
     b.config = qwen35_config_json(cfg);
     weights = qwen35_random_weights(cfg, DType::bf16, 1);

@@ -1522,8 +1522,9 @@ const std::vector<OpCase>& op_cases() {
                                 .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                att));
     // bf16 products (Q, K, probabilities and V rounded to bf16, f32 sums): on CUDA the tensor
-    // cores, every query in the block kernel (decode too); the CPU computes in f32 and meets
-    // the f32 tolerance. Relative rounding of ~2^-9 per operand (cuda: see the device log).
+    // cores, every query in the block kernel (decode too; head dims past 256 excepted: f32, the
+    // wide cases above); the CPU computes in f32 and meets the f32 tolerance. Relative rounding of
+    // ~2^-9 per operand (cuda: see the device log).
     const Tolerance att_bf16{2e-2, 1e-4};
     c.push_back(attention_case("attention_bf16_gqa_prefix_own_before",
                                {.kv_heads = 2,
@@ -1576,6 +1577,25 @@ const std::vector<OpCase>& op_cases() {
                                 .lengths = kDecodeLengths,
                                 .prefix_len = {40, 3, 0, 0, 12, 100, 1},
                                 .own_before = {0, 5, 2, 17, 0, 3, 60}},
+                               att));
+    // Past 1024 keys (splits of 4 blocks: the running sums rescale inside a split) with 12 and 16
+    // query rows a CTA, softmax over up to ~1,500 keys (cpu: 2.0e-6, 7.1e-13); and a head dim
+    // that is no multiple of 4 (4-byte copies).
+    const Tolerance att_long{2e-5, 1e-11};
+    c.push_back(attention_case("attention_wide_d512_long_prefix",
+                               {.kv_heads = 1,
+                                .group = 4,
+                                .dim = 512,
+                                .lengths = {3, 4, 0, 1, 2, 4, 3},
+                                .prefix_len = {1100, 1500, 0, 1030, 1200, 1290, 64},
+                                .own_before = {0, 2, 0, 5, 0, 1, 970}},
+                               att_long));
+    c.push_back(attention_case("attention_wide_d302",
+                               {.kv_heads = 1,
+                                .group = 2,
+                                .dim = 302,
+                                .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                .own_before = {0, 4, 3, 0, 9, 2, 30}},
                                att));
     c.push_back(attention_case("attention_bf16_wide_d512_decode",
                                {.kv_heads = 1,

@@ -158,5 +158,20 @@ TEST(TokenizerLoad, RejectsUnsupportedAndBrokenConfigs) {
   EXPECT_EQ(kind_of(unknown_normalizer), ErrorKind::unsupported);
 }
 
+// id_limit: one past the largest id, which counts the gaps vocab_size() does not (a model's
+// vocabulary rows past it are never written by this tokenizer).
+TEST(TokenizerApi, IdLimitCountsGapsInTheIds) {
+  const text::Tokenizer qwen = load_tokenizer("qwen3");
+  EXPECT_EQ(qwen.id_limit(), qwen.vocab_size());  // ids 0 .. 151,668 without gaps
+  const Json gappy = {
+      {"model",
+       {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"c", 5}}}, {"merges", Json::array()}}},
+      {"added_tokens", {{{"id", 3}, {"content", "<end>"}, {"special", true}}}}};
+  const text::Tokenizer tok = text::Tokenizer::from_json(gappy, "gappy.json");
+  EXPECT_EQ(tok.token_to_id("<end>"), 3);  // HF's rule: the next id after the vocabulary's count
+  EXPECT_EQ(tok.vocab_size(), 4);
+  EXPECT_EQ(tok.id_limit(), 6);  // "c"
+}
+
 }  // namespace
 }  // namespace deg::testing

@@ -55,12 +55,12 @@ void Filler::generate(const std::vector<size_t>& group) {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t steps = 0;
   double head_ms = 0, step_ms = 0;  // LM head and its picks, decode steps; the rest: the host's
+  const int64_t id_limit = model_.tokenizer().id_limit();
   for (int64_t step = 0;; ++step, ++steps) {
     auto t1 = std::chrono::steady_clock::now();
     // The greedy picks where the logits are (only they come back from a GPU), among the ids the
     // tokenizer can write (random or padded rows past them decode to nothing).
-    const std::vector<Backbone::LogitPick> picks =
-        bb.lm_picks(last, model_.tokenizer().vocab_size());
+    const std::vector<Backbone::LogitPick> picks = bb.lm_picks(last, id_limit);
     head_ms += ms_since(t1);
     std::vector<int32_t> step_ids(size_t(B), model_.eos_id());
     bool any = false;

@@ -576,9 +576,10 @@ Tensor Backbone::lm_logits(const Tensor& hidden) const {
   return logits;
 }
 
-std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden, int64_t ids) const {
+std::vector<Backbone::LogitPick> Backbone::lm_picks(const Tensor& hidden,
+                                                    std::optional<int64_t> id_limit) const {
   const int64_t M = hidden.numel() / spec().hidden, V = family_->lm_head().dim(0);
-  const int64_t n = ids > 0 ? std::min(ids, V) : V;
+  const int64_t n = id_limit ? std::clamp<int64_t>(*id_limit, 1, V) : V;
   const Exec exec = call_exec();
   exec.arena.reset();
   const bool host = ops_->device() == Device::cpu;

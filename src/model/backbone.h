@@ -264,9 +264,11 @@ class Backbone {
     // log softmax of the logit l (best_logit or second_logit).
     double log_prob(float l) const { return std::log(std::exp(double(l) - max) / sum); }
   };
-  // ids > 0: only tokens [0, ids) compete and count in the normaliser (those a tokenizer can
-  // write: a model's vocabulary is often padded past its tokenizer's ids).
-  std::vector<LogitPick> lm_picks(const Tensor& hidden, int64_t ids = 0) const;
+  // id_limit: only tokens [0, id_limit) compete and count in the normaliser (those a tokenizer
+  // can write, text::Tokenizer::id_limit: a model's vocabulary is often padded past them);
+  // nullopt: the whole vocabulary.
+  std::vector<LogitPick> lm_picks(const Tensor& hidden,
+                                  std::optional<int64_t> id_limit = std::nullopt) const;
 
  private:
   void run_layers(const Exec& x, const TokenBatch& batch, int64_t offset, const RowTable& rows,

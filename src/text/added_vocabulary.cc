@@ -249,6 +249,12 @@ bool AddedVocabulary::is_special_id(int32_t id) const {
   return it != by_id_.end() && is_special_content(it->second.content);
 }
 
+int32_t AddedVocabulary::max_id() const {
+  int32_t m = -1;
+  for (const auto& [content, id] : by_content_) m = std::max(m, id);
+  return m;
+}
+
 int64_t AddedVocabulary::count_not_in(const BpeModel& model) const {
   int64_t n = 0;
   for (const auto& [content, id] : by_content_) n += !model.token_to_id(content).has_value();

@@ -45,6 +45,7 @@ class AddedVocabulary {
   bool is_special_content(std::string_view content) const;
   bool is_special_id(int32_t id) const;
   size_t size() const { return by_content_.size(); }
+  int32_t max_id() const;  // the largest id of an added token; -1 when none
   // Number of added tokens whose content is not also in the model vocabulary.
   int64_t count_not_in(const BpeModel& model) const;
 

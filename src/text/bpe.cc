@@ -211,6 +211,10 @@ std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
   return it->second;
 }
 
+int32_t BpeModel::max_id() const {
+  return static_cast<int32_t>(vocab_r_.size()) - 1;  // vocab_r_ holds ids 0 .. the largest
+}
+
 const std::string* BpeModel::id_to_token(int32_t id) const {
   if (id < 0 || static_cast<size_t>(id) >= vocab_r_.size()) return nullptr;
   return vocab_r_[static_cast<size_t>(id)];

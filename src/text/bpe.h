@@ -45,6 +45,7 @@ class BpeModel {
   std::optional<int32_t> token_to_id(std::string_view token) const;
   const std::string* id_to_token(int32_t id) const;  // nullptr when unknown
   int64_t vocab_size() const { return static_cast<int64_t>(vocab_.size()); }
+  int32_t max_id() const;  // the largest id of the vocabulary; -1 when empty
 
  private:
   struct Symbol {

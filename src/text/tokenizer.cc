@@ -329,6 +329,10 @@ int64_t Tokenizer::vocab_size() const {
   return impl_->model->vocab_size() + impl_->added.count_not_in(*impl_->model);
 }
 
+int64_t Tokenizer::id_limit() const {
+  return int64_t(std::max(impl_->model->max_id(), impl_->added.max_id())) + 1;
+}
+
 const std::string& Tokenizer::source() const {
   return impl_->source;
 }

@@ -61,6 +61,9 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   // Model vocabulary plus added tokens not in it (HF's get_vocab_size(True)).
   int64_t vocab_size() const;
+  // One past the largest id it has (vocab_size() unless the ids leave gaps): the rows of a
+  // model's vocabulary its text can come from.
+  int64_t id_limit() const;
   const std::string& source() const;  // the file it was loaded from, or `what`
 
  private:

@@ -40,6 +40,8 @@
 //     and each prefix key block is read once per query block, not once per row.
 //   * Each row then has its own job over its remaining keys: 64 query rows per CTA in the block
 //     kernel, 8 per CTA in the few-query kernel when its n G is at most 16 (decode).
+//   * Head dims past 256 (Gemma 4's global layers): nothing is packed, and every row's job runs
+//     in the few-query kernel's wide form, 32 query rows per CTA, f32 even for bf16 launches.
 //   * The chunk size is a multiple of every query's split of the job; a job's range is cut when
 //     the kernel would otherwise have fewer than about four CTAs' worth of work per SM (decode,
 //     fork passes, short prefill chunks), and left whole otherwise (long prefill). CTAs run
@@ -49,11 +51,14 @@
 //   block kernel: Q [64][P], K [64][P], V [64][P], probabilities [64 keys][72], alpha, split
 //     ends (RowEnd) and query rows [64] each: 220,928 bytes at D = 256 (one CTA per SM);
 //   few kernel:   Q [8][P],  K [64][P], V [64][P], probabilities [64 keys][8], alpha and split
-//     ends [8]: 143,776 bytes at D = 256.
+//     ends [8]: 143,776 bytes at D = 256;
+//   its wide form: Q [32][P], one K-then-V tile [64][P], probabilities [64 keys][32], alpha and
+//     split ends [32]: 207,488 bytes at D = 512.
 // K and V tiles arrive with cp.async, each overlapping the other half of the previous block's
 // work: V of block b + 1 loads during scores and softmax of b + 1, K of block b + 1 during the
-// softmax and values of b. Keys past the CTA's last query's key are zero-filled, never read (a
-// row's spare capacity may hold anything).
+// softmax and values of b (the wide form waits for each: its one tile holds K, then V). Keys past
+// the CTA's last query's key are zero-filled, never read (a row's spare capacity may hold
+// anything).
 //
 // Workspace: per row with a query past key 63, per token t, per query head, split_slots(k)
 // records of D rounded up to 4, plus 4, floats (acc, then m and l; a local row uses the record
@@ -346,10 +351,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // values: columns t + 256 c (c < kCols, below D), all rows of the CTA.
 //
 // The wide form (kCols = 2, kQ = kWideQueries) takes every job of a launch whose head dim is past
-// kMaxHeadDim (Gemma 4's global layers, D = 512): one tile holds a block's K, then its V (two
-// tiles would not fit in shared memory beside 32 query rows), so the copies no longer overlap the
-// arithmetic; 32 query rows a CTA read each K / V tile for four tokens of eight heads. The
-// arithmetic per query row and column is the narrow form's.
+// kMaxHeadDim (Gemma 4's global layers, D = 512). Its one tile holds a block's K, then its V (two
+// would not fit in shared memory beside 32 query rows), so the copies do not overlap the
+// arithmetic; 32 query rows (four tokens of eight heads) share each tile read. The arithmetic per
+// query row and column is the narrow form's.
 
 // acc[i] = fma(p_i, v, acc[i]) over the block's keys in order, for the first kRows of kQ rows.
 template <int kRows, int kQ>
@@ -425,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   stage_tile(q_tile, kQ, q_walk, g, query);
   stage_keys(first_block);
   commit_copies();
-  if (!kWide) stage_values(first_block);
+  if constexpr (!kWide) stage_values(first_block);
   commit_copies();
 
   const int2 soft_query = make_int2(row, int(f0 + soft_row));
@@ -438,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   for (int64_t block = first_block; block <= last_block; ++block) {
     const int64_t key0 = block * kKeyBlock;
-    if (kWide) {
+    if constexpr (kWide) {
       wait_copies<0>();  // this block's K (and, the first time, Q)
     } else {
       wait_copies<1>();  // the same; this block's V may still arrive
@@ -464,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // scores complete; the K tile is free
 
-    if (kWide) {
+    if constexpr (kWide) {
       stage_values(block);
     } else if (block < last_block) {
       stage_keys(block + 1);
@@ -475,7 +480,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
                alphas + soft_row, ends + soft_row);
     }
-    if (kWide) {
+    if constexpr (kWide) {
       wait_copies<0>();  // this block's V
     } else {
       wait_copies<1>();
@@ -512,10 +517,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     __syncthreads();  // the V tile, the probabilities and the row states are free
 
-    if (kWide) {
-      if (block < last_block) stage_keys(block + 1);
-    } else if (block < last_block) {
-      stage_values(block + 1);
+    if (block < last_block) {
+      if constexpr (kWide) {
+        stage_keys(block + 1);
+      } else {
+        stage_values(block + 1);
+      }
     }
     commit_copies();
   }

@@ -15,6 +15,7 @@ constexpr int kBlockQueries = 64;     // query rows per block-kernel CTA
 constexpr int kFewQueries = 8;        // query rows per few-query CTA
 constexpr int kWideQueries = 32;      // query rows per CTA of the few kernel's wide form
 constexpr int64_t kFewLimit = 16;     // a row's own job with n G <= this runs in the few kernel
+                                      // (every job when D > kMaxHeadDim: its wide form)
 constexpr int64_t kPackQueries = 16;  // rows sharing a prefix pack from this many query rows
 constexpr int kMaxHeadDim = 256;      // the block kernel's and the narrow few kernel's
 constexpr int kMaxWideHeadDim = 512;  // the few kernel's wide form (every job past kMaxHeadDim)

@@ -4,15 +4,13 @@
 //   S <- S e^(g_t);  S <- S + k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t
 // and S ends in rec_out. Padded tokens get zero outputs; q, k come from key head h / (Hv / Hk).
 //
-// A row of n tokens splits into 64-token chunks from its token 0. Its full chunks, and a last
-// partial chunk of more than kRecurTokens tokens, run the chunked form (chunk_kernel); a last
-// partial chunk of at most kRecurTokens tokens runs the plain recurrence (recur_kernel, after
-// chunk_kernel has written the state to rec_out). The choice depends on n only, and a row fed in
-// 64-aligned pieces makes the same choices, chunk by chunk, as the whole row. Decode (n == 1) and
-// short rows (n <= kRecurTokens: fork rows) are recurrence only; an empty row copies its state.
-// kRecurTokens is 63 today, so every partial chunk runs the recurrence; chunk_kernel keeps its
-// zero-filled partial chunks (a lower kRecurTokens, and the op table's CPU-side reasoning, rely on
-// the form being whole).
+// A row of n tokens splits into 64-token chunks from its token 0. Its full chunks run the chunked
+// form (chunk_kernel); a last partial chunk of at most kRecurTokens tokens (today every partial
+// chunk: kRecurTokens is 63) runs the plain recurrence (recur_kernel, after chunk_kernel has
+// written the state to rec_out), and a longer one would run chunk_kernel, which zero-fills a
+// chunk past the row's end. The choice depends on n only, and a row fed in 64-aligned pieces
+// makes the same choices, chunk by chunk, as the whole row. Decode (n == 1) and short rows
+// (n <= kRecurTokens: fork rows) are recurrence only; an empty row copies its state.
 //
 // * recur_kernel: one CTA per (row, head, 64 value columns), 4 warps of 16 columns each. A lane
 //   holds 4 columns x R rows of S (8 R >= Dk, R 4, 16 or 32) in registers for all the row's

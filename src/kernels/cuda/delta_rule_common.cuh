@@ -13,10 +13,9 @@
 namespace deg::cuda::dr {
 
 constexpr int kChunk = 64;  // tokens per chunk (kDeltaRuleChunk)
-// A last partial chunk of at most this many tokens runs the recurrence: every partial chunk. The
-// chunked form costs a whole chunk's preparation, at one CTA per SM, for a fork row of 33-63
-// tokens (Qwen3.5-0.8B dims on an H200: the fill benchmark's 50 fork rows of 59 tokens over a
-// 4096-token trunk took 54 ms with it, 32 ms with the recurrence).
+// A last partial chunk of at most this many tokens runs the recurrence: every partial chunk, since
+// the chunked form costs a whole chunk's preparation, at one CTA per SM, for a fork row of 33-63
+// tokens (docs/cuda.md, "Fork rows of 33-63 tokens").
 constexpr int kRecurTokens = kChunk - 1;
 constexpr int kThreads = 256;     // chunk_kernel
 constexpr int kCols = 16;         // value columns of S per chunk_kernel CTA

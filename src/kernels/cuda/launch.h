@@ -56,7 +56,8 @@ struct AttentionLaunch {
   float scale;
   int64_t window;
   // Tensor cores: Q K^T and P V of bf16-rounded operands, f32 accumulation (every query in the
-  // block kernel, so a query's bits never depend on which kernel a batch sends it to).
+  // block kernel, so a query's bits never depend on which kernel a batch sends it to). Head dims
+  // past 256 run in f32 whatever this says (the few-query kernel's wide form takes them all).
   bool bf16;
   // Device scratch for the key splits' partial results (16-byte aligned): at least
   // attention_workspace_floats(*this) floats; null: the launcher takes it from the stream's
