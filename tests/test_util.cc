@@ -47,10 +47,13 @@ std::string read_text(const fs::path& path) {
   return ss.str();
 }
 
-CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text) {
+CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text,
+                      const std::vector<std::string>& env) {
   TempDir dir;
   write_text(dir / "stdin", stdin_text);
-  std::string cmd = std::string("'") + DEG_BINARY + "'";
+  std::string cmd = "env";
+  for (const std::string& e : env) cmd += " '" + e + "'";
+  cmd += std::string(" '") + DEG_BINARY + "'";
   for (const auto& a : args) {
     std::string quoted = "'";
     for (char c : a) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);

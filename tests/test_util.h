@@ -47,7 +47,9 @@ struct CommandResult {
 };
 
 // Runs the built `deg` binary with `args`, feeding `stdin_text` on standard input.
-CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "");
+// env: NAME=value settings for this run only.
+CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "",
+                      const std::vector<std::string>& env = {});
 
 // `deg fill` with checkpoint `ck` on examples/support.{schema.json,txt}: one document prints an
 // object that answers the required choice; the document twice with --report prints the same

@@ -1,5 +1,5 @@
-// train/distributed.h: a launcher's variables read into a Launch, and `deg pretrain` / `deg
-// train` refusing to run as one of several processes.
+// train/distributed.h: a launcher's variables read into a Launch, `deg train` refusing to run as
+// one of several processes, and `deg pretrain` asking where rank 0 listens.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -95,6 +95,17 @@ TEST(TrainLaunch, RejectsWorldSizesThatAreNotCounts) {
   EXPECT_NE(read_error({{"PMI_SIZE", "1.5"}}).find("PMI_SIZE=1.5"), std::string::npos);
 }
 
+TEST(TrainLaunch, ReadsWhereRankZeroListens) {
+  const Launch l = read({{"MASTER_ADDR", "node-0"}, {"MASTER_PORT", "29500"}});
+  EXPECT_EQ(l.master_addr, "node-0");
+  EXPECT_EQ(l.master_port, 29500);
+  EXPECT_EQ(read({}).master_port, 0);
+  for (const char* bad : {"0", "65536", "http", "-1"})
+    EXPECT_NE(read_error({{"MASTER_PORT", bad}}).find(std::string("MASTER_PORT=") + bad),
+              std::string::npos)
+        << bad;
+}
+
 TEST(TrainLaunch, SeveralProcessesAreRefusedWithAWayOut) {
   const std::string m = refusal({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
   EXPECT_NE(m.find("deg pretrain was started as process 1 of 2 (torchrun)"), std::string::npos)
@@ -135,10 +146,12 @@ TEST(TrainLaunch, CliPretrainAndTrainRefuseToRunAsOneOfSeveral) {
     tune = deg::testing::run_deg({"train", "--base", (t / "none").string(), "--out",
                                   (t / "tuned").string(), "--task", "s.json:t.jsonl"});
   }
-  for (const auto* r : {&pre, &tune}) {
-    EXPECT_NE(r->exit_code, 0);
-    EXPECT_NE(r->err.find("process 0 of 2 (torchrun)"), std::string::npos) << r->err;
-  }
+  // deg pretrain trains data-parallel on the CPU (train/comm.h), so it asks where rank 0
+  // listens; deg train refuses.
+  EXPECT_NE(pre.exit_code, 0);
+  EXPECT_NE(pre.err.find("needs MASTER_ADDR and MASTER_PORT"), std::string::npos) << pre.err;
+  EXPECT_NE(tune.exit_code, 0);
+  EXPECT_NE(tune.err.find("process 0 of 2 (torchrun)"), std::string::npos) << tune.err;
   EXPECT_FALSE(std::filesystem::exists(t / "pre"));
   EXPECT_FALSE(std::filesystem::exists(t / "tuned"));
 }

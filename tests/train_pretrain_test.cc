@@ -3,7 +3,11 @@
 // unigram entropy of the data; the checkpoint, metrics.jsonl, and an exact resume; presets sized
 // from the data's vocabulary (rounded up to 128), explicit configs not; and `deg tokenizer train`
 // -> `deg shard` -> `deg pretrain --config tiny`.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <exception>
 #include <fstream>
@@ -275,6 +279,75 @@ TEST(TrainPretrain, RanksSharingMicroBatchesTrainAsOneProcess) {
   std::vector<std::unique_ptr<Comm>> pair = local_comms(2);
   EXPECT_THROW(pretrain_ranked(o, *pair[1], {}), Error);
   EXPECT_THROW(pretrain_ranked(o, *pair[0], {}), Error);
+}
+
+// A free TCP port on this machine (bound, read, released).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The command line as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): two
+// `deg pretrain` processes train data-parallel over TCP on the CPU; rank 0 alone writes the
+// checkpoint and metrics, whose losses are those of one process taking both micro-batches.
+TEST(TrainPretrain, CliRanksTrainDataParallelOverTcp) {
+  TempDir dir;
+  write_corpus(dir / "data");
+  auto args = [&](const fs::path& out) {
+    return std::vector<std::string>{"pretrain",
+                                    "--config",
+                                    "tiny",
+                                    "--data",
+                                    (dir / "data").string(),
+                                    "--steps",
+                                    "4",
+                                    "--batch-tokens",
+                                    "128",
+                                    "--micro-batches",
+                                    "2",
+                                    "--max-seq-len",
+                                    "32",
+                                    "--val-tokens",
+                                    "64",
+                                    "--device",
+                                    "cpu",
+                                    "--quiet",
+                                    "--out",
+                                    out.string()};
+  };
+  const deg::testing::CommandResult one = deg::testing::run_deg(args(dir / "one"));
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string port = std::to_string(free_port());
+  deg::testing::CommandResult ranks[2];
+  std::thread second([&] {
+    ranks[1] = deg::testing::run_deg(
+        args(dir / "ranks"), "",
+        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
+  });
+  ranks[0] = deg::testing::run_deg(
+      args(dir / "ranks"), "",
+      {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
+  second.join();
+  ASSERT_EQ(ranks[0].exit_code, 0) << ranks[0].err;
+  ASSERT_EQ(ranks[1].exit_code, 0) << ranks[1].err;
+  int lines = 0;
+  const Json want = read_last_line(dir / "one" / "metrics.jsonl", &lines);
+  const Json got = read_last_line(dir / "ranks" / "metrics.jsonl", &lines);
+  EXPECT_EQ(lines, 4);  // rank 0's lines only
+  EXPECT_NEAR(got["train_loss"].get<double>(), want["train_loss"].get<double>(),
+              1e-6 * want["train_loss"].get<double>());
+  EXPECT_NEAR(got["val_loss"].get<double>(), want["val_loss"].get<double>(),
+              1e-6 * want["val_loss"].get<double>());
+  EXPECT_TRUE(fs::exists(dir / "ranks" / "model.safetensors"));
+  EXPECT_NE(ranks[0].out.find("\"steps\": 4"), std::string::npos) << ranks[0].out;
+  EXPECT_EQ(ranks[1].out, "");  // rank 0 reports
 }
 
 // A local group sums in rank order, the same bits on every rank.

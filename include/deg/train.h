@@ -183,6 +183,9 @@ struct PretrainProgress {
 };
 
 struct PretrainResult {
+  // This process's rank in a data-parallel run (docs/training.md): rank 0 alone validates,
+  // writes and reports, so the losses below are 0 on the others.
+  int rank = 0;
   double first_val_loss = 0, last_val_loss = 0;
   double unigram_entropy = 0;  // of the validation tokens, nats
   int64_t steps_run = 0;

@@ -67,6 +67,7 @@ void add_pretrain_command(CLI::App& app) {
                    p.train_loss, val.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());
       if (p.val_loss) std::fprintf(stderr, "\n");
     });
+    if (result.rank != 0) return;  // rank 0 reports for a data-parallel run
     fmt::print(
         "{{\"steps\": {}, \"first_val_loss\": {:.6f}, \"val_loss\": {:.6f}, "
         "\"unigram_entropy\": {:.6f}}}\n",

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "deg/train.h"
+#include "train/distributed.h"
 
 namespace deg::train {
 
@@ -40,6 +41,13 @@ std::unique_ptr<Comm> solo_comm();
 // r-th element; each must be used from one thread, and every rank must make the same sequence
 // of calls (as with any collective).
 std::vector<std::unique_ptr<Comm>> local_comms(int n);
+
+// Rank launch.rank of a multi-process launch, over TCP and host memory (the CPU's training ops):
+// rank 0 listens on launch.master_port, the others connect to launch.master_addr (retrying for
+// up to `timeout_s`); a sum gathers every rank's buffer at rank 0, which adds them in rank order
+// and sends the total back. Throws deg::Error when the launch lacks a rank or MASTER_ADDR /
+// MASTER_PORT, when the ranks do not meet in time, or when a peer goes away or disagrees.
+std::unique_ptr<Comm> tcp_comm(const Launch& launch, double timeout_s = 300);
 
 // `deg pretrain` as rank comm.rank() of comm.size(): every rank reads the same data stream
 // (its loader stays in step with the others) and trains on its micro-batches; rank 0 alone

@@ -57,6 +57,14 @@ Launch launch_from_env(const std::function<const char*(const char*)>& env) {
     const std::optional<int> r = rank ? whole_number(rank, 0) : std::nullopt;
     l.rank = r && *r < *n ? *r : -1;
   }
+  if (const char* addr = get("MASTER_ADDR")) l.master_addr = addr;
+  if (const char* port = get("MASTER_PORT")) {
+    const std::optional<int> p = whole_number(port, 1);
+    if (!p || *p > 65535)
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("MASTER_PORT={} is not a port (1 to 65535)", port));
+    l.master_port = *p;
+  }
   return l;
 }
 

@@ -188,6 +188,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   };
   TrainSchedule sched = schedule(steps);
   PretrainResult result;
+  result.rank = comm.rank();
   bool have_first = false;
   std::ofstream metrics;
   if (lead) {
@@ -271,8 +272,18 @@ PretrainResult pretrain_ranked(const PretrainOptions& options, const Comm& comm,
 
 PretrainResult pretrain(const PretrainOptions& options,
                         const std::function<void(const PretrainProgress&)>& on_progress) {
-  require_one_process(launch_from_env(), "deg pretrain");
-  return pretrain_ranked(options, *solo_comm(), on_progress);
+  const Launch launch = launch_from_env();
+  if (launch.world_size == 1) return pretrain_ranked(options, *solo_comm(), on_progress);
+  // Several processes: data-parallel over TCP on the CPU; a GPU group needs NCCL (not built).
+  if (pick_device(options.device) != Device::cpu) {
+    throw Error(ErrorKind::unsupported,
+                fmt::format("deg pretrain was started as one of {} processes ({}): on a GPU it "
+                            "trains in one process (data-parallel GPUs need NCCL, not built "
+                            "yet). Start it once, without the launcher, or train data-parallel "
+                            "on the CPU (--device cpu)",
+                            launch.world_size, launch.launcher));
+  }
+  return pretrain_ranked(options, *tcp_comm(launch), on_progress);
 }
 
 }  // namespace deg::train
