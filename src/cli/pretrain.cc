@@ -39,7 +39,10 @@ void add_pretrain_command(CLI::App& app) {
   cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--micro-batches", o->micro_batches,
                   "Read each step's batch as this many micro-batches and average their "
-                  "gradients (gradient accumulation: the memory of one micro-batch)")
+                  "gradients (gradient accumulation: the memory of one micro-batch). Started as "
+                  "several CPU processes by torchrun, mpirun or srun (RANK, WORLD_SIZE, "
+                  "MASTER_ADDR, MASTER_PORT), the processes share them out (a multiple of their "
+                  "number) and train data-parallel")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--max-seq-len", o->max_seq_len, "Documents are cut to this many tokens")
