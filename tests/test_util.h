@@ -47,6 +47,9 @@ struct CommandResult {
 };
 
 // Runs the built `deg` binary with `args`, feeding `stdin_text` on standard input.
+// A TCP port free on this machine now (bound on the loopback, read, released).
+int free_tcp_port();
+
 // env: NAME=value settings for this run only.
 CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "",
                       const std::vector<std::string>& env = {});

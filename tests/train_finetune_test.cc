@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <thread>
 
 #include "deg/train.h"
 #include "engine/decode.h"
@@ -315,6 +316,59 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
                              (t / "doc.txt").string()});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(run("straight", {}).exit_code, 0);
+}
+
+// Two `deg train` processes started as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT) train data-parallel over TCP on the CPU, each taking every other record of a
+// batch: rank 0 alone writes and reports, and every step's loss and the dev losses are one
+// process's up to the order of the gradients' sums.
+TEST(TrainFineTune, RanksTrainDataParallelOverTcp) {
+  TempDir t;
+  const fs::path ckpt = write_gpt_checkpoint(t.path(), 4);
+  deg::testing::write_text(t / "schema.json", kSchema);
+  write_records(t / "train.jsonl", 12, 1);
+  write_records(t / "dev.jsonl", 4, 2);
+  const std::string task = (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
+                           (t / "dev.jsonl").string();
+  auto args = [&](const std::string& out) {
+    return std::vector<std::string>{
+        "train",   "--base", ckpt.string(),    "--out", (t / out).string(), "--task", task,
+        "--steps", "6",      "--batch-tokens", "600",   "--eval-every",     "2",      "--device",
+        "cpu",     "--quiet"};
+  };
+  const deg::testing::CommandResult one = deg::testing::run_deg(args("one"));
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string port = std::to_string(deg::testing::free_tcp_port());
+  deg::testing::CommandResult ranks[2];
+  std::thread second([&] {
+    ranks[1] = deg::testing::run_deg(
+        args("ranks"), "",
+        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
+  });
+  ranks[0] = deg::testing::run_deg(
+      args("ranks"), "",
+      {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
+  second.join();
+  ASSERT_EQ(ranks[0].exit_code, 0) << ranks[0].err;
+  ASSERT_EQ(ranks[1].exit_code, 0) << ranks[1].err;
+  EXPECT_EQ(ranks[1].out, "");  // rank 0 reports
+  const Json a = Json::parse(one.out), b = Json::parse(ranks[0].out);
+  EXPECT_EQ(b["steps"], 6);
+  EXPECT_NEAR(b["best_dev_loss"].get<double>(), a["best_dev_loss"].get<double>(),
+              1e-4 * a["best_dev_loss"].get<double>());
+  auto losses = [](const fs::path& metrics) {
+    std::vector<double> out;
+    std::ifstream in(metrics);
+    for (std::string line; std::getline(in, line);)
+      out.push_back(Json::parse(line)["loss"].get<double>());
+    return out;
+  };
+  const std::vector<double> want = losses(t / "one" / "metrics.jsonl");
+  const std::vector<double> got = losses(t / "ranks" / "metrics.jsonl");
+  ASSERT_EQ(got.size(), 6u);
+  ASSERT_EQ(want.size(), 6u);
+  EXPECT_NEAR(got[0], want[0], 1e-6 * want[0]);  // the same weights: the sums' order only
+  for (size_t i = 1; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 1e-4 * want[i]) << "step " << i + 1;
 }
 
 // `--device auto` against `--device cpu`: the loss of every step and the dev loss. Where auto

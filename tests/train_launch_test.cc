@@ -1,5 +1,5 @@
-// train/distributed.h: a launcher's variables read into a Launch, `deg train` refusing to run as
-// one of several processes, and `deg pretrain` asking where rank 0 listens.
+// train/distributed.h: a launcher's variables read into a Launch, the refusal to run as one of
+// several processes (GPU training), and `deg pretrain` / `deg train` asking where rank 0 listens.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -110,7 +110,9 @@ TEST(TrainLaunch, SeveralProcessesAreRefusedWithAWayOut) {
   const std::string m = refusal({{"RANK", "1"}, {"WORLD_SIZE", "2"}});
   EXPECT_NE(m.find("deg pretrain was started as process 1 of 2 (torchrun)"), std::string::npos)
       << m;
-  EXPECT_NE(m.find("Start it once, without the launcher"), std::string::npos) << m;
+  EXPECT_NE(m.find("Start it once, without the launcher, or train data-parallel on the CPU"),
+            std::string::npos)
+      << m;
   EXPECT_NE(refusal({{"SLURM_STEP_NUM_TASKS", "3"}}).find("one of 3 processes (srun)"),
             std::string::npos);
 }
@@ -134,9 +136,9 @@ class ScopedEnv {
   std::vector<std::string> names_;
 };
 
-// The command line, as torchrun would start it: the refusal comes before anything is read or
-// written.
-TEST(TrainLaunch, CliPretrainAndTrainRefuseToRunAsOneOfSeveral) {
+// The command line, as torchrun would start it but without MASTER_ADDR / MASTER_PORT: the error
+// comes before anything is read or written.
+TEST(TrainLaunch, CliPretrainAndTrainAskWhereRankZeroListens) {
   deg::testing::TempDir t;
   deg::testing::CommandResult pre, tune;
   {
@@ -146,12 +148,11 @@ TEST(TrainLaunch, CliPretrainAndTrainRefuseToRunAsOneOfSeveral) {
     tune = deg::testing::run_deg({"train", "--base", (t / "none").string(), "--out",
                                   (t / "tuned").string(), "--task", "s.json:t.jsonl"});
   }
-  // deg pretrain trains data-parallel on the CPU (train/comm.h), so it asks where rank 0
-  // listens; deg train refuses.
-  EXPECT_NE(pre.exit_code, 0);
-  EXPECT_NE(pre.err.find("needs MASTER_ADDR and MASTER_PORT"), std::string::npos) << pre.err;
-  EXPECT_NE(tune.exit_code, 0);
-  EXPECT_NE(tune.err.find("process 0 of 2 (torchrun)"), std::string::npos) << tune.err;
+  // Both train data-parallel on the CPU (train/comm.h), so they ask where rank 0 listens.
+  for (const auto* r : {&pre, &tune}) {
+    EXPECT_NE(r->exit_code, 0);
+    EXPECT_NE(r->err.find("needs MASTER_ADDR and MASTER_PORT"), std::string::npos) << r->err;
+  }
   EXPECT_FALSE(std::filesystem::exists(t / "pre"));
   EXPECT_FALSE(std::filesystem::exists(t / "tuned"));
 }

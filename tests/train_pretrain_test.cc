@@ -281,19 +281,6 @@ TEST(TrainPretrain, RanksSharingMicroBatchesTrainAsOneProcess) {
   EXPECT_THROW(pretrain_ranked(o, *pair[0], {}), Error);
 }
 
-// A free TCP port on this machine (bound, read, released).
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 // The command line as torchrun starts it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): two
 // `deg pretrain` processes train data-parallel over TCP on the CPU; rank 0 alone writes the
 // checkpoint and metrics, whose losses are those of one process taking both micro-batches.
@@ -324,7 +311,7 @@ TEST(TrainPretrain, CliRanksTrainDataParallelOverTcp) {
   };
   const deg::testing::CommandResult one = deg::testing::run_deg(args(dir / "one"));
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(deg::testing::free_tcp_port());
   deg::testing::CommandResult ranks[2];
   std::thread second([&] {
     ranks[1] = deg::testing::run_deg(

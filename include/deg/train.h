@@ -100,6 +100,7 @@ struct KindCalibration {
 };
 
 struct FineTuneResult {
+  int rank = 0;  // this process's rank in a data-parallel run: rank 0 alone evaluates and reports
   int64_t steps_run = 0;
   int64_t train_examples = 0, dev_examples = 0, unlocated = 0;
   double first_dev_loss = 0, best_dev_loss = 0;

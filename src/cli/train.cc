@@ -113,6 +113,7 @@ void add_train_command(CLI::App& app) {
                    p.loss, dev.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());
       if (p.dev_loss) std::fprintf(stderr, "\n");
     });
+    if (r.rank != 0) return;  // rank 0 reports for a data-parallel run
     OrderedJson cal = OrderedJson::array();
     for (const auto& k : r.calibration)
       cal.push_back({{"kind", k.kind},

@@ -56,4 +56,11 @@ std::unique_ptr<Comm> tcp_comm(const Launch& launch, double timeout_s = 300);
 PretrainResult pretrain_ranked(const PretrainOptions& options, const Comm& comm,
                                const std::function<void(const PretrainProgress&)>& on_progress);
 
+// `deg train` as rank comm.rank() of comm.size(): every rank reads the tasks and draws the same
+// batches, and takes every size()-th record of each (the kinds' loss weights are the whole
+// batch's); rank 0 alone prepares --out (the others open it after), evaluates, decides an early
+// stop, writes, calibrates and reports.
+FineTuneResult fine_tune_ranked(const FineTuneOptions& options, const Comm& comm,
+                                const std::function<void(const FineTuneProgress&)>& on_progress);
+
 }  // namespace deg::train

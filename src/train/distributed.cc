@@ -74,9 +74,10 @@ void require_one_process(const Launch& launch, const std::string& command) {
                                 ? fmt::format("process {} of {}", launch.rank, launch.world_size)
                                 : fmt::format("one of {} processes", launch.world_size);
   throw Error(ErrorKind::unsupported,
-              fmt::format("{} was started as {} ({}), but it trains in one process (one GPU or "
-                          "the CPU); {} copies would each run the whole training and write the "
-                          "same output directory. Start it once, without the launcher",
+              fmt::format("{} was started as {} ({}), but on a GPU it trains in one process "
+                          "(data-parallel GPUs need NCCL, not built yet); {} copies would each run "
+                          "the whole training and write the same output directory. Start it once, "
+                          "without the launcher, or train data-parallel on the CPU (--device cpu)",
                           command, which, launch.launcher, launch.world_size));
 }
 

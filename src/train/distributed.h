@@ -28,8 +28,9 @@ struct Launch {
 // MASTER_PORT not a port.
 Launch launch_from_env(const std::function<const char*(const char*)>& env = {});
 
-// Throws deg::Error (unsupported) when `launch` has more than one process: `command` trains in
-// one process (on one GPU or the CPU) and must be started once, without the launcher.
+// Throws deg::Error (unsupported) when `launch` has more than one process: `command` on a GPU
+// trains in one process (no NCCL group yet) and must be started once, without the launcher, or
+// on the CPU, where several processes train data-parallel (train/comm.h).
 void require_one_process(const Launch& launch, const std::string& command);
 
 }  // namespace deg::train

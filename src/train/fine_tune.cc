@@ -20,6 +20,7 @@
 #include "model/gpt_config.h"
 #include "schema/plan.h"
 #include "train/calibrate.h"
+#include "train/comm.h"
 #include "train/distributed.h"
 #include "train/features.h"
 #include "train/ops.h"
@@ -254,8 +255,9 @@ void write_replacing(const fs::path& path, F&& write) {
 class Trainer {
  public:
   Trainer(const FineTuneOptions& o, const engine::DegModel& model, Dataset& ds, bool train_trunk,
-          Device device)
+          Device device, const Comm& comm)
       : o_(o),
+        comm_(comm),
         model_(model),
         ds_(ds),
         train_trunk_(train_trunk),
@@ -308,16 +310,23 @@ class Trainer {
       return ms;
     };
     times_ = {};
-    std::vector<size_t> batch = next_batch(tokens);
-    times_.records = int64_t(batch.size());
+    const std::vector<size_t> whole = next_batch(tokens);
     LossStats st;
     // Each kind's queries share a weight of 1: the loss is the sum of the kinds' means.
     int64_t count[6] = {0, 0, 0, 0, 0, 0};
-    for (size_t i : batch)
+    for (size_t i : whole)
       for (const TaskQuery& q : ds_.train[i].queries) ++count[int(q.head)];
     float weight[6];
     for (int k = 0; k < 6; ++k) weight[k] = count[k] ? 1.0f / float(count[k]) : 0.0f;
-    if (train_trunk_) {
+    // A data-parallel rank takes every ranks()-th record of the batch (train/comm.h); the
+    // weights above are the whole batch's, so the ranks' gradients add up to the batch's.
+    std::vector<size_t> batch;
+    for (size_t k = 0; k < whole.size(); ++k)
+      if (int(k % size_t(comm_.size())) == comm_.rank()) batch.push_back(whole[k]);
+    times_.records = int64_t(batch.size());
+    if (batch.empty()) {
+      times_.pack = lap();
+    } else if (train_trunk_) {
       std::vector<const TaskExample*> exs;
       for (size_t i : batch) exs.push_back(&ds_.train[i]);
       const Packed p = pack_examples(exs);
@@ -353,6 +362,7 @@ class Trainer {
       });
       times_.heads = lap();
     }
+    if (comm_.size() > 1) sum_over_ranks(st);
     if (stats) stats->add(st);
     const double loss = st.balanced();
     if (!std::isfinite(loss))
@@ -378,6 +388,23 @@ class Trainer {
     }
     times_.optimizer = lap();
     return loss;
+  }
+
+  // The ranks' loss statistics and gradients (heads and, when it trains, trunk) summed.
+  void sum_over_ranks(LossStats& st) {
+    double v[12];
+    for (int k = 0; k < 6; ++k) {
+      v[k] = st.sum[k];
+      v[6 + k] = double(st.queries[k]);
+    }
+    comm_.sum(v, 12);
+    for (int k = 0; k < 6; ++k) {
+      st.sum[k] = v[k];
+      st.queries[k] = int64_t(v[6 + k]);
+    }
+    for (auto& [name, t] : hgrad_.tensors(true)) comm_.sum(t->mutable_data<float>(), t->numel());
+    if (train_trunk_)
+      for (Tensor& g : resident_->grads) comm_.sum(g.mutable_data<float>(), g.numel());
   }
 
   // The heads' losses and gradients of a step's examples (their cost: context tokens x queries)
@@ -595,6 +622,7 @@ class Trainer {
 
   GptActs acts_;  // the trunk passes' memory, step after step
   const FineTuneOptions& o_;
+  const Comm& comm_;
   const engine::DegModel& model_;
   Dataset& ds_;
   bool train_trunk_;
@@ -687,7 +715,18 @@ void write_json(const fs::path& path, const OrderedJson& j) {
 
 FineTuneResult fine_tune(const FineTuneOptions& o,
                          const std::function<void(const FineTuneProgress&)>& on_progress) {
-  require_one_process(launch_from_env(), "deg train");
+  const Launch launch = launch_from_env();
+  if (launch.world_size == 1) return fine_tune_ranked(o, *solo_comm(), on_progress);
+  // Several processes: data-parallel over TCP on the CPU; a GPU group needs NCCL (not built).
+  if (pick_device(o.device) != Device::cpu) require_one_process(launch, "deg train");
+  return fine_tune_ranked(o, *tcp_comm(launch), on_progress);
+}
+
+FineTuneResult fine_tune_ranked(const FineTuneOptions& o, const Comm& comm,
+                                const std::function<void(const FineTuneProgress&)>& progress) {
+  const bool lead = comm.rank() == 0;  // writes, evaluates, calibrates and reports
+  const std::function<void(const FineTuneProgress&)> on_progress =
+      lead ? progress : std::function<void(const FineTuneProgress&)>();
   if (o.tasks.empty()) throw Error(ErrorKind::invalid_argument, "give at least one --task");
   if (o.steps <= 0) throw Error(ErrorKind::invalid_argument, "--steps must be positive");
   if (o.max_seconds < 0 || (o.max_seconds > 0 && (o.resume || o.stop_at > 0)))
@@ -705,7 +744,8 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
   const Device device = pick_device(o.device);
   if (o.profile_step > 0 && device != Device::cuda)
     throw Error(ErrorKind::invalid_argument, kProfileNeeds);
-  prepare_out(o);
+  if (lead) prepare_out(o);
+  comm.sum(0.0);  // the others open --out once rank 0 has made it
   const std::unique_ptr<engine::DegModel> model = engine::DegModel::open(o.out);
   const bool gpt = model->backbone().spec().family == "gpt";
   const bool train_trunk = gpt && !o.freeze_trunk;
@@ -715,14 +755,15 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
 
   if (o.profile_step > 0 && !train_trunk) throw Error(ErrorKind::invalid_argument, kProfileNeeds);
   Dataset ds = build_dataset(*model, o, on_progress);
-  FineTuneResult result{.train_examples = int64_t(ds.train.size()),
+  FineTuneResult result{.rank = comm.rank(),
+                        .train_examples = int64_t(ds.train.size()),
                         .dev_examples = int64_t(ds.dev.size()),
                         .unlocated = ds.unlocated};
   log::info("{} training and {} dev examples; {} expected values not found in their documents",
             ds.train.size(), ds.dev.size(), ds.unlocated);
   if (device != Device::cpu && !train_trunk)
     log::info("the heads train on the CPU: --device {} runs a gpt trunk that trains", o.device);
-  Trainer tr(o, *model, ds, train_trunk, device);
+  Trainer tr(o, *model, ds, train_trunk, device, comm);
   tr.cache_features(on_progress);
 
   const fs::path state = o.out / "train_state";
@@ -738,8 +779,12 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     evals_since_best = st.at("evals_since_best").get<int64_t>();
     tr.load_state(state);
   }
-  std::ofstream metrics(o.out / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
-  if (!metrics) throw Error(ErrorKind::io, "cannot write metrics.jsonl", {.path = o.out.string()});
+  std::ofstream metrics;
+  if (lead) {
+    metrics.open(o.out / "metrics.jsonl", o.resume ? std::ios::app : std::ios::trunc);
+    if (!metrics)
+      throw Error(ErrorKind::io, "cannot write metrics.jsonl", {.path = o.out.string()});
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   const bool have_dev = !ds.dev.empty();
@@ -752,12 +797,23 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     const double loss = tr.step(step, lr, &tokens, &stats);
     if (profile)
       write_profile(o.out / "profile.txt", step + 1, tr.last_times(), cuda_profile_stop());
-    if (o.max_seconds > 0)
-      steps = time_budget_steps(
-          step + 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-          o.max_seconds, o.steps, steps);
+    if (o.max_seconds > 0) {  // rank 0's pace sizes every rank's run
+      const int64_t fit =
+          lead ? time_budget_steps(
+                     step + 1,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                     o.max_seconds, o.steps, steps)
+               : 0;
+      steps = int64_t(comm.sum(double(fit)));
+    }
     const bool pause = o.stop_at > 0 && step + 1 == o.stop_at && !(step + 1 == steps);
     const bool last = step + 1 == steps || pause;
+    if (!lead) {  // rank 0 evaluates and decides whether to stop early
+      ++result.steps_run;
+      if (comm.sum(0.0) > 0) break;
+      if (pause) return result;
+      continue;
+    }
     OrderedJson line = {{"step", step + 1}, {"loss", loss}};
     OrderedJson kinds = OrderedJson::object();
     for (int k = 0; k < 6; ++k)
@@ -825,12 +881,13 @@ FineTuneResult fine_tune(const FineTuneOptions& o,
     metrics << line.dump() << "\n" << std::flush;
     if (on_progress) on_progress(pr);
     ++result.steps_run;
+    comm.sum(stop ? 1.0 : 0.0);  // tell the other ranks
     if (stop) break;
     if (pause) return result;  // --resume continues; calibration comes at the real end
   }
 
   // Calibration of the best weights on the dev halves.
-  if (o.calibrate && have_dev) {
+  if (lead && o.calibrate && have_dev) {
     if (on_progress) on_progress({.stage = "calibrate"});
     tr.load_weights(o.out);  // the best
     std::vector<CalibrationItem> fit[5], report[5];

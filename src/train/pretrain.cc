@@ -275,14 +275,7 @@ PretrainResult pretrain(const PretrainOptions& options,
   const Launch launch = launch_from_env();
   if (launch.world_size == 1) return pretrain_ranked(options, *solo_comm(), on_progress);
   // Several processes: data-parallel over TCP on the CPU; a GPU group needs NCCL (not built).
-  if (pick_device(options.device) != Device::cpu) {
-    throw Error(ErrorKind::unsupported,
-                fmt::format("deg pretrain was started as one of {} processes ({}): on a GPU it "
-                            "trains in one process (data-parallel GPUs need NCCL, not built "
-                            "yet). Start it once, without the launcher, or train data-parallel "
-                            "on the CPU (--device cpu)",
-                            launch.world_size, launch.launcher));
-  }
+  if (pick_device(options.device) != Device::cpu) require_one_process(launch, "deg pretrain");
   return pretrain_ranked(options, *tcp_comm(launch), on_progress);
 }
 
