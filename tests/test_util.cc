@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "io/json.h"
 
@@ -83,6 +84,28 @@ CommandResult run_deg(const std::vector<std::string>& args, const std::string& s
   r.out = read_text(dir / "stdout");
   r.err = read_text(dir / "stderr");
   return r;
+}
+
+std::vector<CommandResult> run_deg_ranks(int n, const std::vector<std::string>& args) {
+  const std::string port = std::to_string(free_tcp_port());
+  std::vector<CommandResult> out(static_cast<size_t>(n));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.emplace_back([&, r] {
+      out[size_t(r)] = run_deg(args, "",
+                               {"RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(n),
+                                "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
+    });
+  for (std::thread& t : ranks) t.join();
+  return out;
+}
+
+std::vector<double> jsonl_numbers(const std::filesystem::path& path, const std::string& key) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(Json::parse(line).at(key).get<double>());
+  return out;
 }
 
 std::string expect_fill_support_example(const std::filesystem::path& ck) {

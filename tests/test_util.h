@@ -49,6 +49,11 @@ struct CommandResult {
 // Runs the built `deg` binary with `args`, feeding `stdin_text` on standard input.
 // A TCP port free on this machine now (bound on the loopback, read, released).
 int free_tcp_port();
+// `deg args` as ranks 0 .. n-1 of one launch, as torchrun starts them (RANK, WORLD_SIZE,
+// MASTER_ADDR=127.0.0.1, MASTER_PORT a free port), all at once; their results by rank.
+std::vector<CommandResult> run_deg_ranks(int n, const std::vector<std::string>& args);
+// Field `key` (a number) of every line of a JSON-lines file, in order.
+std::vector<double> jsonl_numbers(const std::filesystem::path& path, const std::string& key);
 
 // env: NAME=value settings for this run only.
 CommandResult run_deg(const std::vector<std::string>& args, const std::string& stdin_text = "",

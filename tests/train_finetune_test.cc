@@ -7,7 +7,6 @@
 
 #include <cmath>
 #include <fstream>
-#include <thread>
 
 #include "deg/train.h"
 #include "engine/decode.h"
@@ -260,14 +259,19 @@ void write_records(const fs::path& path, int n, uint64_t seed) {
   }
 }
 
+// kSchema with 12 training and 4 dev records under `dir`: the --task argument.
+std::string write_task(const fs::path& dir) {
+  deg::testing::write_text(dir / "schema.json", kSchema);
+  write_records(dir / "train.jsonl", 12, 1);
+  write_records(dir / "dev.jsonl", 4, 2);
+  return (dir / "schema.json").string() + ":" + (dir / "train.jsonl").string() + ":" +
+         (dir / "dev.jsonl").string();
+}
+
 TEST(TrainFineTune, ResumeContinuesExactly) {
   TempDir t;
   const fs::path ckpt = write_gpt_checkpoint(t.path(), 4);
-  deg::testing::write_text(t / "schema.json", kSchema);
-  write_records(t / "train.jsonl", 12, 1);
-  write_records(t / "dev.jsonl", 4, 2);
-  const std::string task = (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
-                           (t / "dev.jsonl").string();
+  const std::string task = write_task(t.path());
   auto run = [&](const std::string& out, std::vector<std::string> extra) {
     std::vector<std::string> args = {
         "train",   "--base", ckpt.string(),    "--out", (t / out).string(), "--task", task,
@@ -325,11 +329,7 @@ TEST(TrainFineTune, ResumeContinuesExactly) {
 TEST(TrainFineTune, RanksTrainDataParallelOverTcp) {
   TempDir t;
   const fs::path ckpt = write_gpt_checkpoint(t.path(), 4);
-  deg::testing::write_text(t / "schema.json", kSchema);
-  write_records(t / "train.jsonl", 12, 1);
-  write_records(t / "dev.jsonl", 4, 2);
-  const std::string task = (t / "schema.json").string() + ":" + (t / "train.jsonl").string() + ":" +
-                           (t / "dev.jsonl").string();
+  const std::string task = write_task(t.path());
   auto args = [&](const std::string& out) {
     return std::vector<std::string>{
         "train",   "--base", ckpt.string(),    "--out", (t / out).string(), "--task", task,
@@ -338,17 +338,8 @@ TEST(TrainFineTune, RanksTrainDataParallelOverTcp) {
   };
   const deg::testing::CommandResult one = deg::testing::run_deg(args("one"));
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  const std::string port = std::to_string(deg::testing::free_tcp_port());
-  deg::testing::CommandResult ranks[2];
-  std::thread second([&] {
-    ranks[1] = deg::testing::run_deg(
-        args("ranks"), "",
-        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
-  });
-  ranks[0] = deg::testing::run_deg(
-      args("ranks"), "",
-      {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
-  second.join();
+  const std::vector<deg::testing::CommandResult> ranks =
+      deg::testing::run_deg_ranks(2, args("ranks"));
   ASSERT_EQ(ranks[0].exit_code, 0) << ranks[0].err;
   ASSERT_EQ(ranks[1].exit_code, 0) << ranks[1].err;
   EXPECT_EQ(ranks[1].out, "");  // rank 0 reports
@@ -356,15 +347,9 @@ TEST(TrainFineTune, RanksTrainDataParallelOverTcp) {
   EXPECT_EQ(b["steps"], 6);
   EXPECT_NEAR(b["best_dev_loss"].get<double>(), a["best_dev_loss"].get<double>(),
               1e-4 * a["best_dev_loss"].get<double>());
-  auto losses = [](const fs::path& metrics) {
-    std::vector<double> out;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);)
-      out.push_back(Json::parse(line)["loss"].get<double>());
-    return out;
-  };
-  const std::vector<double> want = losses(t / "one" / "metrics.jsonl");
-  const std::vector<double> got = losses(t / "ranks" / "metrics.jsonl");
+  const std::vector<double> want = deg::testing::jsonl_numbers(t / "one" / "metrics.jsonl", "loss");
+  const std::vector<double> got =
+      deg::testing::jsonl_numbers(t / "ranks" / "metrics.jsonl", "loss");
   ASSERT_EQ(got.size(), 6u);
   ASSERT_EQ(want.size(), 6u);
   EXPECT_NEAR(got[0], want[0], 1e-6 * want[0]);  // the same weights: the sums' order only

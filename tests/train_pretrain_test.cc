@@ -240,15 +240,10 @@ TEST(TrainPretrain, RanksSharingMicroBatchesTrainAsOneProcess) {
   EXPECT_EQ(lead.steps_run, 6);
   EXPECT_EQ(other.steps_run, 6);
   EXPECT_NEAR(lead.last_val_loss, one.last_val_loss, 1e-6 * one.last_val_loss);
-  auto losses = [](const fs::path& metrics) {
-    std::vector<double> out;
-    std::ifstream in(metrics);
-    for (std::string line; std::getline(in, line);)
-      out.push_back(Json::parse(line)["train_loss"].get<double>());
-    return out;
-  };
-  const std::vector<double> want = losses(dir / "one" / "metrics.jsonl");
-  const std::vector<double> got = losses(dir / "ranks" / "metrics.jsonl");
+  const std::vector<double> want =
+      deg::testing::jsonl_numbers(dir / "one" / "metrics.jsonl", "train_loss");
+  const std::vector<double> got =
+      deg::testing::jsonl_numbers(dir / "ranks" / "metrics.jsonl", "train_loss");
   ASSERT_EQ(got.size(), 6u);
   ASSERT_EQ(want.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * want[i]) << "step " << i + 1;
@@ -311,17 +306,8 @@ TEST(TrainPretrain, CliRanksTrainDataParallelOverTcp) {
   };
   const deg::testing::CommandResult one = deg::testing::run_deg(args(dir / "one"));
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  const std::string port = std::to_string(deg::testing::free_tcp_port());
-  deg::testing::CommandResult ranks[2];
-  std::thread second([&] {
-    ranks[1] = deg::testing::run_deg(
-        args(dir / "ranks"), "",
-        {"RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
-  });
-  ranks[0] = deg::testing::run_deg(
-      args(dir / "ranks"), "",
-      {"RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port});
-  second.join();
+  const std::vector<deg::testing::CommandResult> ranks =
+      deg::testing::run_deg_ranks(2, args(dir / "ranks"));
   ASSERT_EQ(ranks[0].exit_code, 0) << ranks[0].err;
   ASSERT_EQ(ranks[1].exit_code, 0) << ranks[1].err;
   int lines = 0;

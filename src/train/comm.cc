@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "kernels/cuda_runtime.h"
 
 namespace deg::train {
 namespace {
@@ -281,6 +282,13 @@ std::unique_ptr<Comm> tcp_comm(const Launch& launch, double timeout_s) {
     return std::make_unique<Tcp>(0, launch.world_size, accept_ranks(launch, timeout_s));
   return std::make_unique<Tcp>(launch.rank, launch.world_size,
                                std::vector<int>{join_rank0(launch, timeout_s)});
+}
+
+std::unique_ptr<Comm> launch_comm(const std::string& command, const std::string& device) {
+  const Launch launch = launch_from_env();
+  if (launch.world_size == 1) return solo_comm();
+  if (pick_device(device) != Device::cpu) require_one_process(launch, command);
+  return tcp_comm(launch);
 }
 
 std::unique_ptr<Comm> solo_comm() {

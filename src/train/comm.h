@@ -49,6 +49,11 @@ std::vector<std::unique_ptr<Comm>> local_comms(int n);
 // MASTER_PORT, when the ranks do not meet in time, or when a peer goes away or disagrees.
 std::unique_ptr<Comm> tcp_comm(const Launch& launch, double timeout_s = 300);
 
+// The group `command` trains in, from the process's launch (launch_from_env): alone, or on the
+// CPU the TCP group of a launch of several processes. On a GPU (`device` as the options give
+// it) a launch of several is refused (require_one_process: a GPU group needs NCCL, not built).
+std::unique_ptr<Comm> launch_comm(const std::string& command, const std::string& device);
+
 // `deg pretrain` as rank comm.rank() of comm.size(): every rank reads the same data stream
 // (its loader stays in step with the others) and trains on its micro-batches; rank 0 alone
 // validates, writes metrics.jsonl and checkpoints and reports progress. --max-seconds sizes the

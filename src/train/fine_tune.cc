@@ -715,11 +715,7 @@ void write_json(const fs::path& path, const OrderedJson& j) {
 
 FineTuneResult fine_tune(const FineTuneOptions& o,
                          const std::function<void(const FineTuneProgress&)>& on_progress) {
-  const Launch launch = launch_from_env();
-  if (launch.world_size == 1) return fine_tune_ranked(o, *solo_comm(), on_progress);
-  // Several processes: data-parallel over TCP on the CPU; a GPU group needs NCCL (not built).
-  if (pick_device(o.device) != Device::cpu) require_one_process(launch, "deg train");
-  return fine_tune_ranked(o, *tcp_comm(launch), on_progress);
+  return fine_tune_ranked(o, *launch_comm("deg train", o.device), on_progress);
 }
 
 FineTuneResult fine_tune_ranked(const FineTuneOptions& o, const Comm& comm,

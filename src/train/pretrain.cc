@@ -272,11 +272,7 @@ PretrainResult pretrain_ranked(const PretrainOptions& options, const Comm& comm,
 
 PretrainResult pretrain(const PretrainOptions& options,
                         const std::function<void(const PretrainProgress&)>& on_progress) {
-  const Launch launch = launch_from_env();
-  if (launch.world_size == 1) return pretrain_ranked(options, *solo_comm(), on_progress);
-  // Several processes: data-parallel over TCP on the CPU; a GPU group needs NCCL (not built).
-  if (pick_device(options.device) != Device::cpu) require_one_process(launch, "deg pretrain");
-  return pretrain_ranked(options, *tcp_comm(launch), on_progress);
+  return pretrain_ranked(options, *launch_comm("deg pretrain", options.device), on_progress);
 }
 
 }  // namespace deg::train
