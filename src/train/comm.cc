@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cerrno>
 #include <chrono>
@@ -28,56 +29,50 @@ class Solo final : public Comm {
   void sum(double*, int64_t) const override {}
 };
 
-// The state a local group's ranks share: each rank's pointer and length of the sum under way,
-// and the two barriers around it (all posted; all copied out).
+// The state a local group's ranks share: each rank's buffer, element size and length for the
+// sum under way, the total, and the barriers around it (all posted; all copied out).
 struct Shared {
-  explicit Shared(int n)
-      : posted(n), taken(n), floats(size_t(n)), doubles(size_t(n)), sizes(size_t(n)) {}
+  explicit Shared(int n) : posted(n), taken(n), buffers(size_t(n)), kinds(size_t(n)) {}
   std::barrier<> posted, taken;
-  std::vector<float*> floats;
-  std::vector<double*> doubles;
-  std::vector<int64_t> sizes;
-  std::vector<float> total_f;
-  std::vector<double> total_d;
+  std::vector<void*> buffers;
+  std::vector<std::pair<size_t, int64_t>> kinds;  // element size, length
+  std::vector<double> total;
+  bool agreed = true;
 };
 
 class Local final : public Comm {
  public:
   Local(std::shared_ptr<Shared> s, int rank) : s_(std::move(s)), rank_(rank) {}
   int rank() const override { return rank_; }
-  int size() const override { return int(s_->sizes.size()); }
-  void sum(float* x, int64_t n) const override { run(x, nullptr, n); }
-  void sum(double* x, int64_t n) const override { run(nullptr, x, n); }
+  int size() const override { return int(s_->buffers.size()); }
+  void sum(float* x, int64_t n) const override { run(x, n); }
+  void sum(double* x, int64_t n) const override { run(x, n); }
 
  private:
-  // Every rank posts its buffer; rank 0 adds them in rank order into the total (checking that
-  // all ranks summed alike); every rank copies the total out; then the buffers are free.
-  void run(float* xf, double* xd, int64_t n) const {
+  // Every rank posts its buffer; rank 0 adds them in rank order, in T, into the total (checking
+  // that all ranks summed alike); every rank copies the total out; then the buffers are free.
+  template <class T>
+  void run(T* x, int64_t n) const {
     Shared& s = *s_;
-    s.floats[size_t(rank_)] = xf;
-    s.doubles[size_t(rank_)] = xd;
-    s.sizes[size_t(rank_)] = n;
+    s.buffers[size_t(rank_)] = x;
+    s.kinds[size_t(rank_)] = {sizeof(T), n};
     s.posted.arrive_and_wait();
     if (rank_ == 0) {
-      bool same = true;
-      for (size_t r = 0; r < s.sizes.size(); ++r)
-        same = same && s.sizes[r] == n && (s.floats[r] != nullptr) == (xf != nullptr);
-      if (same && xf) {
-        s.total_f.assign(xf, xf + n);
-        for (size_t r = 1; r < s.floats.size(); ++r)
-          for (int64_t i = 0; i < n; ++i) s.total_f[size_t(i)] += s.floats[r][i];
-      } else if (same) {
-        s.total_d.assign(xd, xd + n);
-        for (size_t r = 1; r < s.doubles.size(); ++r)
-          for (int64_t i = 0; i < n; ++i) s.total_d[size_t(i)] += s.doubles[r][i];
-      } else {
-        s.sizes[0] = -1;  // the ranks disagree: every rank throws below
+      s.agreed = std::all_of(s.kinds.begin(), s.kinds.end(),
+                             [&](const auto& k) { return k == s.kinds[0]; });
+      if (s.agreed) {
+        s.total.assign(size_t(n), 0.0);
+        for (int64_t i = 0; i < n; ++i) {
+          T v = x[i];
+          for (size_t r = 1; r < s.buffers.size(); ++r) v += static_cast<T*>(s.buffers[r])[i];
+          s.total[size_t(i)] = double(v);  // exact: a float is a double
+        }
       }
     }
     s.posted.arrive_and_wait();
-    const bool ok = s.sizes[0] == n;
-    if (ok && xf) std::copy(s.total_f.begin(), s.total_f.begin() + n, xf);
-    if (ok && xd) std::copy(s.total_d.begin(), s.total_d.begin() + n, xd);
+    const bool ok = s.agreed;
+    if (ok)
+      for (int64_t i = 0; i < n; ++i) x[i] = T(s.total[size_t(i)]);
     s.taken.arrive_and_wait();
     if (!ok)
       throw Error(ErrorKind::internal, "the ranks of a local group summed different buffers");
