@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -1626,6 +1627,11 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(delta_rule_case(
         "delta_rule_decode",
         {.k_heads = 1, .v_heads = 3, .dk = 8, .dv = 16, .lengths = kDecodeLengths}, delta));
+    // Qwen3.5's head dims; Dk 160 (CUDA: one buffer of the next chunk's tiles), Dv 48.
+    c.push_back(delta_rule_case("delta_rule_dims_128",
+                                {.k_heads = 1, .v_heads = 2, .dk = 128, .dv = 128}, delta));
+    c.push_back(delta_rule_case("delta_rule_dk160",
+                                {.k_heads = 1, .v_heads = 2, .dk = 160, .dv = 48}, delta));
 
     // One f32 activation and product per element (cpu: 9e-8, 3e-15).
     const Tolerance act{1e-6, 1e-13};
@@ -2385,6 +2391,26 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
         }
       }
     }
+  }
+}
+
+// The CUDA delta rule's chunked form runs a launch's chunks in segments that fit its workspace
+// (DEG_CUDA_DELTA_RULE_WORKSPACE shrinks it to one chunk of every row a segment): every backend
+// gives the same bits either way (the CPU ignores the variable).
+TEST(OpsDeltaRule, SegmentsChangeNoBit) {
+  const OpCase c =
+      delta_rule_case("delta_rule_segments", {.k_heads = 1, .v_heads = 2, .dk = 32, .dv = 40}, {});
+  const RunFn run = c.make();
+  for (const Backend& b : backends_under_test()) {
+    const Batch whole = run(*b.ops, kInOrder);
+    ::setenv("DEG_CUDA_DELTA_RULE_WORKSPACE", "1", 1);
+    const Batch segments = run(*b.ops, kInOrder);
+    ::unsetenv("DEG_CUDA_DELTA_RULE_WORKSPACE");
+    ASSERT_EQ(whole.size(), segments.size());
+    for (size_t u = 0; u < whole.size(); ++u)
+      for (size_t r = 0; r < whole[u].size(); ++r)
+        EXPECT_TRUE(bitwise_equal(whole[u][r].v, segments[u][r].v))
+            << b.name << ": " << whole[u][r].name << " of unit " << u;
   }
 }
 

@@ -394,8 +394,8 @@ class CudaOps final : public Ops {
   mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
   mutable std::map<GemmKey, Tuned> tuned_;                                // Pin::every_n
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
-  // bf16, dz in bf16 and widened W; logit_picks' parts.
-  mutable std::array<Scratch, 9> scratch_;
+  // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work.
+  mutable std::array<Scratch, 10> scratch_;
   mutable bool heuristic_ = false;
   mutable std::map<GemmKey, Heuristic> heuristics_;
 };

@@ -1,5 +1,5 @@
-// What the CUDA delta rule's two kernels share: sizes, the row lists a launch hands each kernel,
-// the PTX helpers (cp.async, cluster barriers, distributed shared memory) and vector loads.
+// What the CUDA delta rule's kernels share: sizes, the row lists a launch hands each kernel,
+// cp.async and vector loads.
 // delta_rule.cu (the chunked form and the launch) says how the pieces fit;
 // delta_rule_recurrent.cu holds the recurrence for decode, short rows and short last chunks.
 #pragma once
@@ -13,27 +13,22 @@
 namespace deg::cuda::dr {
 
 constexpr int kChunk = 64;  // tokens per chunk (kDeltaRuleChunk)
-// A last partial chunk of at most this many tokens runs the recurrence: every partial chunk, since
-// the chunked form costs a whole chunk's preparation, at one CTA per SM, for a fork row of 33-63
-// tokens (docs/cuda.md, "Fork rows of 33-63 tokens").
+// A last partial chunk of at most this many tokens runs the recurrence: every partial chunk (the
+// chunked form runs full chunks only).
 constexpr int kRecurTokens = kChunk - 1;
-constexpr int kThreads = 256;     // chunk_kernel
-constexpr int kCols = 16;         // value columns of S per chunk_kernel CTA
-constexpr int kLdm = 68;          // row stride of A, P, T (float4 rows, 4 banks apart)
-constexpr int kMaxDim = 256;      // largest Dk, Dv
-constexpr int kMaxCluster = 8;    // portable cluster size
-constexpr int kHalfTiles = 36;    // 8 x 8 tiles on and below the diagonal of a 64 x 64 matrix
-constexpr int kDecStride = 196;   // e^c [64], e^(c_last - c) [64], beta [64], e^(c_last), pad
-constexpr int kLowerQuads = 640;  // float4s in the ten 16 x 16 blocks on and below the diagonal
-constexpr int kQuadsPerThread = (kLowerQuads + kThreads - 1) / kThreads;
-constexpr int kRecWarps = 4;  // recur_kernel: warps per CTA, 16 value columns each
+constexpr int kThreads = 256;    // the chunked form's kernels
+constexpr int kCols = 16;        // value columns of S per state_kernel CTA
+constexpr int kLdm = 68;         // row stride of A, T (float4 rows, 4 banks apart)
+constexpr int kMaxDim = 256;     // largest Dk, Dv
+constexpr int kHalfTiles = 36;   // 8 x 8 tiles on and below the diagonal of a 64 x 64 matrix
+constexpr int kDecStride = 196;  // e^c [64], e^(c_last - c) [64], beta [64], e^(c_last), pad
+constexpr int kRecWarps = 4;     // recur_kernel: warps per CTA, 16 value columns each
 constexpr int kRecThreads = 32 * kRecWarps;
 constexpr int kRecCols = 16 * kRecWarps;
 
 static_assert(kCols == 16 && kChunk == 64 && kThreads == 256, "index arithmetic assumes these");
-static_assert(kMaxCluster <= kThreads / 32, "a warp scans each chunk of a round");
 
-// Tokens of a row of n that chunk_kernel runs: all but a last partial chunk of at most
+// Tokens of a row of n that the chunked form runs: all but a last partial chunk of at most
 // kRecurTokens tokens.
 __host__ __device__ inline int64_t chunked_tokens(int64_t n) {
   const int64_t tail = n % kChunk;
@@ -46,7 +41,7 @@ struct RowList {
   int index[kRows];
 };
 
-// ---- PTX helpers: cp.async, cluster barriers, distributed shared memory ----
+// ---- PTX helpers: cp.async ----
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -65,37 +60,6 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool va
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
-__device__ __forceinline__ int cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return static_cast<int>(r);
-}
-__device__ __forceinline__ int cluster_ctas() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(r));
-  return static_cast<int>(r);
-}
-// Every thread of the CTA calls these at the same points, arrive and wait alternating.
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Loads four floats at shared address addr (of this CTA's layout) in cluster CTA `rank`.
-__device__ __forceinline__ float4 load_cluster4(uint32_t addr, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-               : "=r"(remote)
-               : "r"(addr), "r"(static_cast<uint32_t>(rank)));
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
-  return v;
 }
 
 __device__ __forceinline__ float4 ld4(const float* p) {
@@ -141,9 +105,6 @@ inline int round_up(int x, int m) {
 inline bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
-
-// Launches chunk_kernel over `rows` with clusters of `force_ctas` CTAs, or (0) the size that
-// the device's co-scheduling makes fastest by an estimate. Results do not depend on the size.
 
 // The recurrence over `rows` of the launch (delta_rule_recurrent.cu): tmax is the most tokens a
 // row hands it.

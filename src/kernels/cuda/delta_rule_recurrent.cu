@@ -45,11 +45,11 @@ __global__ void __launch_bounds__(kRecThreads)
   const int kh = h / (hv / static_cast<int>(a.k_heads));
   const int64_t n = a.rows.length[row], len = a.rows.tokens;
   const int64_t tok0 = (a.rows.first + row) * len;
-  const int64_t t0 = chunked_tokens(n);  // tokens chunk_kernel ran (state now in rec_out)
+  const int64_t t0 = chunked_tokens(n);  // tokens the chunked form ran (state now in rec_out)
   const int cnt = static_cast<int>(n - t0);
   const int c0 = cb * kRecCols, col = c0 + 16 * warp + 4 * cg;
 
-  if (t0 == 0) {  // no chunk_kernel for this row: zero the padded outputs here
+  if (t0 == 0) {  // no chunked form for this row: zero the padded outputs here
     const int width = min(kRecCols, dv - c0);
     for (int64_t w = tid; w < (len - n) * kRecCols; w += kRecThreads) {
       const int64_t t = n + w / kRecCols;

@@ -84,8 +84,17 @@ struct DeltaRuleLaunch {
   float* out;
   int64_t ldo;
   int64_t k_heads, v_heads, dk, dv;
+  // Device scratch of the chunked form (16-byte aligned): delta_rule_workspace_floats(*this)
+  // floats, or null when that is 0.
+  float* workspace;
+  int64_t workspace_floats;
 };
 cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream);
+// The floats of scratch launch_delta_rule needs for `a` (its rows and shapes; the workspace
+// fields are not read). 0: none. At most `cap` floats (the rows' chunks run in segments that fit)
+// unless one chunk of every row needs more.
+constexpr int64_t kDeltaRuleWorkspaceCap = int64_t(1) << 26;  // 256 MB
+int64_t delta_rule_workspace_floats(const DeltaRuleLaunch& a, int64_t cap = kDeltaRuleWorkspaceCap);
 
 // ---- elementwise.cu: the row-wise and elementwise ops ----
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -272,6 +273,14 @@ void CudaOps::delta_rule(const DeltaRuleOpArgs& a) const {
                             .dk = a.dk,
                             .dv = a.dv};
     for (int i = 0; i < r.count; ++i) l.state[i] = state_row(a.views[first + i]);
+    // DEG_CUDA_DELTA_RULE_WORKSPACE (floats) shrinks the chunked form's segments: tests hold
+    // that segments change no bit.
+    const char* cap = std::getenv("DEG_CUDA_DELTA_RULE_WORKSPACE");
+    const int64_t ws = cuda::delta_rule_workspace_floats(
+        l, cap ? std::max<int64_t>(1, std::atoll(cap)) : cuda::kDeltaRuleWorkspaceCap);
+    std::lock_guard lock(mu_);
+    l.workspace = ws > 0 ? static_cast<float*>(scratch(9, size_t(ws) * sizeof(float))) : nullptr;
+    l.workspace_floats = ws;
     check(cuda::launch_delta_rule(l, stream_), "delta_rule");
   });
 }
