@@ -189,6 +189,33 @@ TEST_P(Qwen35Property, PrefillInPiecesEqualsOnePiece) {
   EXPECT_LT(rel_max_error(odd.to_f32_vector(), whole.to_f32_vector()), exact() ? 1e-5 : 1e-2);
 }
 
+// prefill(on_backend) leaves the hidden states where the backend computes (device memory on a
+// GPU): the same bits as the host result, read whole, in chunks (read_chunk 48: the final norm
+// writes each chunk at its offset) and as a padded batch of two rows.
+TEST_P(Qwen35Property, PrefillOnTheBackendIsTheHostResult) {
+  const Ops& ops = bb_->family().ops();
+  const BackboneOptions o = bb_->options();
+  for (int64_t chunk : {int64_t(0), int64_t(48)}) {
+    if (chunk > 0) bb_->set_options({.precision = o.precision, .read_chunk = chunk});
+    const TokenBatch batch = TokenBatch::padded({docs_[2].prefix, docs_[1].prefix});
+    State host_state = bb_->empty_state(2), backend_state = bb_->empty_state(2);
+    const Tensor want = bb_->prefill(batch, host_state);
+    const Tensor got = bb_->prefill(batch, backend_state, {}, /*on_backend=*/true);
+    ASSERT_EQ(got.device(), ops.device());
+    ASSERT_EQ(got.shape(), want.shape());
+    std::vector<float> back(size_t(got.numel()));
+    ops.to_host(back.data(), got.data<float>(), back.size() * sizeof(float));
+    for (int64_t r = 0; r < 2; ++r) {
+      const int64_t n = batch.lengths[size_t(r)], C = want.dim(2);
+      const std::vector<float> w = row_of(want, r, n);
+      const std::vector<float> g(back.begin() + r * want.dim(1) * C,
+                                 back.begin() + (r * want.dim(1) + n) * C);
+      EXPECT_TRUE(bitwise_equal(g, w)) << "row " << r << " read chunk " << chunk;
+    }
+  }
+  bb_->set_options(o);
+}
+
 TEST_P(Qwen35Property, DecodeWithKeepEqualsFullForward) {
   const Doc& d = docs_[1];
   const std::vector<int32_t>& tail = rows_[0];  // 24 tokens: a header of 8, then 16 decode steps

@@ -241,19 +241,21 @@ void read_together(const Backbone& bb, std::vector<Document>& docs,
                            .total = total});
     };
   }
-  const Tensor hidden = bb.prefill(batch, *trunk, progress);  // [n, L, C]
+  // [n, L, C] where the backbone computes: the heads' keys are made there too.
+  const Tensor hidden = bb.prefill(batch, *trunk, progress, /*on_backend=*/true);
+  const Ops& ops = bb.family().ops();
   for (int64_t k = 0; k < n; ++k) {
     const Reading& r = *group[size_t(k)];
     Document& doc = docs[r.doc];
     doc.trunk = trunk;
     doc.trunk_row = k;
-    const Tensor ctx =
-        hidden.select(0, k).slice(0, doc.ctx_start, doc.ctx_start + r.tokens).contiguous();
-    if (!all_finite(ctx.data<float>(), ctx.numel()))
-      doc.error = non_finite_error("reading the document");
-    // The heads' keys are made where the backbone computes (the host tensor itself on the CPU;
-    // on a GPU a copy back up of what prefill brought down).
-    doc.ctx_hidden = bb.family().ops().upload(ctx);
+    const Tensor ctx = hidden.select(0, k).slice(0, doc.ctx_start, doc.ctx_start + r.tokens);
+    // On a GPU the check is a sum of squares there (not finite exactly when a value is not).
+    const bool finite = ops.device() == Device::cpu
+                            ? all_finite(ctx.data<float>(), ctx.numel())
+                            : std::isfinite(ops.sum_squares(ctx.data<float>(), ctx.numel()));
+    if (!finite) doc.error = non_finite_error("reading the document");
+    doc.ctx_hidden = ctx;
     if (n > 1 && r.fill->progress) {
       r.fill->progress({.stage = "read",
                         .document = r.index,

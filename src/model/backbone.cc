@@ -255,7 +255,7 @@ State Backbone::empty_state(int64_t rows) const {
 void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset,
                           const RowTable& rows, const int32_t* history,
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
-                          int64_t out_tokens) const {
+                          int64_t out_tokens, bool out_on_backend) const {
   const int64_t B = rows.rows, count = rows.tokens, C = spec().hidden, S = spec().stream_width();
   const bool host = ops_->device() == Device::cpu;
   Arena& io = io_arena();
@@ -310,17 +310,20 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   }
   x.arena.reset();
   if (S != C) x.ops.copy_rows(h, S, h, C, B * count, C);  // drop the side streams
-  // Final norm straight into the host result, or on the device and then copied back.
-  float* normed = host ? nullptr : x.arena.floats(B * count * C);
-  if (!host || count == out_tokens) {  // one call over every row
-    family_->final_norm(x, h, host ? hidden_out : normed, B * count);
+  // Final norm straight into the result where the backend computes (the host on the CPU), or on
+  // the device and then copied back.
+  const bool direct = host || out_on_backend;
+  float* normed = direct ? nullptr : x.arena.floats(B * count * C);
+  if (!direct || count == out_tokens) {  // one call over every row
+    family_->final_norm(x, h, direct ? hidden_out : normed, B * count);
   } else {
     for (int64_t b = 0; b < B; ++b)
       family_->final_norm(x, h + b * count * C, hidden_out + (b * out_tokens + offset) * C, count);
   }
-  if (!host && count == out_tokens) {  // the whole result at once
+  if (direct) return;
+  if (count == out_tokens) {  // the whole result at once
     ops_->to_host(hidden_out, normed, size_t(B * count * C) * sizeof(float));
-  } else if (!host) {
+  } else {
     for (int64_t b = 0; b < B; ++b) {
       ops_->to_host(hidden_out + (b * out_tokens + offset) * C, normed + b * count * C,
                     size_t(count * C) * sizeof(float));
@@ -328,8 +331,8 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   }
 }
 
-Tensor Backbone::prefill(const TokenBatch& batch, State& state,
-                         const PrefillProgress& progress) const {
+Tensor Backbone::prefill(const TokenBatch& batch, State& state, const PrefillProgress& progress,
+                         bool on_backend) const {
   check_batch(batch, spec().vocab);
   check_soft(batch, spec());
   if (state.rows() != batch.rows) {
@@ -365,7 +368,8 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
     grow_kv(*ops_, state.layers[i].v, room, layers[i].window > 0 ? tails : state.lengths);
   }
   state.capacity = std::max(state.capacity, needed);
-  Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  Tensor hidden =
+      on_backend ? ops_->alloc({B, L, C}, DType::f32) : Tensor::empty({B, L, C}, DType::f32);
   const Exec exec = call_exec();
   std::vector<int64_t> lens(static_cast<size_t>(B)), pos(static_cast<size_t>(B));
   std::vector<std::vector<RowView>> views(layers.size(), std::vector<RowView>(size_t(B)));
@@ -398,7 +402,7 @@ Tensor Backbone::prefill(const TokenBatch& batch, State& state,
     }
     run_layers(exec, batch, s,
                {.rows = B, .tokens = c, .lengths = lens.data(), .positions = pos.data()},
-               state.history.data(), views, hidden.mutable_data<float>(), L);
+               state.history.data(), views, hidden.mutable_data<float>(), L, on_backend);
     for (size_t i = 0; i < layers.size(); ++i) {
       if (!owns_kv(layers[i]) || layers[i].window == 0) continue;
       std::vector<int64_t> keep(static_cast<size_t>(B));

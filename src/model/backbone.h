@@ -239,9 +239,11 @@ class Backbone {
   // the device's default): a batch of B rows of L tokens with B x L at most this is one pass.
   int64_t read_chunk() const;
   // Reads batch on top of `state` (rows must match) and extends it in place -> final-norm hidden
-  // f32 [B, L, C]. Long inputs run options().read_chunk tokens at a time; `progress` (may be
-  // empty) hears (tokens read, L) after each chunk.
-  Tensor prefill(const TokenBatch& batch, State& state, const PrefillProgress& progress = {}) const;
+  // f32 [B, L, C], in host memory, or where the backend computes with on_backend (device memory
+  // on a GPU: nothing comes back to the host). Long inputs run options().read_chunk tokens at a
+  // time; `progress` (may be empty) hears (tokens read, L) after each chunk.
+  Tensor prefill(const TokenBatch& batch, State& state, const PrefillProgress& progress = {},
+                 bool on_backend = false) const;
 
   // Fork rows: row b continues prefixes[prow[b]]; own K/V room for `capacity` tokens of each row,
   // fixed here (a pass that would exceed it throws): decode never reallocates.
@@ -273,7 +275,7 @@ class Backbone {
  private:
   void run_layers(const Exec& x, const TokenBatch& batch, int64_t offset, const RowTable& rows,
                   const int32_t* history, const std::vector<std::vector<RowView>>& views,
-                  float* hidden_out, int64_t out_tokens) const;
+                  float* hidden_out, int64_t out_tokens, bool out_on_backend = false) const;
 
   Exec call_exec() const;  // the backend's ops and this thread's call arena
   // lm_logits' product, in the backend's memory: host_out on the CPU, the call arena on a GPU.
