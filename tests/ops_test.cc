@@ -529,6 +529,9 @@ struct AttendShape {
   std::vector<int64_t> lengths = kRowLengths;
   std::vector<int64_t> prefix_len = {0, 0, 0, 0, 0, 0, 0};
   std::vector<int64_t> own_before = {0, 0, 0, 0, 0, 0, 0};
+  // Rows with a prefix read the first such row's buffers (fork rows over one trunk; their
+  // prefix_len must agree): the CUDA attention packs their queries into shared jobs.
+  bool shared_prefix = false;
 };
 
 OpCase attention_case(std::string name, AttendShape s, Tolerance tol) {
@@ -567,13 +570,17 @@ OpCase attention_case(std::string name, AttendShape s, Tolerance tol) {
               Floats qb = place(lay, order, *q, ldq, span_cols(width), jr);
               Floats out = junk(size_t(lay.rows * ldo), jr);
               std::vector<RowView> views;
+              const KvUnit* first_prefix = nullptr;
+              for (const KvUnit& k : *units)
+                if (!first_prefix && k.prefix_len > 0) first_prefix = &k;
               for (int u : order) {
                 const KvUnit& k = (*units)[size_t(u)];
                 const bool prefix = k.prefix_len > 0;
-                views.push_back({.prefix_k = prefix ? k.prefix_k.data() : nullptr,
-                                 .prefix_v = prefix ? k.prefix_v.data() : nullptr,
+                const KvUnit& p = s.shared_prefix && prefix ? *first_prefix : k;
+                views.push_back({.prefix_k = prefix ? p.prefix_k.data() : nullptr,
+                                 .prefix_v = prefix ? p.prefix_v.data() : nullptr,
                                  .prefix_len = k.prefix_len,
-                                 .prefix_stride = k.prefix_cap * D,
+                                 .prefix_stride = p.prefix_cap * D,
                                  .own_k = const_cast<float*>(k.own_k.data()),
                                  .own_v = const_cast<float*>(k.own_v.data()),
                                  .own_before = k.own_before,
@@ -1534,6 +1541,23 @@ const std::vector<OpCase>& op_cases() {
                                 .prefix_len = {20, 0, 5, 37, 1, 64, 0},
                                 .own_before = {0, 4, 3, 0, 9, 2, 30}},
                                att_bf16));
+    // Fork rows over one 1024-key prefix with a 128-key window, some reaching back into the
+    // prefix and some (own_before 500, 300) not: packed jobs whose first member's window starts
+    // past the prefix, in whichever row order the batch has.
+    for (const bool bf16 : {true, false}) {
+      c.push_back(attention_case(
+          bf16 ? "attention_bf16_shared_prefix_window" : "attention_shared_prefix_window",
+          {.kv_heads = 2,
+           .group = 4,
+           .dim = 64,
+           .window = 128,
+           .bf16 = bf16,
+           .lengths = {20, 9, 0, 40, 17, 6, 12},
+           .prefix_len = {1024, 1024, 0, 1024, 1024, 1024, 1024},
+           .own_before = {500, 0, 0, 3, 300, 60, 0},
+           .shared_prefix = true},
+          bf16 ? att_bf16 : att));
+    }
     c.push_back(attention_case("attention_bf16_mqa_window_d40",
                                {.kv_heads = 1,
                                 .group = 4,
