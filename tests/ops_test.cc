@@ -1530,9 +1530,9 @@ const std::vector<OpCase>& op_cases() {
                                 .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                att));
     // bf16 products (Q, K, probabilities and V rounded to bf16, f32 sums): on CUDA the tensor
-    // cores, every query in the block kernel (decode too; head dims past 256 excepted: f32, the
-    // wide cases above); the CPU computes in f32 and meets the f32 tolerance. Relative rounding of
-    // ~2^-9 per operand (cuda: see the device log).
+    // cores, every query in attention_mma.cu's kernel (decode too; head dims past 256 excepted:
+    // f32, the wide cases below); the CPU computes in f32 and meets the f32 tolerance. Relative
+    // rounding of ~2^-9 per operand (cuda: see the device log).
     const Tolerance att_bf16{2e-2, 1e-4};
     c.push_back(attention_case("attention_bf16_gqa_prefix_own_before",
                                {.kv_heads = 2,
@@ -1583,6 +1583,28 @@ const std::vector<OpCase>& op_cases() {
                                 .bf16 = true,
                                 .prefix_len = {0, 70, 0, 130, 1, 0, 64},
                                 .own_before = {0, 0, 3, 0, 9, 2, 0}},
+                               att_bf16));
+
+    // Past 1024 keys at D = 256: splits of 4 blocks (the running sums rescale inside a split),
+    // rows of a few queries whose key ranges are cut into chunks (partials and the merge), and a
+    // 150-token row whose queries cross key 1024 in one CTA walk (the local fold).
+    c.push_back(attention_case("attention_bf16_long_prefix_d256",
+                               {.kv_heads = 2,
+                                .group = 4,
+                                .dim = 256,
+                                .bf16 = true,
+                                .lengths = {3, 4, 0, 1, 150, 4, 3},
+                                .prefix_len = {1100, 1500, 0, 1030, 900, 1290, 64},
+                                .own_before = {0, 2, 0, 5, 100, 1, 970}},
+                               att_bf16));
+    // A head dim that is no multiple of 4 or 16 (the tensor-core kernel pads it to 64 with zeros).
+    c.push_back(attention_case("attention_bf16_gqa_d18",
+                               {.kv_heads = 2,
+                                .group = 3,
+                                .dim = 18,
+                                .bf16 = true,
+                                .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                .own_before = {0, 4, 3, 0, 9, 2, 30}},
                                att_bf16));
 
     // Head dims past 256 (Gemma 4's global layers, D = 512): the few-query kernel's wide form

@@ -1,6 +1,8 @@
 // The CUDA backend's causal softmax attention (launch.h's AttentionLaunch; AttendArgs of
 // kernels/ops.h): flash-style with the key sequence cut into splits (flash-decoding), f32 on the
-// CUDA cores, bitwise batch invariant.
+// CUDA cores, bitwise batch invariant. A bf16 launch with D <= 256 runs the same jobs, splits,
+// folds and merge with its own kernel (attention_mma.cu: K/V rounded to bf16 once, tensor-core
+// products, the FlashAttention-2 layout); the block and few-query kernels below are f32 only.
 //
 // Letters: G query heads per KV head (group), D head dim (at most 512; past 256 every job
 // runs in the few-query kernel's wide form), a row's "query rows" are
@@ -101,12 +103,6 @@ namespace att {
 //   softmax: row 8 w + l % 8, part l / 8;
 //   values: rows vr + i and 32 + vr + i, columns vc + c and 128 + vc + c (i, c < 4), with
 //     vr = 4 (4 (w % 2) + l / 8), vc = 4 (8 (w / 2) + l % 8): acc is [8 rows][8 columns].
-// With tensor cores (kTensor: AttentionLaunch::bf16), scores and values are mma.sync products
-// of bf16-rounded operands (attention_common.cuh); the softmax step and split ends are the same:
-//   scores: warp w takes query rows 16 (w % 4) .. + 15 and keys 32 (w / 4) .. + 31;
-//   values: the same query rows and the (w / 4)-th half of the 8-column value tiles; each lane
-//     holds rows 16 (w % 4) + l / 4 (+ 8), columns 2 (l % 4) .. + 1 of each tile.
-// Tile columns past dim4 are zeroed once, so k steps of 16 dims read zeros there.
 
 // acc[i][c] = fma(p, v, acc) over the block's keys in order; columns 128.. when kHigh.
 template <bool kHigh>
@@ -127,46 +123,6 @@ __device__ __forceinline__ void accumulate_values(float (&acc)[8][8], const floa
   }
 }
 
-// The tensor-core value step of the block kernel: acc = acc alpha + P V for the warp's rows and
-// value tiles, then the rows whose split ends at this block store (or fold) and restart.
-__device__ __forceinline__ void tensor_values(float (&acc)[kMaxValueTiles][4], const Geometry& g,
-                                              const float* probs, const float* v_tile,
-                                              const float* alphas, const RowEnd* ends, int row0,
-                                              int tile0, int tiles) {
-  const int lane = int(threadIdx.x % 32), r_lo = row0 + lane / 4, col0 = 8 * tile0 + 2 * (lane % 4);
-  const float alpha[2] = {alphas[r_lo], alphas[r_lo + 8]};
-#pragma unroll
-  for (int n = 0; n < kMaxValueTiles; ++n)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) acc[n][c] = __fmul_rn(acc[n][c], alpha[c / 2]);
-  mma_values(acc, probs, kBlockProbPitch, row0, v_tile, g.pitch, tile0, tiles);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const RowEnd e = ends[r_lo + 8 * h];
-    if (e.end == kGoOn) continue;
-    const bool fold = e.end == kFold || e.end == kFoldOutput;
-    const bool output = e.end == kOutput || e.end == kFoldOutput;
-#pragma unroll
-    for (int n = 0; n < kMaxValueTiles; ++n) {
-      if (n >= tiles) break;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int col = col0 + 8 * n + c;
-        float& v = acc[n][2 * h + c];
-        if (col < g.head_dim) {
-          const float r = fold ? fold_value(e.fold[col], v, e.w) : v;
-          e.dest[col] = output ? __fdiv_rn(r, e.sum) : r;
-        }
-        v = 0.0f;
-      }
-    }
-  }
-}
-
-// kDim: the head dim fixed at compile time (0: from the launch), so the tensor-core value loop of
-// the common D = 256 unrolls without bounds checks (fixing the k steps too would spill); the
-// arithmetic is the same either way.
-template <bool kTensor, int kDim>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_block_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
@@ -192,20 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int value_row = 4 * (4 * (warp % 2) + lane / 8),
             value_col = 4 * (8 * (warp / 2) + lane % 8);
   const bool cols_low = value_col < g.dim4, cols_high = value_col + 128 < g.dim4;
-  // Tensor-core roles.
-  const int mma_row = 16 * (warp % 4), mma_key = 32 * (warp / 4);
-  const int value_tiles = kDim ? kDim / 8 : (int(D) + 7) / 8, half_tiles = (value_tiles + 1) / 2;
-  const int tile0 = (warp / 4) * half_tiles;
-  const int my_tiles = value_tiles - tile0 < half_tiles ? value_tiles - tile0 : half_tiles;
-  const int dim_steps = (g.dim4 + 15) / 16;
 
   if (threadIdx.x < kBlockQueries)
     queries[threadIdx.x] = query_of(p, job, task.x0 + int64_t(threadIdx.x));
-  if (kTensor && g.dim4 < g.pitch) {
-    const int spare = g.pitch - g.dim4;
-    for (int e = int(threadIdx.x); e < (kBlockQueries + 2 * kKeyBlock) * spare; e += kThreads)
-      q_tile[(e / spare) * g.pitch + g.dim4 + e % spare] = 0.0f;  // Q, K, V rows in turn
-  }
   __syncthreads();
 
   const Walk q_walk = make_walk(g.q_wide, g.dim4), kv_walk = make_walk(g.kv_wide, g.dim4);
@@ -235,107 +180,89 @@ __global__ void __launch_bounds__(kThreads, 1)
       soft_query.x < 0 ? Reach{0, -1} : reach_of(a, head_keys(a, soft_query.x, head), soft_query.y);
   const Split split = split_of(reach);
   const bool local = soft_query.x >= 0 && p.row_local[soft_query.x];
+  const Places places = places_of(a, p, g, soft_query, head, split);
   Running run{-INFINITY, 0.0f, 1.0f};
   Fold fold{-INFINITY, 0.0f};
   float acc[8][8] = {};
-  float tacc[kMaxValueTiles][4] = {};  // tensor-core acc
-  uint32_t qf[kMaxDimSteps][4];        // tensor-core Q fragments
 
   for (int64_t block = first_block; block <= last_block; ++block) {
     const int64_t key0 = block * kKeyBlock;
     wait_copies<1>();  // this block's K (and, the first time, Q)
     __syncthreads();
 
-    if constexpr (kTensor) {
-      if (block == first_block) load_query_fragments(qf, q_tile, g.pitch, mma_row, dim_steps);
-      float s4[4][4] = {};
-      mma_scores(s4, qf, k_tile, g.pitch, mma_key, dim_steps);
-      const int key = mma_key + 2 * (lane % 4), row = mma_row + lane / 4;
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          probs[(key + 8 * n + c % 2) * kBlockProbPitch + row + 8 * (c / 2)] =
-              __fmul_rn(s4[n][c], g.scale);
-    } else {
-      float score[4][4] = {};
+    float score[4][4] = {};
 #pragma unroll 2
-      for (int d = 0; d < g.dim4; d += 4) {
-        float4 q[4], k[4];
+    for (int d = 0; d < g.dim4; d += 4) {
+      float4 q[4], k[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = load4(q_tile + (score_row + 16 * i) * g.pitch + d);
+      for (int i = 0; i < 4; ++i) q[i] = load4(q_tile + (score_row + 16 * i) * g.pitch + d);
 #pragma unroll
-        for (int k4 = 0; k4 < 4; ++k4) k[k4] = load4(k_tile + (score_key + 16 * k4) * g.pitch + d);
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-          for (int k4 = 0; k4 < 4; ++k4) score[i][k4] = dot4(q[i], k[k4], score[i][k4]);
-      }
+      for (int k4 = 0; k4 < 4; ++k4) k[k4] = load4(k_tile + (score_key + 16 * k4) * g.pitch + d);
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int k4 = 0; k4 < 4; ++k4)
-          probs[(score_key + 16 * k4) * kBlockProbPitch + score_row + 16 * i] =
-              __fmul_rn(score[i][k4], g.scale);
+        for (int k4 = 0; k4 < 4; ++k4) score[i][k4] = dot4(q[i], k[k4], score[i][k4]);
     }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int k4 = 0; k4 < 4; ++k4)
+        probs[(score_key + 16 * k4) * kBlockProbPitch + score_row + 16 * i] =
+            __fmul_rn(score[i][k4], g.scale);
     __syncthreads();  // scores complete; the K tile is free
 
     if (block < last_block) stage_keys(block + 1);
     commit_copies();
     run = softmax_step(probs + soft_row, kBlockProbPitch, key0, reach, run.max, run.sum);
-    end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
-             alphas + soft_row, ends + soft_row);
+    end_step(run, fold, g, places, split, local, block, last_block, alphas + soft_row,
+             ends + soft_row);
     wait_copies<1>();  // this block's V
     __syncthreads();
 
-    if constexpr (kTensor) {
-      tensor_values(tacc, g, probs, v_tile, alphas, ends, mma_row, tile0, my_tiles);
-    } else {
-      const float4 a0 = load4(alphas + value_row), a1 = load4(alphas + 32 + value_row);
-      const float alpha[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const float4 a0 = load4(alphas + value_row), a1 = load4(alphas + 32 + value_row);
+    const float alpha[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int c = 0; c < 8; ++c) acc[i][c] = __fmul_rn(acc[i][c], alpha[i]);
-      if (cols_high) {
-        accumulate_values<true>(acc, probs + value_row, v_tile + value_col, g.pitch);
-      } else if (cols_low) {
-        accumulate_values<false>(acc, probs + value_row, v_tile + value_col, g.pitch);
-      }
+      for (int c = 0; c < 8; ++c) acc[i][c] = __fmul_rn(acc[i][c], alpha[i]);
+    if (cols_high) {
+      accumulate_values<true>(acc, probs + value_row, v_tile + value_col, g.pitch);
+    } else if (cols_low) {
+      accumulate_values<false>(acc, probs + value_row, v_tile + value_col, g.pitch);
+    }
 
-      // Rows whose split ends here store their partial or output and start afresh.
+    // Rows whose split ends here store their partial or output and start afresh.
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
-        const RowEnd e = ends[r];
-        if (e.end == kGoOn) continue;
-        float v[8] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3],
-                      acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
-        if (e.end == kFold || e.end == kFoldOutput) {
-          const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          const float4 f0 = cols_low ? load4(e.fold + value_col) : zero;
-          const float4 f1 = cols_high ? load4(e.fold + value_col + 128) : zero;
-          const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
+    for (int i = 0; i < 8; ++i) {
+      const int r = i < 4 ? value_row + i : 32 + value_row + i - 4;
+      const RowEnd e = ends[r];
+      if (e.end == kGoOn) continue;
+      float v[8] = {acc[i][0], acc[i][1], acc[i][2], acc[i][3],
+                    acc[i][4], acc[i][5], acc[i][6], acc[i][7]};
+      if (e.end == kFold || e.end == kFoldOutput) {
+        const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 f0 = cols_low ? load4(e.fold + value_col) : zero;
+        const float4 f1 = cols_high ? load4(e.fold + value_col + 128) : zero;
+        const float f[8] = {f0.x, f0.y, f0.z, f0.w, f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
-          for (int c = 0; c < 8; ++c) v[c] = fold_value(f[c], v[c], e.w);
-        }
-        if (e.end == kOutput || e.end == kFoldOutput) {
-          const float low[4] = {__fdiv_rn(v[0], e.sum), __fdiv_rn(v[1], e.sum),
-                                __fdiv_rn(v[2], e.sum), __fdiv_rn(v[3], e.sum)};
-          if (cols_low) store_out(e.dest, value_col, g.head_dim, g.out_wide, low);
-          const float high[4] = {__fdiv_rn(v[4], e.sum), __fdiv_rn(v[5], e.sum),
-                                 __fdiv_rn(v[6], e.sum), __fdiv_rn(v[7], e.sum)};
-          if (cols_high) store_out(e.dest, value_col + 128, g.head_dim, g.out_wide, high);
-        } else {
-          if (cols_low)
-            *reinterpret_cast<float4*>(e.dest + value_col) = make_float4(v[0], v[1], v[2], v[3]);
-          if (cols_high)
-            *reinterpret_cast<float4*>(e.dest + value_col + 128) =
-                make_float4(v[4], v[5], v[6], v[7]);
-        }
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
+        for (int c = 0; c < 8; ++c) v[c] = fold_value(f[c], v[c], e.w);
       }
+      if (e.end == kOutput || e.end == kFoldOutput) {
+        const float low[4] = {__fdiv_rn(v[0], e.sum), __fdiv_rn(v[1], e.sum),
+                              __fdiv_rn(v[2], e.sum), __fdiv_rn(v[3], e.sum)};
+        if (cols_low) store_out(e.dest, value_col, g.head_dim, g.out_wide, low);
+        const float high[4] = {__fdiv_rn(v[4], e.sum), __fdiv_rn(v[5], e.sum),
+                               __fdiv_rn(v[6], e.sum), __fdiv_rn(v[7], e.sum)};
+        if (cols_high) store_out(e.dest, value_col + 128, g.head_dim, g.out_wide, high);
+      } else {
+        if (cols_low)
+          *reinterpret_cast<float4*>(e.dest + value_col) = make_float4(v[0], v[1], v[2], v[3]);
+        if (cols_high)
+          *reinterpret_cast<float4*>(e.dest + value_col + 128) =
+              make_float4(v[4], v[5], v[6], v[7]);
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[i][c] = 0.0f;
     }
     __syncthreads();  // the V tile, the probabilities and the row states are free
 
@@ -437,6 +364,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const Reach reach = reach_of(a, hk, f0 + soft_row);
   const Split split = split_of(reach);
   const bool local = p.row_local[row];
+  const Places places =
+      places_of(a, p, g, reach.hi < reach.lo ? make_int2(-1, 0) : soft_query, head, split);
   Running run{-INFINITY, 0.0f, 1.0f};
   Fold fold{-INFINITY, 0.0f};
   float acc[kCols][kQ] = {};
@@ -477,8 +406,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     commit_copies();
     if (soft_here) {
       run = softmax_step(probs + soft_row, kQ, key0, reach, run.max, run.sum);
-      end_step(run, fold, a, p, g, soft_query, head, split, local, block, last_block,
-               alphas + soft_row, ends + soft_row);
+      end_step(run, fold, g, places, split, local, block, last_block, alphas + soft_row,
+               ends + soft_row);
     }
     if constexpr (kWide) {
       wait_copies<0>();  // this block's V
@@ -573,16 +502,17 @@ __global__ void zero_padding_kernel(const __grid_constant__ AttentionLaunch a, i
   }
 }
 
-cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const Geometry& g,
+cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c, const Geometry& g,
                         cudaStream_t stream) {
   const dim3 threads(kThreads);
-  if (p.block_ctas > 0) {
+  if (uses_copy(a)) {
+    const cudaError_t e = run_mma_kernels(a, p, c, g, stream);
+    if (e != cudaSuccess) return e;
+  } else if (p.block_ctas > 0) {
     const size_t bytes = sizeof(float) * (size_t(2 * kKeyBlock + kBlockQueries) * g.pitch +
                                           kKeyBlock * kBlockProbPitch + kBlockQueries) +
                          kBlockQueries * (sizeof(RowEnd) + sizeof(int2));
-    auto* kernel = !a.bf16             ? attention_block_kernel<false, 0>
-                   : g.head_dim == 256 ? attention_block_kernel<true, 256>
-                                       : attention_block_kernel<true, 0>;
+    auto* kernel = attention_block_kernel;
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
@@ -626,8 +556,11 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
 
   static thread_local Plan p;  // 6 KB: off the stack
   if (!make_plan(a, p)) return cudaErrorInvalidConfiguration;
+  static thread_local KvCopy c;  // 9 KB
+  plan_kv_copy(a, c);
   AttentionLaunch l = a;
-  const int64_t need = p.records * g.record;
+  const int64_t before_copy = records_floats(a, p);
+  const int64_t need = before_copy + (c.elements + 7) / 8 * 4;
   bool pooled = false;
   if (need > 0) {
     if (l.workspace) {
@@ -640,7 +573,8 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
       pooled = true;
     }
   }
-  cudaError_t e = run_kernels(l, p, g, stream);
+  if (c.elements > 0) c.data = l.workspace + before_copy;
+  cudaError_t e = run_kernels(l, p, c, g, stream);
   if (pooled) {
     const cudaError_t freed = cudaFreeAsync(l.workspace, stream);
     if (e == cudaSuccess) e = freed;

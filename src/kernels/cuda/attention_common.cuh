@@ -1,7 +1,7 @@
 // The device pieces that the CUDA attention's kernels (attention.cu) share: asynchronous tile
-// copies, a row's keys and key blocks, reaches and split ends, the softmax step, the split fold,
-// and (tensor-core path) the bf16 fragments of the block kernel's products. attention.cu's top
-// comment says how they fit; only attention.cu includes this header.
+// copies, a row's keys and key blocks, reaches and split ends, the softmax step and the split
+// fold. attention.cu's top comment says how they fit; attention.cu and attention_mma.cu (the
+// bf16 tensor-core kernel) include this header.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,7 +44,7 @@ struct Walk {
   int step_vectors, step_units;
 };
 
-__device__ Walk make_walk(bool wide, int dim4) {
+__device__ inline Walk make_walk(bool wide, int dim4) {
   const int units = wide ? dim4 / 4 : dim4;
   const int t = int(threadIdx.x);
   return {wide, units, t / units, t % units, kThreads / units, kThreads % units};
@@ -126,7 +126,7 @@ struct HeadKeys {
   int64_t token0;     // token row of the row's token 0 in q and out
 };
 
-__host__ __device__ HeadKeys head_keys(const AttentionLaunch& a, int row, int64_t head) {
+__host__ __device__ inline HeadKeys head_keys(const AttentionLaunch& a, int row, int64_t head) {
   const KvRow& kv = a.kv[row];
   const bool prefix = kv.prefix_len > 0;
   return {prefix ? kv.prefix_k + head * kv.prefix_stride : nullptr,
@@ -158,7 +158,8 @@ __device__ __forceinline__ int clamp_to_block(int64_t n) {
   return int(n < 0 ? 0 : n < kKeyBlock ? n : kKeyBlock);
 }
 
-__device__ KeyBlock key_block(const HeadKeys& hk, int64_t block, int64_t last_key, int64_t dim) {
+__device__ inline KeyBlock key_block(const HeadKeys& hk, int64_t block, int64_t last_key,
+                                     int64_t dim) {
   const int64_t key0 = block * kKeyBlock;
   return {clamp_to_block(hk.prefix_len - key0), clamp_to_block(last_key - key0 + 1), key0 * dim,
           (key0 - hk.prefix_len) * dim, dim};
@@ -169,7 +170,7 @@ struct Reach {
   int64_t lo, hi;
 };
 
-__host__ __device__ Reach reach_of(const AttentionLaunch& a, const HeadKeys& hk, int64_t f) {
+__host__ __device__ inline Reach reach_of(const AttentionLaunch& a, const HeadKeys& hk, int64_t f) {
   if (f >= hk.count) return {0, -1};
   const int64_t hi = hk.token_key + f / a.group;
   const int64_t lo = a.window > 0 && hi - a.window + 1 > 0 ? hi - a.window + 1 : 0;
@@ -182,7 +183,7 @@ struct Split {
   int64_t blocks, first, last;
 };
 
-__host__ __device__ Split split_of(Reach r) {
+__host__ __device__ inline Split split_of(Reach r) {
   if (r.hi < r.lo) return {1, 0, -1};
   const int64_t blocks = split_blocks(r.hi);
   return {blocks, r.lo / kKeyBlock / blocks, r.hi / kKeyBlock / blocks};
@@ -201,7 +202,7 @@ enum SplitEnd : int {
   kFoldOutput = 5
 };
 
-__host__ __device__ int split_end(const Split& s, int64_t block, int64_t walk_last) {
+__host__ __device__ inline int split_end(const Split& s, int64_t block, int64_t walk_last) {
   if (s.last < s.first || (((block + 1) & (s.blocks - 1)) != 0 && block != walk_last)) return kGoOn;
   const int64_t split = block / s.blocks;
   if (split < s.first || split > s.last) return kGoOn;
@@ -209,27 +210,27 @@ __host__ __device__ int split_end(const Split& s, int64_t block, int64_t walk_la
 }
 
 // The workspace record of query row f of `row`, KV head `head`, split `split`.
-__host__ __device__ int64_t record_index(const AttentionLaunch& a, const Plan& p, int row,
-                                         int64_t head, int64_t f, int64_t split) {
+__host__ __device__ inline int64_t record_index(const AttentionLaunch& a, const Plan& p, int row,
+                                                int64_t head, int64_t f, int64_t split) {
   const KvRow& kv = a.kv[row];
   const int64_t G = a.group, key0 = kv.prefix_len + kv.own_before, key = key0 + f / G;
   return p.row_records[row] + (slot_prefix(key) - slot_prefix(key0)) * a.kv_heads * G +
          (head * G + f % G) * split_slots(key) + split;
 }
 
-__device__ float* record_of(const AttentionLaunch& a, const Plan& p, const Geometry& g, int row,
-                            int64_t head, int64_t f, int64_t split) {
+__device__ inline float* record_of(const AttentionLaunch& a, const Plan& p, const Geometry& g,
+                                   int row, int64_t head, int64_t f, int64_t split) {
   return a.workspace + record_index(a, p, row, head, f, split) * g.record;
 }
 
-__device__ float* output_of(const AttentionLaunch& a, int row, int64_t head, int64_t f) {
+__device__ inline float* output_of(const AttentionLaunch& a, int row, int64_t head, int64_t f) {
   const int64_t G = a.group;
   return a.out + ((a.rows.first + row) * a.rows.tokens + f / G) * a.ldo +
          (head * G + f % G) * a.head_dim;
 }
 
 // The job of CTA `cta` among jobs [first, first + count) (the last whose cta_begin <= cta).
-__host__ __device__ const Job& find_job(const Plan& p, int first, int count, int cta) {
+__host__ __device__ inline const Job& find_job(const Plan& p, int first, int count, int cta) {
   int lo = first, hi = first + count - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
@@ -251,8 +252,8 @@ struct Task {
   int64_t first_block, last_block, last_key;
 };
 
-__host__ __device__ Task task_of(const AttentionLaunch& a, const Plan& p, const Job& job, int cta,
-                                 int block_queries) {
+__host__ __device__ inline Task task_of(const AttentionLaunch& a, const Plan& p, const Job& job,
+                                        int cta, int block_queries) {
   const int64_t local = cta - job.cta_begin;
   const int64_t chunk = job.chunk0 + local % job.chunks, rest = local / job.chunks;
   Task t;
@@ -276,7 +277,7 @@ __host__ __device__ Task task_of(const AttentionLaunch& a, const Plan& p, const 
 }
 
 // Query row x of the job as (row, f); row -1 past the job's query rows.
-__host__ __device__ int2 query_of(const Plan& p, const Job& job, int64_t x) {
+__host__ __device__ inline int2 query_of(const Plan& p, const Job& job, int64_t x) {
   if (x >= job.queries) return make_int2(-1, 0);
   const int32_t base = p.member_query[job.member_begin];
   int lo = job.member_begin, hi = job.member_end - 1;
@@ -301,8 +302,8 @@ struct Running {
 // scores[j * pitch] for key j of the block; they are replaced by the probabilities. The four
 // lanes lane % 8 + 8 p (p = 0..3) of the warp run it together for one row. Returns the new max
 // and sum, and alpha, the factor that rescales the row's earlier values.
-__device__ __noinline__ Running softmax_step(float* scores, int pitch, int64_t key0, Reach reach,
-                                             float max, float sum) {
+__device__ __noinline__ inline Running softmax_step(float* scores, int pitch, int64_t key0,
+                                                    Reach reach, float max, float sum) {
   const int part = int(threadIdx.x % 32) / 8;
   const int64_t lo = reach.lo - key0, hi = reach.hi - key0;  // the seen keys, block-relative
   float s[kKeyBlock / 4];
@@ -359,17 +360,31 @@ struct RowEnd {
   int end;      // SplitEnd
 };
 
-// After a query row's softmax step over key block `block`: publishes alpha and the row's RowEnd,
-// stores a partial's m and l, folds a local row's split in, and restarts the row's state at a
-// split's end. Run by the row's four lanes (each keeps the fold); lane < 8 writes.
-__device__ __forceinline__ void end_step(Running& run, Fold& fold, const AttentionLaunch& a,
-                                         const Plan& p, const Geometry& g, int2 query, int64_t head,
-                                         const Split& split, bool local, int64_t block,
-                                         int64_t walk_last, float* alpha, RowEnd* row_end) {
+// Where a query row's results go: the workspace record of its first split (its splits' records
+// follow it; null when it has one split) and its output row (null past a job's query rows).
+struct Places {
+  float* first_record;
+  float* out;
+};
+
+__device__ inline Places places_of(const AttentionLaunch& a, const Plan& p, const Geometry& g,
+                                   int2 query, int64_t head, const Split& split) {
+  if (query.x < 0) return {nullptr, nullptr};
+  return {
+      split.last > split.first ? record_of(a, p, g, query.x, head, query.y, split.first) : nullptr,
+      output_of(a, query.x, head, query.y)};
+}
+
+// A query row's RowEnd after its softmax step over key block `block`: folds a local row's split
+// in, stores a partial's m and l (when `writer`: one lane per row) and restarts the row's state
+// at a split's end.
+__device__ __forceinline__ RowEnd row_end(Running& run, Fold& fold, const Geometry& g,
+                                          const Places& at, const Split& split, bool local,
+                                          int64_t block, int64_t walk_last, bool writer) {
   RowEnd e{nullptr, nullptr, make_float2(0.0f, 0.0f), run.sum, split_end(split, block, walk_last)};
   const int64_t index = block / split.blocks;
   if (e.end == kPartial && local) {
-    e.fold = record_of(a, p, g, query.x, head, query.y, split.first);
+    e.fold = at.first_record;
     if (index == split.first) {
       e.end = kFoldFirst;
       e.dest = e.fold;
@@ -378,22 +393,34 @@ __device__ __forceinline__ void end_step(Running& run, Fold& fold, const Attenti
       e.w = fold_step(fold, run.max, run.sum);
       e.sum = fold.sum;
       e.end = index == split.last ? kFoldOutput : kFold;
-      e.dest = e.end == kFold ? e.fold : output_of(a, query.x, head, query.y);
+      e.dest = e.end == kFold ? e.fold : at.out;
     }
   } else if (e.end == kPartial) {
-    e.dest = record_of(a, p, g, query.x, head, query.y, index);
-  } else if (e.end == kOutput) {
-    e.dest = output_of(a, query.x, head, query.y);
-  }
-  if (threadIdx.x % 32 < 8) {
-    *alpha = run.alpha;
-    *row_end = e;
-    if (e.end == kPartial) {
+    e.dest = at.first_record + (index - split.first) * g.record;
+    if (writer) {
       e.dest[g.dim4] = run.max;
       e.dest[g.dim4 + 1] = run.sum;
     }
+  } else if (e.end == kOutput) {
+    e.dest = at.out;
   }
   if (e.end != kGoOn) run = {-INFINITY, 0.0f, 1.0f};
+  return e;
+}
+
+// The same, published in shared memory for the value step (alpha and the RowEnd; lane < 8 of
+// the row's four writes).
+__device__ __forceinline__ void end_step(Running& run, Fold& fold, const Geometry& g,
+                                         const Places& at, const Split& split, bool local,
+                                         int64_t block, int64_t walk_last, float* alpha,
+                                         RowEnd* row_end_out) {
+  const bool writer = threadIdx.x % 32 < 8;
+  const float run_alpha = run.alpha;
+  const RowEnd e = row_end(run, fold, g, at, split, local, block, walk_last, writer);
+  if (writer) {
+    *alpha = run_alpha;
+    *row_end_out = e;
+  }
 }
 
 // s = fma chains over 4 dims, in the order x, y, z, w (the same in both kernels).
@@ -418,93 +445,6 @@ __device__ __forceinline__ void store_out(float* dst, int col, int head_dim, boo
 #pragma unroll
   for (int c = 0; c < 4; ++c)
     if (col + c < head_dim) dst[col + c] = v[c];
-}
-
-// ---- tensor-core path (bf16 operands, f32 accumulation; AttentionLaunch::bf16) ----
-//
-// mma.sync m16n8k16 over f32 tiles, each operand pair rounded to bf16 as it is loaded (lane l:
-// g = l / 4, t = l % 4). A (16 x 16, row-major): registers 0..3 hold (row g, k 2t..2t+1),
-// (row g + 8, k 2t..), (row g, k 2t + 8..), (row g + 8, k 2t + 8..); B (16 x 8): (k 2t..2t+1,
-// n g), (k 2t + 8.., n g); C: (row g, n 2t..2t+1) then (row g + 8, n 2t..2t+1). Each output
-// element depends only on its own row of A and column of B, in an order fixed by the hardware
-// and the k loop (key blocks and dims always walked from 0), never on the tile's other rows.
-
-constexpr int kMaxDimSteps = kMaxHeadDim / 16;    // k steps of 16 dims
-constexpr int kMaxValueTiles = kMaxHeadDim / 16;  // 8-column value tiles per warp (half of D)
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float2 v) {
-  return pack_bf16(v.x, v.y);
-}
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The A fragments of query rows [row0, row0 + 16) of a Q tile (`pitch` floats a row), for
-// `steps` k steps of 16 dims.
-__device__ __forceinline__ void load_query_fragments(uint32_t (&qf)[kMaxDimSteps][4],
-                                                     const float* q_tile, int pitch, int row0,
-                                                     int steps) {
-  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-  const float* r0 = q_tile + (row0 + g) * pitch + 2 * t;
-  const float* r1 = r0 + 8 * pitch;
-#pragma unroll
-  for (int k = 0; k < kMaxDimSteps; ++k) {
-    if (k >= steps) break;
-    qf[k][0] = pack_bf16(*reinterpret_cast<const float2*>(r0 + 16 * k));
-    qf[k][1] = pack_bf16(*reinterpret_cast<const float2*>(r1 + 16 * k));
-    qf[k][2] = pack_bf16(*reinterpret_cast<const float2*>(r0 + 16 * k + 8));
-    qf[k][3] = pack_bf16(*reinterpret_cast<const float2*>(r1 + 16 * k + 8));
-  }
-}
-
-// s[n] += Q K^T for the warp's 16 query rows and keys key0 + 8 n .. + 7 (n < 4) of a K tile.
-__device__ __forceinline__ void mma_scores(float (&s)[4][4], const uint32_t (&qf)[kMaxDimSteps][4],
-                                           const float* k_tile, int pitch, int key0, int steps) {
-  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-  const float* kr = k_tile + (key0 + g) * pitch + 2 * t;
-#pragma unroll
-  for (int k = 0; k < kMaxDimSteps; ++k) {
-    if (k >= steps) break;
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      const float* key = kr + 8 * n * pitch + 16 * k;
-      mma_bf16(s[n], qf[k], pack_bf16(*reinterpret_cast<const float2*>(key)),
-               pack_bf16(*reinterpret_cast<const float2*>(key + 8)));
-    }
-  }
-}
-
-// acc[n] += P V for the warp's 16 query rows (probabilities at probs[key * prob_pitch + row]
-// from row0) and value columns 8 (tile0 + n) .. + 7 (n < tiles), over the block's 64 keys.
-__device__ __forceinline__ void mma_values(float (&acc)[kMaxValueTiles][4], const float* probs,
-                                           int prob_pitch, int row0, const float* v_tile, int pitch,
-                                           int tile0, int tiles) {
-  const int lane = int(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int k = 0; k < kKeyBlock / 16; ++k) {
-    const float* p = probs + (16 * k + 2 * t) * prob_pitch + row0 + g;
-    const uint32_t a[4] = {pack_bf16(p[0], p[prob_pitch]), pack_bf16(p[8], p[prob_pitch + 8]),
-                           pack_bf16(p[8 * prob_pitch], p[9 * prob_pitch]),
-                           pack_bf16(p[8 * prob_pitch + 8], p[9 * prob_pitch + 8])};
-    const float* v = v_tile + (16 * k + 2 * t) * pitch + 8 * tile0 + g;
-#pragma unroll
-    for (int n = 0; n < kMaxValueTiles; ++n) {
-      if (n >= tiles) break;
-      const float* vn = v + 8 * n;
-      mma_bf16(acc[n], a, pack_bf16(vn[0], vn[pitch]), pack_bf16(vn[8 * pitch], vn[9 * pitch]));
-    }
-  }
 }
 
 }  // namespace deg::cuda::att

@@ -191,6 +191,78 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
   return true;
 }
 
+bool uses_copy(const AttentionLaunch& a) {
+  return a.bf16 && a.head_dim <= kMaxHeadDim;
+}
+
+int copy_dims(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
+int64_t records_floats(const AttentionLaunch& a, const Plan& p) {
+  return (p.records * record_floats(a) + 3) / 4 * 4;
+}
+
+void plan_kv_copy(const AttentionLaunch& a, KvCopy& c) {
+  c.data = nullptr;
+  c.regions = 0;
+  c.elements = 0;
+  c.dims = copy_dims(a.head_dim);
+  if (!uses_copy(a)) return;
+  const Rows& r = a.rows;
+  const int64_t H = a.kv_heads, D = a.head_dim, dims = c.dims;
+  // Each row's first key any of its jobs reads: its first query's reach, rounded down to a block
+  // (make_plan's lo_block); -1: a row without queries.
+  int64_t first[kRows];
+  for (int i = 0; i < r.count; ++i) {
+    first[i] = -1;
+    if (r.length[i] <= 0) continue;
+    const int64_t key0 = a.kv[i].prefix_len + a.kv[i].own_before;
+    const int64_t lo = a.window > 0 && key0 - a.window + 1 > 0 ? key0 - a.window + 1 : 0;
+    first[i] = lo / kKeyBlock * kKeyBlock;
+  }
+  int64_t vectors = 0;
+  auto add = [&](const float* k, const float* v, int64_t stride, int64_t from, int64_t keys) {
+    KvRegion& g = c.region[c.regions];
+    g = {k + from * D, v + from * D, stride, keys, c.elements};
+    vectors += H * keys;
+    c.vectors_end[c.regions++] = vectors;
+    c.elements += 2 * H * keys * dims;
+    return g.offset - from * dims;
+  };
+  // Prefixes: one region per distinct prefix, from the earliest key of the rows sharing it (a
+  // packed job reads the prefix through its first member, whatever that member's own reach).
+  bool done[kRows] = {};
+  for (int i = 0; i < r.count; ++i) {
+    const KvRow& kv = a.kv[i];
+    if (first[i] < 0 || done[i] || kv.prefix_len <= 0) continue;
+    int64_t from = first[i];
+    for (int j = i + 1; j < r.count; ++j)
+      if (first[j] >= 0 && same_prefix(kv, a.kv[j])) from = std::min(from, first[j]);
+    const int64_t base = from < kv.prefix_len ? add(kv.prefix_k, kv.prefix_v, kv.prefix_stride,
+                                                    from, kv.prefix_len - from)
+                                              : 0;
+    const int64_t keys = std::max<int64_t>(kv.prefix_len - from, 0);
+    for (int j = i; j < r.count; ++j) {
+      if (first[j] < 0 || !same_prefix(kv, a.kv[j])) continue;
+      done[j] = true;
+      c.prefix_base[j] = base;
+      c.prefix_head[j] = keys * dims;
+      c.prefix_v[j] = H * keys * dims;
+    }
+  }
+  // Own keys: from the row's first key past its prefix to its last query's.
+  for (int i = 0; i < r.count; ++i) {
+    if (first[i] < 0) continue;
+    const KvRow& kv = a.kv[i];
+    const int64_t from = std::max<int64_t>(first[i] - kv.prefix_len, 0);
+    const int64_t end = kv.own_before + r.length[i], keys = end - from;
+    c.own_base[i] = add(kv.own_k, kv.own_v, kv.own_stride, from, keys);
+    c.own_head[i] = keys * dims;
+    c.own_v[i] = H * keys * dims;
+  }
+}
+
 Geometry geometry_of(const AttentionLaunch& a) {
   const int D = int(a.head_dim), dim4 = (D + 3) / 4 * 4;
   Geometry g{D, dim4, (D + 31) / 32 * 32 + 4, record_floats(a), false, false, false, a.scale};
@@ -216,7 +288,9 @@ int64_t attention_workspace_floats(const AttentionLaunch& a) {
   if (a.rows.count <= 0 || !att::valid_launch(a)) return 0;
   att::Plan p{};
   att::plan_records(a, p);
-  return p.records * att::record_floats(a);
+  static thread_local att::KvCopy c;  // 9 KB: off the stack
+  att::plan_kv_copy(a, c);
+  return att::records_floats(a, p) + (c.elements + 7) / 8 * 4;
 }
 
 }  // namespace deg::cuda

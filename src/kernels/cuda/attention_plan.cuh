@@ -109,6 +109,52 @@ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// ---- the bf16 copy of the keys a tensor-core launch reads (attention_mma.cu) ----
+//
+// A bf16 launch (AttentionLaunch::bf16, D <= kMaxHeadDim) first rounds the K/V its jobs read to
+// bf16, once, into the workspace after the split records: one region per distinct prefix (rows
+// sharing a trunk share it) and one per row's own keys, each [kv_heads][keys][dims] of K, then
+// the same of V, dims = D rounded up to the tensor-core kernel's (64, 128 or 256; zeros past D).
+// A region holds keys [first, end) of its buffer: from the earliest key block any of its rows'
+// jobs reads (a sliding window reads only the tail) to the buffer's last key the launch sees.
+
+constexpr int kMaxRegions = 2 * kRows;
+
+struct KvRegion {
+  const float* k;  // the source's key `first`, head 0 (head h at + h stride, key j at + j D)
+  const float* v;
+  int64_t stride;  // source floats per head
+  int64_t keys;    // keys copied per head
+  int64_t offset;  // bf16 elements from the copy's start to the region's K (its V follows)
+};
+
+struct KvCopy {
+  void* data;  // the copy (bf16), 16-byte aligned; null when the launch makes none
+  int dims;    // bf16 elements per key: D rounded up to 64, 128 or 256
+  int regions;
+  int64_t elements;                  // bf16 elements of the copy
+  int64_t vectors_end[kMaxRegions];  // vectors (kv_heads keys) of regions [0, r], cumulative
+  KvRegion region[kMaxRegions];
+  // Row i's keys in the copy (elements from `data`): key j < prefix_len of KV head h at
+  // prefix_base + h prefix_head + j dims, own key j at own_base + h own_head + j dims; V at
+  // + prefix_v / own_v from K. Bases are virtual (a region's offset less first * dims), used
+  // only for keys the region holds.
+  int64_t prefix_base[kRows], prefix_head[kRows], prefix_v[kRows];
+  int64_t own_base[kRows], own_head[kRows], own_v[kRows];
+};
+
+// True when the launch runs in the tensor-core kernel (and so makes a bf16 copy).
+bool uses_copy(const AttentionLaunch& a);
+// The copy's dims for head dim D.
+int copy_dims(int64_t head_dim);
+// The regions and row bases of a launch's copy (data left null); elements 0 when it makes none.
+void plan_kv_copy(const AttentionLaunch& a, KvCopy& c);
+// Floats of workspace before the copy: the split records, rounded up to 16 bytes.
+int64_t records_floats(const AttentionLaunch& a, const Plan& p);
+// The copy and the tensor-core kernel of a launch's jobs (attention_mma.cu).
+cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c,
+                            const Geometry& g, cudaStream_t stream);
+
 // ---- the host side (attention_plan.cu) ----
 
 bool aligned16(const void* p);
