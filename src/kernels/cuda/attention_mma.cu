@@ -171,21 +171,24 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
   const int64_t prefix_len = a.kv[key_row].prefix_len;
   const int64_t prefix_k = c.prefix_base[key_row] + head * c.prefix_head[key_row];
   const int64_t own_k = c.own_base[key_row] + head * c.own_head[key_row];
+  // A thread copies 16 bytes (part) of keys v0, v0 + kStride, ... of a block: pointer steps
+  // from the block's first such key in the prefix and in own, the two limits as block offsets.
+  constexpr int kStride = kMmaThreads / kParts;
+  const int v0 = int(threadIdx.x) / kParts, part = int(threadIdx.x) % kParts;
   auto stage = [&](__nv_bfloat16* tile, int64_t block, bool values) {
-    const int64_t key0 = block * kKeyBlock;
-    const int64_t prefix_at = prefix_k + (values ? c.prefix_v[key_row] : 0);
-    const int64_t own_at = own_k + (values ? c.own_v[key_row] : 0) - prefix_len * kDims;
-#pragma unroll 1
-    for (int e = int(threadIdx.x); e < kKeyBlock * kParts; e += kMmaThreads) {
-      const int v = e / kParts, part = e % kParts;
-      const int64_t key = key0 + v;
-      const __nv_bfloat16* src = data;
-      int bytes = 0;
-      if (key <= task.last_key) {
-        src = data + (key < prefix_len ? prefix_at : own_at) + key * kDims + 8 * part;
-        bytes = 16;
-      }
-      copy16_or_zero(tile + v * kPitch + 8 * part, src, bytes);
+    const int64_t first = block * kKeyBlock + v0;
+    const __nv_bfloat16* const from_prefix =
+        data + (prefix_k + (values ? c.prefix_v[key_row] : 0) + first * kDims + 8 * part);
+    const __nv_bfloat16* const from_own =
+        data + (own_k + (values ? c.own_v[key_row] : 0) + (first - prefix_len) * kDims + 8 * part);
+    auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
+    const int in_prefix = clamp(prefix_len - first), valid = clamp(task.last_key - first + 1);
+    __nv_bfloat16* const dst = tile + v0 * kPitch + 8 * part;
+#pragma unroll
+    for (int i = 0; i < kKeyBlock / kStride; ++i) {
+      const int dk = kStride * i;
+      const __nv_bfloat16* src = dk < in_prefix ? from_prefix + dk * kDims : from_own + dk * kDims;
+      copy16_or_zero(dst + dk * kPitch, dk < valid ? src : data, dk < valid ? 16 : 0);
     }
   };
 
@@ -252,7 +255,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const Reach r = queries[row0 + 8 * h].reach;
-      const int64_t lo = r.lo - key0, hi = r.hi - key0;
+      auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
+      const int lo = clamp(r.lo - key0), hi = clamp(r.hi - key0);  // the seen keys of the block
       float block_max = -INFINITY;
 #pragma unroll
       for (int n = 0; n < 8; ++n)
@@ -312,18 +316,37 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
           row_end(run[h], fold[h], g, q.at, q.split, q.local != 0, block, last_block, t4 == 0);
       const bool folds = e.end == kFold || e.end == kFoldOutput;
       const bool output = e.end == kOutput || e.end == kFoldOutput;
+      // Records (dim4 + 4 floats, 8-byte aligned) take column pairs; an output row does when
+      // its columns are 16-byte aligned with D % 4 == 0, else one column below D at a time.
+      const bool pairs = !output || g.out_wide;
+      constexpr int kHalf = kValueTiles / 2 > 0 ? kValueTiles / 2 : 1;
 #pragma unroll
-      for (int j = 0; j < kValueTiles; ++j)
+      for (int j0 = 0; j0 < kValueTiles; j0 += kHalf) {
+        float2 f[kHalf];  // the fold record's columns, loaded together before they are used
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int col = 8 * j + 2 * t4 + x;
-          float& v = acc[j][2 * h + x];
-          if (col < D) {
-            const float r = folds ? fold_value(e.fold[col], v, e.w) : v;
-            e.dest[col] = output ? __fdiv_rn(r, e.sum) : r;
+        for (int j = 0; j < kHalf; ++j)
+          f[j] = folds ? *reinterpret_cast<const float2*>(e.fold + 8 * (j0 + j) + 2 * t4)
+                       : make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < kHalf; ++j) {
+          const int col = 8 * (j0 + j) + 2 * t4;
+          float* const v = acc[j0 + j] + 2 * h;
+          float r0 = folds ? fold_value(f[j].x, v[0], e.w) : v[0];
+          float r1 = folds ? fold_value(f[j].y, v[1], e.w) : v[1];
+          if (output) {
+            r0 = __fdiv_rn(r0, e.sum);
+            r1 = __fdiv_rn(r1, e.sum);
           }
-          v = 0.0f;
+          if (pairs) {
+            if (col < D) *reinterpret_cast<float2*>(e.dest + col) = make_float2(r0, r1);
+          } else {
+            if (col < D) e.dest[col] = r0;
+            if (col + 1 < D) e.dest[col + 1] = r1;
+          }
+          v[0] = 0.0f;
+          v[1] = 0.0f;
         }
+      }
     }
     __syncthreads();  // every warp's values: the V tile is free
 
