@@ -134,6 +134,76 @@ struct MmaQuery {
   Places at;
 };
 
+// ---- split ends ----
+//
+// A query row's acc (the lane's columns 8 j + 2 t4 and + 1 of row h) at its split's end: folded
+// into the running result (kFold), divided by l (kOut), stored and zeroed. Records (dim4 + 4
+// floats) are 8-byte aligned, and so is an output row when g.out_wide: column pairs go as one
+// float2. Without kChecked every column is below D (D == the kernel's dims) and pairs are
+// allowed; the fold record's columns are loaded 16 pairs at a time before any is used.
+template <int kTiles, bool kFold, bool kOut>
+__device__ __forceinline__ void store_split(float (&acc)[kTiles][4], int h, int t4,
+                                            const RowEnd& e) {
+  constexpr int kHalf = kTiles / 2;
+#pragma unroll
+  for (int j0 = 0; j0 < kTiles; j0 += kHalf) {
+    float2 f[kHalf];
+    if constexpr (kFold) {
+#pragma unroll
+      for (int j = 0; j < kHalf; ++j)
+        f[j] = *reinterpret_cast<const float2*>(e.fold + 8 * (j0 + j) + 2 * t4);
+    }
+#pragma unroll
+    for (int j = 0; j < kHalf; ++j) {
+      float* const v = acc[j0 + j] + 2 * h;
+      float r0 = v[0], r1 = v[1];
+      if constexpr (kFold) {
+        r0 = fold_value(f[j].x, r0, e.w);
+        r1 = fold_value(f[j].y, r1, e.w);
+      }
+      if constexpr (kOut) {
+        r0 = __fdiv_rn(r0, e.sum);
+        r1 = __fdiv_rn(r1, e.sum);
+      }
+      *reinterpret_cast<float2*>(e.dest + 8 * (j0 + j) + 2 * t4) = make_float2(r0, r1);
+      v[0] = 0.0f;
+      v[1] = 0.0f;
+    }
+  }
+}
+
+// The same with the columns checked against D (a head dim below the kernel's dims, or an output
+// row that takes no float2).
+template <int kTiles>
+__device__ __forceinline__ void store_split_checked(float (&acc)[kTiles][4], int h, int t4,
+                                                    const RowEnd& e, int D, bool pairs) {
+  const bool folds = e.end == kFold || e.end == kFoldOutput;
+  const bool output = e.end == kOutput || e.end == kFoldOutput;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const int col = 8 * j + 2 * t4;
+    float* const v = acc[j] + 2 * h;
+    float r0 = v[0], r1 = v[1];
+    if (folds && col < D) {
+      const float2 f = *reinterpret_cast<const float2*>(e.fold + col);
+      r0 = fold_value(f.x, r0, e.w);
+      r1 = fold_value(f.y, r1, e.w);
+    }
+    if (output) {
+      r0 = __fdiv_rn(r0, e.sum);
+      r1 = __fdiv_rn(r1, e.sum);
+    }
+    if (pairs) {
+      if (col < D) *reinterpret_cast<float2*>(e.dest + col) = make_float2(r0, r1);
+    } else {
+      if (col < D) e.dest[col] = r0;
+      if (col + 1 < D) e.dest[col + 1] = r1;
+    }
+    v[0] = 0.0f;
+    v[1] = 0.0f;
+  }
+}
+
 // ---- the kernel ----
 
 template <int kSteps>
@@ -184,6 +254,13 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
     auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
     const int in_prefix = clamp(prefix_len - first), valid = clamp(task.last_key - first + 1);
     __nv_bfloat16* const dst = tile + v0 * kPitch + 8 * part;
+    if (valid >= kKeyBlock && (in_prefix <= 0 || in_prefix >= kKeyBlock)) {  // one buffer
+      const __nv_bfloat16* const src = in_prefix <= 0 ? from_own : from_prefix;
+#pragma unroll
+      for (int i = 0; i < kKeyBlock / kStride; ++i)
+        copy16_or_zero(dst + kStride * i * kPitch, src + kStride * i * kDims, 16);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < kKeyBlock / kStride; ++i) {
       const int dk = kStride * i;
@@ -207,10 +284,19 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
                                : a.q + ((a.rows.first + q.x) * a.rows.tokens + q.y / G) * a.ldq +
                                      (head * G + q.y % G) * D;
     uint32_t packed[4];
+    if (src && g.q_wide && d0 + 8 <= D) {
+      const float4 x = *reinterpret_cast<const float4*>(src + d0);
+      const float4 y = *reinterpret_cast<const float4*>(src + d0 + 4);
+      packed[0] = pack_bf16(x.x, x.y);
+      packed[1] = pack_bf16(x.z, x.w);
+      packed[2] = pack_bf16(y.x, y.y);
+      packed[3] = pack_bf16(y.z, y.w);
+    } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int d = d0 + 2 * i;
-      packed[i] = pack_bf16(src && d < D ? src[d] : 0.0f, src && d + 1 < D ? src[d + 1] : 0.0f);
+      for (int i = 0; i < 4; ++i) {
+        const int d = d0 + 2 * i;
+        packed[i] = pack_bf16(src && d < D ? src[d] : 0.0f, src && d + 1 < D ? src[d + 1] : 0.0f);
+      }
     }
     *reinterpret_cast<uint4*>(q_tile + v * kPitch + d0) =
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
@@ -257,30 +343,55 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       const Reach r = queries[row0 + 8 * h].reach;
       auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
       const int lo = clamp(r.lo - key0), hi = clamp(r.hi - key0);  // the seen keys of the block
+      // Every key of the block seen (blocks before the diagonal and inside a window): no
+      // tests, the same operations.
+      const bool whole = lo <= 0 && hi >= kKeyBlock - 1;
       float block_max = -INFINITY;
+      if (whole) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = 8 * n + 2 * t4 + e;
-          float& x = s[n][2 * h + e];
-          x = __fmul_rn(x, g.scale);
-          if (j >= lo && j <= hi) block_max = fmaxf(block_max, x);
-        }
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n][2 * h + e];
+            x = __fmul_rn(x, g.scale);
+            block_max = fmaxf(block_max, x);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 8 * n + 2 * t4 + e;
+            float& x = s[n][2 * h + e];
+            x = __fmul_rn(x, g.scale);
+            if (j >= lo && j <= hi) block_max = fmaxf(block_max, x);
+          }
+      }
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 1));
       block_max = fmaxf(block_max, __shfl_xor_sync(kFullWarp, block_max, 2));
       const float max = run[h].max, new_max = fmaxf(max, block_max);
       alpha[h] = new_max == max ? 1.0f : expf(__fsub_rn(max, new_max));
       float block_sum = 0.0f;
+      if (whole) {
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
+        for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int j = 8 * n + 2 * t4 + e;
-          float& x = s[n][2 * h + e];
-          x = j >= lo && j <= hi ? expf(__fsub_rn(x, new_max)) : 0.0f;
-          block_sum = __fadd_rn(block_sum, x);
-        }
+          for (int e = 0; e < 2; ++e) {
+            float& x = s[n][2 * h + e];
+            x = expf(__fsub_rn(x, new_max));
+            block_sum = __fadd_rn(block_sum, x);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = 8 * n + 2 * t4 + e;
+            float& x = s[n][2 * h + e];
+            x = j >= lo && j <= hi ? expf(__fsub_rn(x, new_max)) : 0.0f;
+            block_sum = __fadd_rn(block_sum, x);
+          }
+      }
       block_sum = __fadd_rn(block_sum, __shfl_xor_sync(kFullWarp, block_sum, 1));
       block_sum = __fadd_rn(block_sum, __shfl_xor_sync(kFullWarp, block_sum, 2));
       run[h] = {new_max, __fadd_rn(__fmul_rn(run[h].sum, alpha[h]), block_sum), alpha[h]};
@@ -314,38 +425,17 @@ __global__ void __launch_bounds__(kMmaThreads, 2)
       if (split_end(q.split, block, last_block) == kGoOn) continue;
       const RowEnd e =
           row_end(run[h], fold[h], g, q.at, q.split, q.local != 0, block, last_block, t4 == 0);
-      const bool folds = e.end == kFold || e.end == kFoldOutput;
       const bool output = e.end == kOutput || e.end == kFoldOutput;
-      // Records (dim4 + 4 floats, 8-byte aligned) take column pairs; an output row does when
-      // its columns are 16-byte aligned with D % 4 == 0, else one column below D at a time.
-      const bool pairs = !output || g.out_wide;
-      constexpr int kHalf = kValueTiles / 2 > 0 ? kValueTiles / 2 : 1;
-#pragma unroll
-      for (int j0 = 0; j0 < kValueTiles; j0 += kHalf) {
-        float2 f[kHalf];  // the fold record's columns, loaded together before they are used
-#pragma unroll
-        for (int j = 0; j < kHalf; ++j)
-          f[j] = folds ? *reinterpret_cast<const float2*>(e.fold + 8 * (j0 + j) + 2 * t4)
-                       : make_float2(0.0f, 0.0f);
-#pragma unroll
-        for (int j = 0; j < kHalf; ++j) {
-          const int col = 8 * (j0 + j) + 2 * t4;
-          float* const v = acc[j0 + j] + 2 * h;
-          float r0 = folds ? fold_value(f[j].x, v[0], e.w) : v[0];
-          float r1 = folds ? fold_value(f[j].y, v[1], e.w) : v[1];
-          if (output) {
-            r0 = __fdiv_rn(r0, e.sum);
-            r1 = __fdiv_rn(r1, e.sum);
-          }
-          if (pairs) {
-            if (col < D) *reinterpret_cast<float2*>(e.dest + col) = make_float2(r0, r1);
-          } else {
-            if (col < D) e.dest[col] = r0;
-            if (col + 1 < D) e.dest[col + 1] = r1;
-          }
-          v[0] = 0.0f;
-          v[1] = 0.0f;
-        }
+      if (D != kDims || (output && !g.out_wide)) {
+        store_split_checked(acc, h, t4, e, int(D), !output || g.out_wide);
+      } else if (e.end == kOutput) {
+        store_split<kValueTiles, false, true>(acc, h, t4, e);
+      } else if (e.end == kFold) {
+        store_split<kValueTiles, true, false>(acc, h, t4, e);
+      } else if (e.end == kFoldOutput) {
+        store_split<kValueTiles, true, true>(acc, h, t4, e);
+      } else {  // kPartial, kFoldFirst
+        store_split<kValueTiles, false, false>(acc, h, t4, e);
       }
     }
     __syncthreads();  // every warp's values: the V tile is free
