@@ -88,6 +88,12 @@ int64_t chunk_jobs(Draft* d, int count, int64_t kv_heads) {
   return ctas;
 }
 
+// The first key block row `row`'s queries see: its first query's reach (a window's start).
+int64_t first_block(const AttentionLaunch& a, int row) {
+  const int64_t key0 = a.kv[row].prefix_len + a.kv[row].own_before;
+  return (a.window > 0 && key0 - a.window + 1 > 0 ? key0 - a.window + 1 : 0) / kKeyBlock;
+}
+
 bool same_prefix(const KvRow& x, const KvRow& y) {
   return x.prefix_k == y.prefix_k && x.prefix_v == y.prefix_v &&
          x.prefix_stride == y.prefix_stride && x.prefix_len == y.prefix_len;
@@ -104,10 +110,9 @@ bool make_plan(const AttentionLaunch& a, Plan& p) {
   int64_t count[kRows] = {}, lo_block[kRows] = {}, end_block[kRows] = {}, blocks[kRows] = {};
   for (int i = 0; i < r.count; ++i) {
     if (r.length[i] <= 0) continue;
-    const int64_t key0 = a.kv[i].prefix_len + a.kv[i].own_before, hi = key0 + r.length[i] - 1;
-    const int64_t lo = a.window > 0 && key0 - a.window + 1 > 0 ? key0 - a.window + 1 : 0;
+    const int64_t hi = a.kv[i].prefix_len + a.kv[i].own_before + r.length[i] - 1;
     count[i] = r.length[i] * G;
-    lo_block[i] = lo / kKeyBlock;
+    lo_block[i] = first_block(a, i);
     end_block[i] = hi / kKeyBlock + 1;
     blocks[i] = split_blocks(hi);  // the row's largest split: its last query row's
   }
@@ -211,16 +216,9 @@ void plan_kv_copy(const AttentionLaunch& a, KvCopy& c) {
   if (!uses_copy(a)) return;
   const Rows& r = a.rows;
   const int64_t H = a.kv_heads, D = a.head_dim, dims = c.dims;
-  // Each row's first key any of its jobs reads: its first query's reach, rounded down to a block
-  // (make_plan's lo_block); -1: a row without queries.
+  // Each row's first key any of its jobs reads (make_plan's lo_block); -1: a row without queries.
   int64_t first[kRows];
-  for (int i = 0; i < r.count; ++i) {
-    first[i] = -1;
-    if (r.length[i] <= 0) continue;
-    const int64_t key0 = a.kv[i].prefix_len + a.kv[i].own_before;
-    const int64_t lo = a.window > 0 && key0 - a.window + 1 > 0 ? key0 - a.window + 1 : 0;
-    first[i] = lo / kKeyBlock * kKeyBlock;
-  }
+  for (int i = 0; i < r.count; ++i) first[i] = r.length[i] > 0 ? first_block(a, i) * kKeyBlock : -1;
   int64_t vectors = 0;
   auto add = [&](const float* k, const float* v, int64_t stride, int64_t from, int64_t keys) {
     KvRegion& g = c.region[c.regions];
