@@ -2440,6 +2440,139 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
   }
 }
 
+// bf16 rows for a projection (NormArgs::yb, GluArgs::outb, GemmArgs::xb), on every backend and
+// the reference: a norm's or glu's bf16 results are its f32 results rounded once (nearest even),
+// bit for bit, and a GEMM reading the rounded rows gives the bits of the same GEMM rounding f32
+// rows itself. Shapes take each kernel form: norms a warp (dim <= 256) and a block per vector,
+// heads and the gated form; glu four columns at a time and one, with up and as a gate; GEMMs of
+// stacked bf16 weights, accumulating and not, at 1 and 70 rows.
+TEST(OpsBf16Rows, SameBitsAsRoundingAfterTheOp) {
+  std::vector<Backend> all = backends_under_test();
+  all.push_back({"reference", &reference_ops()});
+  auto rounded = [](const Floats& y) {
+    std::vector<uint16_t> r;
+    for (float v : y) r.push_back(f32_to_bf16(v).bits);
+    return r;
+  };
+  // The first n bf16 values of buf (slots an op does not write stay 0).
+  auto bits_of = [](const Floats& buf, size_t n) {
+    const auto* p = reinterpret_cast<const uint16_t*>(buf.data());
+    return std::vector<uint16_t>(p, p + n);
+  };
+  for (const Backend& b : all) {
+    const Ops& ops = *b.ops;
+    struct NormForm {
+      int64_t heads, dim, hs;
+      bool gated;
+    };
+    for (const NormForm& f : {NormForm{1, 96, 96, false}, NormForm{1, 1024, 1024, false},
+                              NormForm{4, 24, 32, true}, NormForm{2, 300, 300, true}}) {
+      const int64_t rows = 9, ld = f.heads * f.hs + 3;
+      const std::vector<float> xv = randn_seeded(size_t(rows * ld), 61, 3.0f);
+      const std::vector<float> gv = randn_seeded(size_t(rows * ld), 62, 2.0f);
+      const std::vector<float> wv = randn_seeded(size_t(f.dim), 63, 0.5f);
+      Floats x(xv.begin(), xv.end()), g(gv.begin(), gv.end()), w(wv.begin(), wv.end());
+      Floats y(size_t(rows * ld), 0.0f);
+      Floats yb(size_t(rows * ld), 0.0f);  // twice what the bf16 rows need
+      std::vector<uint16_t> want = bits_of(yb, size_t(rows * ld));
+      NormArgs a{.x = x.data(),
+                 .ldx = ld,
+                 .hx = f.hs,
+                 .y = y.data(),
+                 .ldy = ld,
+                 .hy = f.hs,
+                 .rows = rows,
+                 .heads = f.heads,
+                 .dim = f.dim,
+                 .w = w.data(),
+                 .eps = 1e-6f,
+                 .scale = f.gated ? NormScale::w : NormScale::one_plus_w,
+                 .gate = f.gated ? g.data() : nullptr,
+                 .ldg = ld,
+                 .hg = f.hs};
+      ops.rms_norm(a);
+      a.y = nullptr;
+      a.yb = reinterpret_cast<bf16*>(yb.data());
+      ops.rms_norm(a);
+      ops.synchronize();
+      const std::vector<uint16_t> r = rounded(y);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t h = 0; h < f.heads; ++h)
+          for (int64_t j = 0; j < f.dim; ++j) {
+            const size_t o = size_t(i * ld + h * f.hs + j);
+            want[o] = r[o];
+          }
+      EXPECT_EQ(bits_of(yb, size_t(rows * ld)), want)
+          << b.name << ": rms_norm, " << f.heads << " heads of " << f.dim
+          << (f.gated ? ", gated" : "");
+    }
+    for (int64_t n : {int64_t(96), int64_t(37)}) {
+      for (bool gate_only : {false, true}) {
+        const int64_t rows = 11, ld = 2 * n + 4, ldo = n + 4;
+        const std::vector<float> gu = randn_seeded(size_t(rows * ld), 64, 3.0f);
+        const std::vector<float> ov = randn_seeded(size_t(rows * ldo), 65, 2.0f);
+        Floats in(gu.begin(), gu.end()), out(ov.begin(), ov.end());
+        Floats outb(size_t(rows * ldo), 0.0f);
+        GluArgs a{.gate = in.data(),
+                  .ldg = ld,
+                  .up = gate_only ? nullptr : in.data() + n,
+                  .ldu = ld,
+                  .out = out.data(),
+                  .ldo = ldo,
+                  .rows = rows,
+                  .n = n,
+                  .act = gate_only ? Activation::sigmoid : Activation::silu,
+                  .outb = reinterpret_cast<bf16*>(outb.data())};
+        ops.glu(a);  // first: out is still the gate-only form's input
+        ops.synchronize();
+        a.outb = nullptr;
+        ops.glu(a);
+        ops.synchronize();
+        std::vector<uint16_t> want = bits_of(outb, size_t(rows * ldo));
+        const std::vector<uint16_t> r = rounded(out);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t j = 0; j < n; ++j) want[size_t(i * ldo + j)] = r[size_t(i * ldo + j)];
+        std::vector<uint16_t> got = bits_of(outb, size_t(rows * ldo));
+        for (int64_t i = 0; i < rows; ++i)  // slots past n: not written (zero)
+          for (int64_t j = n; j < ldo; ++j) EXPECT_EQ(got[size_t(i * ldo + j)], 0);
+        EXPECT_EQ(got, want) << b.name << ": glu, n " << n << (gate_only ? ", gate only" : "");
+      }
+    }
+    const int64_t K = 300, N0 = 40, N1 = 24;
+    std::vector<bf16> wb;
+    for (float v : randn_seeded(size_t((N0 + N1) * K), 66, 0.05f)) wb.push_back(f32_to_bf16(v));
+    const Tensor wt = ops.upload(Tensor::from_vector(wb, {N0 + N1, K}));
+    const Tensor w0 = wt.slice(0, 0, N0), w1 = wt.slice(0, N0, N0 + N1);
+    for (int64_t m : {int64_t(1), int64_t(70)}) {
+      for (bool acc : {false, true}) {
+        const int64_t ldx = K + 6, ldy = N0 + N1 + 2;
+        const std::vector<float> xv = randn_seeded(size_t(m * ldx), 67);
+        const std::vector<float> y0 = randn_seeded(size_t(m * ldy), 68);
+        Floats x(xv.begin(), xv.end());
+        Floats xh(size_t(m * ldx), 0.0f);
+        auto* xb = reinterpret_cast<bf16*>(xh.data());
+        for (size_t i = 0; i < xv.size(); ++i) xb[i] = f32_to_bf16(xv[i]);
+        auto run = [&](bool rows_bf16) {
+          Floats y(y0.begin(), y0.end());
+          const GemmOutput go[] = {{.w = &w0, .y = y.data(), .ldy = ldy, .accumulate = acc},
+                                   {.w = &w1, .y = y.data() + N0, .ldy = ldy, .accumulate = acc}};
+          ops.gemm({.x = rows_bf16 ? nullptr : x.data(),
+                    .xb = rows_bf16 ? xb : nullptr,
+                    .m = m,
+                    .k = K,
+                    .ldx = ldx,
+                    .outputs = go,
+                    .precision = GemmPrecision::bf16});
+          ops.synchronize();
+          return y;
+        };
+        EXPECT_TRUE(bitwise_equal(run(true), run(false)))
+            << b.name << ": gemm of bf16 rows, m " << m << (acc ? ", accumulating" : "");
+      }
+    }
+  }
+}
+
 // The CUDA delta rule's chunked form runs a launch's chunks in segments that fit its workspace
 // (DEG_CUDA_DELTA_RULE_WORKSPACE shrinks it to one chunk of every row a segment): every backend
 // gives the same bits either way (the CPU ignores the variable).

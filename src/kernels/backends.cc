@@ -14,6 +14,64 @@
 
 namespace deg {
 
+namespace {
+
+// Rounds y[r ld + h hs + i] (r < rows, h < heads, i < dim) into yb at the same offsets.
+void round_into(const float* y, bf16* yb, int64_t rows, int64_t ld, int64_t heads, int64_t hs,
+                int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < dim; ++i) {
+        const int64_t o = r * ld + h * hs + i;
+        yb[o] = f32_to_bf16(y[o]);
+      }
+}
+
+// Elements from the first to one past the last of rows x heads vectors of dim at (ld, hs).
+size_t extent(int64_t rows, int64_t ld, int64_t heads, int64_t hs, int64_t dim) {
+  return rows == 0 ? 0 : size_t((rows - 1) * ld + (heads - 1) * hs + dim);
+}
+
+}  // namespace
+
+void rms_norm_via_f32(const NormArgs& a, const std::function<void(const NormArgs&)>& run) {
+  const int64_t hy = a.hy ? a.hy : a.dim;
+  std::vector<float> y(extent(a.rows, a.ldy, a.heads, hy, a.dim));
+  NormArgs f = a;
+  f.y = y.data();
+  f.yb = nullptr;
+  run(f);
+  round_into(y.data(), a.yb, a.rows, a.ldy, a.heads, hy, a.dim);
+}
+
+void glu_via_f32(const GluArgs& a, const std::function<void(const GluArgs&)>& run) {
+  std::vector<float> out(extent(a.rows, a.ldo, 1, 0, a.n));
+  if (!a.up) {  // the gate scales out: start from out's values
+    for (int64_t r = 0; r < a.rows; ++r)
+      std::copy_n(a.out + r * a.ldo, a.n, out.data() + r * a.ldo);
+  }
+  GluArgs f = a;
+  f.out = out.data();
+  f.outb = nullptr;
+  run(f);
+  round_into(out.data(), a.outb, a.rows, a.ldo, 1, 0, a.n);
+}
+
+void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run) {
+  DEG_CHECK(a.precision == GemmPrecision::bf16, "gemm: bf16 rows (xb) need bf16 dot products");
+  for (const GemmOutput& o : a.outputs)
+    DEG_CHECK(o.w->dtype() == DType::bf16, "gemm: bf16 rows (xb) need bf16 weights, not {}",
+              dtype_name(o.w->dtype()));
+  std::vector<float> x(size_t(a.m * a.k));
+  for (int64_t m = 0; m < a.m; ++m)
+    for (int64_t k = 0; k < a.k; ++k) x[size_t(m * a.k + k)] = bf16_to_f32(a.xb[m * a.ldx + k]);
+  GemmArgs f = a;
+  f.x = x.data();
+  f.xb = nullptr;
+  f.ldx = a.k;
+  run(f);
+}
+
 Arena::Block Arena::block(size_t floats) const {
   if (device_ == Device::cuda) {
     return {.data = std::shared_ptr<float>(static_cast<float*>(cuda_malloc(floats * sizeof(float))),

@@ -36,6 +36,10 @@ struct GemmOutput {
 
 struct GemmArgs {
   const float* x = nullptr;  // [M, K] at row stride ldx
+  // Instead of x: the rows already rounded to bf16 by the op that wrote them (NormArgs::yb,
+  // GluArgs::outb), at row stride ldx. Only for bf16 dot products (precision bf16, bf16
+  // weights), whose results it leaves bitwise as they are from x; it saves their rounding pass.
+  const bf16* xb = nullptr;
   int64_t m = 0;
   int64_t k = 0;
   int64_t ldx = 0;

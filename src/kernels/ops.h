@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -99,7 +100,9 @@ inline constexpr int64_t kSkippedAlign = 64;
 
 // y = rms_norm(x) * scale(w) for `rows` token rows of `heads` vectors of `dim` each: vector
 // (r, h) at x + r * ldx + h * hx (hx 0: dim), the same in y. w null: unit weight. gate non-null:
-// the gated form y = w * norm(x) * silu(gate) (gate laid out as y, strides ldg / hg).
+// the gated form y = w * norm(x) * silu(gate) (gate laid out as y, strides ldg / hg). yb
+// non-null (y null): each result rounded to bf16 (nearest even) into yb, at y's strides — rows
+// for bf16 dot products (GemmArgs::xb).
 struct NormArgs {
   const float* x = nullptr;
   int64_t ldx = 0, hx = 0;
@@ -113,6 +116,7 @@ struct NormArgs {
   NormScale scale = NormScale::w;
   const float* gate = nullptr;
   int64_t ldg = 0, hg = 0;
+  bf16* yb = nullptr;
 };
 
 // x = x / sqrt(sum(x²) + eps) * post_scale in place, per vector (r, h) at x + r * ldx + h * dim.
@@ -234,7 +238,9 @@ enum class Activation : uint8_t {
 
 // out[r, i] = act(gate[r, i]) * up[r, i] for `rows` rows of n (strides in elements; out may
 // alias gate or up). up null: out = act(gate) * out (a gate applied in place). Backends take
-// silu and gelu_tanh with `up`, sigmoid without (the forms the families use).
+// silu and gelu_tanh with `up`, sigmoid without (the forms the families use). outb non-null:
+// each result rounded to bf16 (nearest even) into outb at stride ldo instead (out is then only
+// read, by the form without up) — rows for bf16 dot products (GemmArgs::xb).
 struct GluArgs {
   const float* gate = nullptr;
   int64_t ldg = 0;
@@ -245,6 +251,7 @@ struct GluArgs {
   int64_t rows = 0;
   int64_t n = 0;
   Activation act = Activation::silu;
+  bf16* outb = nullptr;
 };
 
 // y[r, i] += a[r, i] for `rows` rows of n (residual adds), or with `mul` y[r, i] *= a[r, i].
@@ -808,6 +815,14 @@ class Ops {
  protected:
   [[noreturn]] void no_training_op(const char* op) const;
 };
+
+// Host backends' bf16 operands (NormArgs::yb, GluArgs::outb, GemmArgs::xb): `run` computes the
+// op in f32 into scratch laid out as the bf16 output, whose values are then rounded once (nearest
+// even); a GEMM's bf16 rows are widened to f32 exactly first (their rounding is then the
+// identity).
+void rms_norm_via_f32(const NormArgs& a, const std::function<void(const NormArgs&)>& run);
+void glu_via_f32(const GluArgs& a, const std::function<void(const GluArgs&)>& run);
+void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run);
 
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread
 // pool.

@@ -57,6 +57,7 @@ class ReferenceOps final : public Ops {
   // y[m, n] (+)= Σ_k x[m, k] W[n, k]; with bf16 precision and a bf16 weight, x is rounded to
   // bf16 first (the products are then exact in double, as in a bf16 dot product).
   void gemm(const GemmArgs& a) const override {
+    if (a.xb) return gemm_via_f32(a, [&](const GemmArgs& f) { gemm(f); });
     for (const GemmOutput& o : a.outputs) {
       const Tensor& w = *o.w;
       DEG_CHECK(w.rank() == 2 && w.dim(1) == a.k && w.is_contiguous(),
@@ -79,6 +80,7 @@ class ReferenceOps final : public Ops {
 
   // y = x / sqrt(mean(x²) + eps) * (w | 1 + w | 1) [* silu(gate)] per vector (r, h).
   void rms_norm(const NormArgs& a) const override {
+    if (a.yb) return rms_norm_via_f32(a, [&](const NormArgs& f) { rms_norm(f); });
     const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hg = a.hg ? a.hg : a.dim;
     std::vector<double> out(size_t(a.dim));
     for (int64_t r = 0; r < a.rows; ++r)
@@ -275,6 +277,7 @@ class ReferenceOps final : public Ops {
   }
 
   void glu(const GluArgs& a) const override {
+    if (a.outb) return glu_via_f32(a, [&](const GluArgs& f) { glu(f); });
     for (int64_t r = 0; r < a.rows; ++r)
       for (int64_t i = 0; i < a.n; ++i) {
         const double x = a.gate[r * a.ldg + i];

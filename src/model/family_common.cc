@@ -122,6 +122,11 @@ std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
   return out;
 }
 
+ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded) {
+  if (rounded) return {.b16 = reinterpret_cast<bf16*>(x.arena.floats((n * k + 1) / 2))};
+  return {.f32 = x.arena.floats(n * k)};
+}
+
 void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   const int64_t N = a.n, C = a.hidden, I = a.width;
   // gate and up side by side in one [N, 2I] buffer: with stacked weights (weights_stacked_on)
@@ -129,18 +134,34 @@ void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   float* gate = x.arena.floats(N * 2 * I);
   float* up = gate + I;
   GemmOutput outs[] = {{.w = a.gate, .y = gate, .ldy = 2 * I}, {.w = a.up, .y = up, .ldy = 2 * I}};
-  x.ops.gemm({.x = a.xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = a.precision});
+  x.ops.gemm({.x = a.xn.f32,
+              .xb = a.xn.b16,
+              .m = N,
+              .k = C,
+              .ldx = C,
+              .outputs = outs,
+              .precision = a.precision});
+  // f32: in place over gate (row stride 2I); rounded: its own [N, I] bf16 rows.
+  const ProjectionInput act = bf16_products(a.precision, *a.down) ? projection_input(x, N, I, true)
+                                                                  : ProjectionInput{.f32 = gate};
+  const int64_t ld = act.b16 ? I : 2 * I;
   x.ops.glu({.gate = gate,
              .ldg = 2 * I,
              .up = up,
              .ldu = 2 * I,
-             .out = gate,
-             .ldo = 2 * I,
+             .out = act.f32,
+             .ldo = ld,
              .rows = N,
-             .n = I});
+             .n = I,
+             .outb = act.b16});
   GemmOutput down{.w = a.down, .y = a.h, .ldy = C, .accumulate = true};
-  x.ops.gemm(
-      {.x = gate, .m = N, .k = I, .ldx = 2 * I, .outputs = {&down, 1}, .precision = a.precision});
+  x.ops.gemm({.x = act.f32,
+              .xb = act.b16,
+              .m = N,
+              .k = I,
+              .ldx = ld,
+              .outputs = {&down, 1},
+              .precision = a.precision});
 }
 
 float* self_attention(const Exec& x, const SelfAttentionArgs& a) {

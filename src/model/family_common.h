@@ -54,11 +54,21 @@ Tensor vector_on(const Ops& ops, const std::vector<float>& v);
 std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
                                        const std::vector<std::pair<std::string, Shape>>& parts);
 
+// Rows a projection reads (GemmArgs::x or ::xb): f32, or — for bf16 dot products with bf16
+// weights — already rounded to bf16 by the op that wrote them (NormArgs::yb, GluArgs::outb), which
+// spares the GEMM its own rounding pass over them (the products' bits are the same).
+struct ProjectionInput {
+  float* f32 = nullptr;
+  bf16* b16 = nullptr;
+};
+// n rows of k from the call's arena, as bf16 when `rounded`.
+ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded);
+
 // h += down(silu(gate(xn)) * up(xn)) over n token rows: xn [n, C] (already normed), gate and up
 // [I, C], down [C, I]; scratch from the call's arena.
 struct SwigluMlpArgs {
-  float* h = nullptr;         // [n, C] residual, updated in place
-  const float* xn = nullptr;  // [n, C]
+  float* h = nullptr;  // [n, C] residual, updated in place
+  ProjectionInput xn;  // [n, C]
   int64_t n = 0;
   int64_t hidden = 0;  // C
   int64_t width = 0;   // I

@@ -93,22 +93,24 @@ class Lfm2 final : public Family {
   }
 
   void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
-    norm_rows(x, h, out, n, final_norm_);
+    norm_rows(x, h, {.f32 = out}, n, final_norm_);
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
     const Lfm2LayerWeights& w = layers_[size_t(index)];
-    const int64_t N = c.rows.n();
-    float* xn = x.arena.floats(N * cfg_.hidden);
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
+    const Tensor& mixer_w = w.kind == LayerKind::recurrent ? w.cv.in : w.at.q;
+    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, mixer_w));
     norm_rows(x, c.h, xn, N, w.operator_norm);
     if (w.kind == LayerKind::recurrent) {
       short_conv(x, w.cv, c, xn);
     } else {
       attention_mixer(x, w.at, c, xn);
     }
-    norm_rows(x, c.h, xn, N, w.ffn_norm);
+    const ProjectionInput xm = projection_input(x, N, C, bf16_products(c.precision, w.w1));
+    norm_rows(x, c.h, xm, N, w.ffn_norm);
     swiglu_mlp(x, {.h = c.h,
-                   .xn = xn,
+                   .xn = xm,
                    .n = N,
                    .hidden = cfg_.hidden,
                    .width = cfg_.ffn,
@@ -120,26 +122,35 @@ class Lfm2 final : public Family {
 
  private:
   // y = norm(x) * w over n rows of C.
-  void norm_rows(const Exec& x, const float* in, float* out, int64_t n, const Tensor& w) const {
+  void norm_rows(const Exec& x, const float* in, ProjectionInput out, int64_t n,
+                 const Tensor& w) const {
     const int64_t C = cfg_.hidden;
     x.ops.rms_norm({.x = in,
                     .ldx = C,
-                    .y = out,
+                    .y = out.f32,
                     .ldy = C,
                     .rows = n,
                     .dim = C,
                     .w = w.data<float>(),
                     .eps = cfg_.eps,
-                    .scale = NormScale::w});
+                    .scale = NormScale::w,
+                    .yb = out.b16});
   }
 
   // Gated short conv: h += out_proj(C * conv(B * x)). One buffer [N, 3C] holds B | C | x: B * x
   // overwrites B, the conv output overwrites x (never its own input), then is gated by C.
-  void short_conv(const Exec& x, const ConvWeights& w, const LayerCall& c, const float* xn) const {
+  void short_conv(const Exec& x, const ConvWeights& w, const LayerCall& c,
+                  ProjectionInput xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, W3 = 3 * C;
     float* bcx = x.arena.floats(N * W3);
     GemmOutput in{.w = &w.in, .y = bcx, .ldy = W3};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&in, 1}, .precision = c.precision});
+    x.ops.gemm({.x = xn.f32,
+                .xb = xn.b16,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = {&in, 1},
+                .precision = c.precision});
     x.ops.binary(
         {.a = bcx + 2 * C, .lda = W3, .y = bcx, .ldy = W3, .rows = N, .n = C, .mul = true});
     x.ops.causal_conv({.rows = c.rows,
@@ -165,7 +176,7 @@ class Lfm2 final : public Family {
 
   // Full attention: h += out_proj(attention(rope(norm(q)), rope(norm(k)), v)).
   void attention_mixer(const Exec& x, const Lfm2AttentionWeights& w, const LayerCall& c,
-                       const float* xn) const {
+                       ProjectionInput xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
     const int64_t QW = Hq * D, KW = Hkv * D;
@@ -175,7 +186,13 @@ class Lfm2 final : public Family {
     GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    x.ops.gemm({.x = xn.f32,
+                .xb = xn.b16,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = outs,
+                .precision = c.precision});
     // q and k normed per head and rotated; this call's real K/V into the rows' own buffers.
     for (auto [p, heads, norm] : {std::tuple{q, Hq, &w.q_norm}, std::tuple{k, Hkv, &w.k_norm}}) {
       x.ops.rms_norm({.x = p,

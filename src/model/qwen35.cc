@@ -109,22 +109,24 @@ class Qwen35 final : public Family {
   }
 
   void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
-    norm_rows(x, h, out, n, final_norm_);
+    norm_rows(x, h, {.f32 = out}, n, final_norm_);
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
     const Qwen35LayerWeights& w = layers_[size_t(index)];
-    const int64_t N = c.rows.n();
-    float* xn = x.arena.floats(N * cfg_.hidden);
+    const int64_t N = c.rows.n(), C = cfg_.hidden;
+    const Tensor& mixer_w = w.kind == LayerKind::recurrent ? w.dn.qkv : w.at.q;
+    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, mixer_w));
     norm_rows(x, c.h, xn, N, w.input_norm);
     if (w.kind == LayerKind::recurrent) {
       delta_net(x, w.dn, c, xn);
     } else {
       attention_mixer(x, w.at, c, xn);
     }
-    norm_rows(x, c.h, xn, N, w.post_norm);
+    const ProjectionInput xm = projection_input(x, N, C, bf16_products(c.precision, w.gate));
+    norm_rows(x, c.h, xm, N, w.post_norm);
     swiglu_mlp(x, {.h = c.h,
-                   .xn = xn,
+                   .xn = xm,
                    .n = N,
                    .hidden = cfg_.hidden,
                    .width = cfg_.intermediate,
@@ -136,22 +138,24 @@ class Qwen35 final : public Family {
 
  private:
   // y = norm(x) * (1 + w) over n rows of C.
-  void norm_rows(const Exec& x, const float* in, float* out, int64_t n, const Tensor& w) const {
+  void norm_rows(const Exec& x, const float* in, ProjectionInput out, int64_t n,
+                 const Tensor& w) const {
     const int64_t C = cfg_.hidden;
     x.ops.rms_norm({.x = in,
                     .ldx = C,
-                    .y = out,
+                    .y = out.f32,
                     .ldy = C,
                     .rows = n,
                     .dim = C,
                     .w = w.data<float>(),
                     .eps = cfg_.eps,
-                    .scale = NormScale::one_plus_w});
+                    .scale = NormScale::one_plus_w,
+                    .yb = out.b16});
   }
 
   // Gated DeltaNet mixer: h += out_proj(gated_norm(delta_rule(conv(qkv)), z)).
   void delta_net(const Exec& x, const DeltaNetWeights& w, const LayerCall& c,
-                 const float* xn) const {
+                 ProjectionInput xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hk = cfg_.lin_k_heads, Hv = cfg_.lin_v_heads, Dk = cfg_.lin_k_dim,
                   Dv = cfg_.lin_v_dim, Cc = cfg_.conv_channels();
@@ -166,7 +170,13 @@ class Qwen35 final : public Family {
                          {.w = &w.z, .y = z, .ldy = P},
                          {.w = &w.b, .y = beta, .ldy = P},
                          {.w = &w.a, .y = g, .ldy = P}};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    x.ops.gemm({.x = xn.f32,
+                .xb = xn.b16,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = outs,
+                .precision = c.precision});
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
     x.ops.delta_gates({.rows = c.rows,
                        .beta = beta,
@@ -211,10 +221,13 @@ class Qwen35 final : public Family {
                       .dk = Dk,
                       .dv = Dv});
     // Gated RMSNorm per (token, value head) with z, then out_proj into the residual.
+    const ProjectionInput normed = bf16_products(c.precision, w.out)
+                                       ? projection_input(x, N, VD, true)
+                                       : ProjectionInput{.f32 = core};
     x.ops.rms_norm({.x = core,
                     .ldx = VD,
                     .hx = Dv,
-                    .y = core,
+                    .y = normed.f32,
                     .ldy = VD,
                     .hy = Dv,
                     .rows = N,
@@ -225,15 +238,21 @@ class Qwen35 final : public Family {
                     .scale = NormScale::w,
                     .gate = z,
                     .ldg = P,
-                    .hg = Dv});
+                    .hg = Dv,
+                    .yb = normed.b16});
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
-    x.ops.gemm(
-        {.x = core, .m = N, .k = VD, .ldx = VD, .outputs = {&out, 1}, .precision = c.precision});
+    x.ops.gemm({.x = normed.f32,
+                .xb = normed.b16,
+                .m = N,
+                .k = VD,
+                .ldx = VD,
+                .outputs = {&out, 1},
+                .precision = c.precision});
   }
 
   // Gated full attention: h += o_proj(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)).
   void attention_mixer(const Exec& x, const Qwen35AttentionWeights& w, const LayerCall& c,
-                       const float* xn) const {
+                       ProjectionInput xn) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = cfg_.heads, Hkv = cfg_.kv_heads, D = cfg_.head_dim;
     const int64_t QW = Hq * 2 * D, KW = Hkv * D, OW = Hq * D;
@@ -243,7 +262,13 @@ class Qwen35 final : public Family {
     GemmOutput outs[] = {{.w = &w.q, .y = qg, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    x.ops.gemm({.x = xn.f32,
+                .xb = xn.b16,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = outs,
+                .precision = c.precision});
     // q: the first half of each head's 2D block of q_proj, normed per head into its own buffer;
     // k normed in place; both rotated; this call's real K/V into the rows' own buffers.
     float* q = x.arena.floats(N * OW);
@@ -280,16 +305,24 @@ class Qwen35 final : public Family {
                                   .scale = 1.0f / std::sqrt(float(D)),
                                   .bf16 = bf16_products(c.precision, w.q)});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
+    const ProjectionInput gated =
+        bf16_products(c.precision, w.o) ? projection_input(x, N, OW, true) : ProjectionInput{};
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,
                .out = o,
                .ldo = D,
                .rows = N * Hq,
                .n = D,
-               .act = Activation::sigmoid});
+               .act = Activation::sigmoid,
+               .outb = gated.b16});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
-    x.ops.gemm(
-        {.x = o, .m = N, .k = OW, .ldx = OW, .outputs = {&out, 1}, .precision = c.precision});
+    x.ops.gemm({.x = gated.b16 ? nullptr : o,
+                .xb = gated.b16,
+                .m = N,
+                .k = OW,
+                .ldx = OW,
+                .outputs = {&out, 1},
+                .precision = c.precision});
   }
 
   Qwen35Config cfg_;

@@ -99,9 +99,13 @@ class CpuOps final : public Ops {
     return Tensor::zeros(shape, dtype);
   }
 
-  void gemm(const GemmArgs& a) const override { deg::gemm(a); }
+  void gemm(const GemmArgs& a) const override {
+    if (a.xb) return gemm_via_f32(a, [](const GemmArgs& f) { deg::gemm(f); });
+    deg::gemm(a);
+  }
 
   void rms_norm(const NormArgs& a) const override {
+    if (a.yb) return rms_norm_via_f32(a, [&](const NormArgs& f) { rms_norm(f); });
     std::vector<float> unit;  // a missing weight scales by 1: w = 1, or 1 + w with w = 0
     const float* w = a.w;
     if (!w) {
@@ -318,6 +322,7 @@ class CpuOps final : public Ops {
   }
 
   void glu(const GluArgs& a) const override {
+    if (a.outb) return glu_via_f32(a, [&](const GluArgs& f) { glu(f); });
     if (a.act == Activation::sigmoid && !a.up) {  // a gate applied in place
       parallel_for(
           a.rows,

@@ -216,7 +216,7 @@ class CudaOps final : public Ops {
 
   // y [M, N] at o (y, ldy, accumulate) from the weight rows at w ([N, K] of dtype dt).
   void gemm_one(const GemmArgs& a, const std::byte* w, DType dt, int64_t N, const void* xb,
-                const GemmOutput& o) const;
+                int64_t ldxb, const GemmOutput& o) const;
 
   // ---- row-wise ops ----
 

@@ -51,6 +51,22 @@ __device__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(inner));
 }
 
+// Round to nearest even, NaN kept quiet: the CPU's f32_to_bf16.
+__device__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t b = __float_as_uint(f);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return uint16_t(b >> 16);
+}
+
+// Two or four values as bf16 bits, in memory order.
+__device__ uint32_t pack_bf16(float lo, float hi) {
+  return uint32_t(f32_to_bf16_bits(lo)) | uint32_t(f32_to_bf16_bits(hi)) << 16;
+}
+__device__ uint2 pack_bf16(float4 v) {
+  return make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+}
+
 // The sum of v over a warp in a fixed order (xor butterfly); every lane gets it.
 __device__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -85,7 +101,15 @@ __global__ void rms_norm_kernel(NormLaunch a) {
   const int dim = int(a.dim);
   const int64_t r = v / a.heads, h = v % a.heads;
   const float* x = a.x + r * a.ldx + h * a.hx;
-  float* y = a.y + r * a.ldy + h * a.hy;
+  const int64_t yo = r * a.ldy + h * a.hy;
+  // Element i's result to y, or rounded to bf16 into yb.
+  auto put = [&](int i, float v) {
+    if (a.yb) {
+      a.yb[yo + i] = f32_to_bf16_bits(v);
+    } else {
+      a.y[yo + i] = v;
+    }
+  };
   float ss = 0;
   for (int i = lane; i < dim; i += step) ss += x[i] * x[i];
   const float inv = 1.0f / sqrtf((kBlock ? block_sum(ss) : warp_sum(ss)) / float(a.dim) + a.eps);
@@ -93,13 +117,13 @@ __global__ void rms_norm_kernel(NormLaunch a) {
     const float* g = a.gate + r * a.ldg + h * a.hg;
     for (int i = lane; i < dim; i += step) {
       const float w = a.w ? a.w[i] : 1.0f;
-      y[i] = (w * (x[i] * inv)) * silu(g[i]);
+      put(i, (w * (x[i] * inv)) * silu(g[i]));
     }
     return;
   }
   for (int i = lane; i < dim; i += step) {
     const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[i] : a.w[i]) : 1.0f;
-    y[i] = (x[i] * inv) * w;
+    put(i, (x[i] * inv) * w);
   }
 }
 
@@ -246,14 +270,24 @@ __global__ void glu_kernel(GluLaunch a) {
   DEG_ROW_LOOP(r, j, a.rows, n4) {
     float* out = a.out + r * a.ldo;
     const float* gate = a.gate + r * a.ldg;
-    const float* up = a.up ? a.up + r * a.ldu : out;  // no up: the gate scales out in place
+    const float* up = a.up ? a.up + r * a.ldu : out;  // no up: the gate scales out
     if constexpr (kVector) {
       const float4 g = reinterpret_cast<const float4*>(gate)[j];
       const float4 u = reinterpret_cast<const float4*>(up)[j];
-      reinterpret_cast<float4*>(out)[j] = make_float4(glu_one(a, g.x, u.x), glu_one(a, g.y, u.y),
-                                                      glu_one(a, g.z, u.z), glu_one(a, g.w, u.w));
+      const float4 v = make_float4(glu_one(a, g.x, u.x), glu_one(a, g.y, u.y), glu_one(a, g.z, u.z),
+                                   glu_one(a, g.w, u.w));
+      if (a.outb) {
+        reinterpret_cast<uint2*>(a.outb + r * a.ldo)[j] = pack_bf16(v);
+      } else {
+        reinterpret_cast<float4*>(out)[j] = v;
+      }
     } else {
-      out[j] = glu_one(a, gate[j], up[j]);
+      const float v = glu_one(a, gate[j], up[j]);
+      if (a.outb) {
+        a.outb[r * a.ldo + j] = f32_to_bf16_bits(v);
+      } else {
+        out[j] = v;
+      }
     }
   }
 }
@@ -333,17 +367,18 @@ __global__ void gather_kernel(GatherLaunch a) {
   }
 }
 
-// Round to nearest even, NaN kept quiet: the CPU's f32_to_bf16.
-__device__ uint16_t f32_to_bf16_bits(float f) {
-  uint32_t b = __float_as_uint(f);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return uint16_t(b >> 16);
-}
-
+// Columns in fours where kVector (rows of x 16-byte aligned, n a multiple of 4).
+template <bool kVector>
 __global__ void to_bf16_kernel(const float* x, int64_t ldx, int64_t rows, int64_t n,
                                uint16_t* out) {
-  DEG_GRID_LOOP(e, rows * n) out[e] = f32_to_bf16_bits(x[(e / n) * ldx + e % n]);
+  DEG_ROW_LOOP(r, j, rows, kVector ? n / 4 : n) {
+    if constexpr (kVector) {
+      reinterpret_cast<uint2*>(out + r * n)[j] =
+          pack_bf16(reinterpret_cast<const float4*>(x + r * ldx)[j]);
+    } else {
+      out[r * n + j] = f32_to_bf16_bits(x[r * ldx + j]);
+    }
+  }
 }
 
 __global__ void widen_bf16_kernel(const uint16_t* in, int64_t count, float* out) {
@@ -415,8 +450,11 @@ cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
 
 cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  const bool vector = a.n % 4 == 0 && aligned4(a.gate, a.ldg) && aligned4(a.out, a.ldo) &&
-                      (!a.up || aligned4(a.up, a.ldu));
+  // outb: 8-byte aligned rows of four-column groups.
+  const bool out_vector = a.outb ? reinterpret_cast<uintptr_t>(a.outb) % 8 == 0 && a.ldo % 4 == 0
+                                 : aligned4(a.out, a.ldo);
+  const bool vector = a.n % 4 == 0 && aligned4(a.gate, a.ldg) && out_vector &&
+                      (a.up ? aligned4(a.up, a.ldu) : aligned4(a.out, a.ldo));
   if (vector) {
     glu_kernel<true><<<row_grid(a.rows, a.n / 4), kThreads, 0, stream>>>(a);
   } else {
@@ -463,8 +501,12 @@ cudaError_t launch_gather(const GatherLaunch& a, cudaStream_t stream) {
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,
                            cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
-  to_bf16_kernel<<<grid_for(rows * n), kThreads, 0, stream>>>(x, ldx, rows, n,
-                                                              static_cast<uint16_t*>(out));
+  uint16_t* o = static_cast<uint16_t*>(out);
+  if (n % 4 == 0 && aligned4(x, ldx) && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
+    to_bf16_kernel<true><<<row_grid(rows, n / 4), kThreads, 0, stream>>>(x, ldx, rows, n, o);
+  } else {
+    to_bf16_kernel<false><<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, rows, n, o);
+  }
   return launched();
 }
 

@@ -110,6 +110,7 @@ struct NormLaunch {
   int one_plus_w;
   const float* gate;
   int64_t ldg, hg;
+  uint16_t* yb;  // non-null: the results as bf16 bits here (y's strides) instead of y
 };
 cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream);
 
@@ -175,6 +176,7 @@ struct GluLaunch {
   float* out;
   int64_t ldo, rows, n;
   int act;
+  uint16_t* outb;  // non-null: the results as bf16 bits here (stride ldo) instead of out
 };
 cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream);
 

@@ -57,11 +57,18 @@ void CudaOps::gemm(const GemmArgs& a) const {
   if (a.m == 0) return;
   DEG_CHECK(a.k > 0, "cuda gemm: K = 0");
   std::lock_guard lock(mu_);
-  // bf16 dot products: x rounded to bf16 once for every output.
-  const void* xb = nullptr;
+  // bf16 dot products: x rounded to bf16 once for every output (or by the op that wrote it).
+  const void* xb = a.xb;
   bool any_bf16 = false;
-  for (const GemmOutput& o : a.outputs) any_bf16 |= o.w->dtype() == DType::bf16;
-  if (any_bf16 && a.precision == GemmPrecision::bf16) {
+  for (const GemmOutput& o : a.outputs) {
+    any_bf16 |= o.w->dtype() == DType::bf16;
+    DEG_CHECK(!a.xb || o.w->dtype() == DType::bf16, "cuda gemm: bf16 rows (xb) with {} weights",
+              dtype_name(o.w->dtype()));
+  }
+  DEG_CHECK(!a.xb || a.precision == GemmPrecision::bf16,
+            "cuda gemm: bf16 rows (xb) need bf16 dot products");
+  const int64_t ldxb = a.xb ? a.ldx : a.k;
+  if (!a.xb && any_bf16 && a.precision == GemmPrecision::bf16) {
     void* buf = scratch(0, size_t(a.m * a.k) * 2);
     check(cuda::launch_to_bf16(a.x, a.ldx, a.m, a.k, buf, stream_), "to bf16");
     xb = buf;
@@ -90,17 +97,17 @@ void CudaOps::gemm(const GemmArgs& a) const {
         break;
       N += n.w->dim(0);
     }
-    gemm_one(a, o.w->raw(), dt, N, xb, o);
+    gemm_one(a, o.w->raw(), dt, N, xb, ldxb, o);
     i = j;
   }
 }
 
 void CudaOps::gemm_one(const GemmArgs& a, const std::byte* w, DType dt, int64_t N, const void* xb,
-                       const GemmOutput& o) const {
+                       int64_t ldxb, const GemmOutput& o) const {
   if (dt == DType::f32) {
     matmul(w, CUDA_R_32F, N, a.x, CUDA_R_32F, a.ldx, a.m, a.k, o);
   } else if (xb) {
-    matmul(w, CUDA_R_16BF, N, xb, CUDA_R_16BF, a.k, a.m, a.k, o);
+    matmul(w, CUDA_R_16BF, N, xb, CUDA_R_16BF, ldxb, a.m, a.k, o);
   } else {
     // Exact: the weight widened to f32 (exactly), a block of its rows at a time.
     const int64_t block = std::max<int64_t>(1, (int64_t(1) << 25) / a.k);
@@ -130,7 +137,8 @@ void CudaOps::rms_norm(const NormArgs& a) const {
                                .one_plus_w = a.scale == NormScale::one_plus_w,
                                .gate = a.gate,
                                .ldg = a.ldg,
-                               .hg = a.hg ? a.hg : a.dim},
+                               .hg = a.hg ? a.hg : a.dim,
+                               .yb = reinterpret_cast<uint16_t*>(a.yb)},
                               stream_),
         "rms_norm");
 }
@@ -302,7 +310,8 @@ void CudaOps::glu(const GluArgs& a) const {
                           .ldo = a.ldo,
                           .rows = a.rows,
                           .n = a.n,
-                          .act = act},
+                          .act = act,
+                          .outb = reinterpret_cast<uint16_t*>(a.outb)},
                          stream_),
         "glu");
 }
