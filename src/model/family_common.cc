@@ -127,6 +127,17 @@ ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool round
   return {.f32 = x.arena.floats(n * k)};
 }
 
+void project(const Exec& x, ProjectionInput in, int64_t n, int64_t k,
+             std::span<const GemmOutput> outs, GemmPrecision precision, int64_t ld) {
+  x.ops.gemm({.x = in.f32,
+              .xb = in.b16,
+              .m = n,
+              .k = k,
+              .ldx = ld ? ld : k,
+              .outputs = outs,
+              .precision = precision});
+}
+
 void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   const int64_t N = a.n, C = a.hidden, I = a.width;
   // gate and up side by side in one [N, 2I] buffer: with stacked weights (weights_stacked_on)
@@ -134,13 +145,7 @@ void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   float* gate = x.arena.floats(N * 2 * I);
   float* up = gate + I;
   GemmOutput outs[] = {{.w = a.gate, .y = gate, .ldy = 2 * I}, {.w = a.up, .y = up, .ldy = 2 * I}};
-  x.ops.gemm({.x = a.xn.f32,
-              .xb = a.xn.b16,
-              .m = N,
-              .k = C,
-              .ldx = C,
-              .outputs = outs,
-              .precision = a.precision});
+  project(x, a.xn, N, C, outs, a.precision);
   // f32: in place over gate (row stride 2I); rounded: its own [N, I] bf16 rows.
   const ProjectionInput act = bf16_products(a.precision, *a.down) ? projection_input(x, N, I, true)
                                                                   : ProjectionInput{.f32 = gate};
@@ -155,13 +160,7 @@ void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
              .n = I,
              .outb = act.b16});
   GemmOutput down{.w = a.down, .y = a.h, .ldy = C, .accumulate = true};
-  x.ops.gemm({.x = act.f32,
-              .xb = act.b16,
-              .m = N,
-              .k = I,
-              .ldx = ld,
-              .outputs = {&down, 1},
-              .precision = a.precision});
+  project(x, act, N, I, {&down, 1}, a.precision, ld);
 }
 
 float* self_attention(const Exec& x, const SelfAttentionArgs& a) {

@@ -63,6 +63,9 @@ struct ProjectionInput {
 };
 // n rows of k from the call's arena, as bf16 when `rounded`.
 ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded);
+// Each output's y (+)= in · Wᵀ over n rows of k at row stride ld (0: k), as one Ops::gemm.
+void project(const Exec& x, ProjectionInput in, int64_t n, int64_t k,
+             std::span<const GemmOutput> outs, GemmPrecision precision, int64_t ld = 0);
 
 // h += down(silu(gate(xn)) * up(xn)) over n token rows: xn [n, C] (already normed), gate and up
 // [I, C], down [C, I]; scratch from the call's arena.

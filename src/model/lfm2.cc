@@ -144,13 +144,7 @@ class Lfm2 final : public Family {
     const int64_t N = c.rows.n(), C = cfg_.hidden, W3 = 3 * C;
     float* bcx = x.arena.floats(N * W3);
     GemmOutput in{.w = &w.in, .y = bcx, .ldy = W3};
-    x.ops.gemm({.x = xn.f32,
-                .xb = xn.b16,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = {&in, 1},
-                .precision = c.precision});
+    project(x, xn, N, C, {&in, 1}, c.precision);
     x.ops.binary(
         {.a = bcx + 2 * C, .lda = W3, .y = bcx, .ldy = W3, .rows = N, .n = C, .mul = true});
     x.ops.causal_conv({.rows = c.rows,
@@ -186,13 +180,7 @@ class Lfm2 final : public Family {
     GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    x.ops.gemm({.x = xn.f32,
-                .xb = xn.b16,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = outs,
-                .precision = c.precision});
+    project(x, xn, N, C, outs, c.precision);
     // q and k normed per head and rotated; this call's real K/V into the rows' own buffers.
     for (auto [p, heads, norm] : {std::tuple{q, Hq, &w.q_norm}, std::tuple{k, Hkv, &w.k_norm}}) {
       x.ops.rms_norm({.x = p,

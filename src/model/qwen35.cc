@@ -170,13 +170,7 @@ class Qwen35 final : public Family {
                          {.w = &w.z, .y = z, .ldy = P},
                          {.w = &w.b, .y = beta, .ldy = P},
                          {.w = &w.a, .y = g, .ldy = P}};
-    x.ops.gemm({.x = xn.f32,
-                .xb = xn.b16,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = outs,
-                .precision = c.precision});
+    project(x, xn, N, C, outs, c.precision);
     // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); padded positions: 0 and 0.
     x.ops.delta_gates({.rows = c.rows,
                        .beta = beta,
@@ -241,13 +235,7 @@ class Qwen35 final : public Family {
                     .hg = Dv,
                     .yb = normed.b16});
     GemmOutput out{.w = &w.out, .y = c.h, .ldy = C, .accumulate = true};
-    x.ops.gemm({.x = normed.f32,
-                .xb = normed.b16,
-                .m = N,
-                .k = VD,
-                .ldx = VD,
-                .outputs = {&out, 1},
-                .precision = c.precision});
+    project(x, normed, N, VD, {&out, 1}, c.precision);
   }
 
   // Gated full attention: h += o_proj(attention(rope(norm(q)), rope(norm(k)), v) * sigmoid(gate)).
@@ -262,13 +250,7 @@ class Qwen35 final : public Family {
     GemmOutput outs[] = {{.w = &w.q, .y = qg, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    x.ops.gemm({.x = xn.f32,
-                .xb = xn.b16,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = outs,
-                .precision = c.precision});
+    project(x, xn, N, C, outs, c.precision);
     // q: the first half of each head's 2D block of q_proj, normed per head into its own buffer;
     // k normed in place; both rotated; this call's real K/V into the rows' own buffers.
     float* q = x.arena.floats(N * OW);
@@ -305,8 +287,8 @@ class Qwen35 final : public Family {
                                   .scale = 1.0f / std::sqrt(float(D)),
                                   .bf16 = bf16_products(c.precision, w.q)});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
-    const ProjectionInput gated =
-        bf16_products(c.precision, w.o) ? projection_input(x, N, OW, true) : ProjectionInput{};
+    const ProjectionInput gated = bf16_products(c.precision, w.o) ? projection_input(x, N, OW, true)
+                                                                  : ProjectionInput{.f32 = o};
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,
                .out = o,
@@ -316,13 +298,7 @@ class Qwen35 final : public Family {
                .act = Activation::sigmoid,
                .outb = gated.b16});
     GemmOutput out{.w = &w.o, .y = c.h, .ldy = C, .accumulate = true};
-    x.ops.gemm({.x = gated.b16 ? nullptr : o,
-                .xb = gated.b16,
-                .m = N,
-                .k = OW,
-                .ldx = OW,
-                .outputs = {&out, 1},
-                .precision = c.precision});
+    project(x, gated, N, OW, {&out, 1}, c.precision);
   }
 
   Qwen35Config cfg_;
