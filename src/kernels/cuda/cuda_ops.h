@@ -358,16 +358,11 @@ class CudaOps final : public Ops {
   // n = check without workspace, in its order; first_running: the first of them, if any.
   std::vector<cublasLtMatmulAlgo_t> candidates(const MatmulDesc& desc, const LtGemm& g, int align,
                                                int64_t probe, int64_t check) const;
-  // algo with each other tile its kernel offers that cuBLASLt accepts without workspace at
-  // n = 1 and n = 1024.
-  std::vector<cublasLtMatmulAlgo_t> other_tiles(const MatmulDesc& desc, const LtGemm& g,
-                                                const cublasLtMatmulAlgo_t& algo) const;
   std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
                                                     int align, int64_t probe, int64_t check) const;
 
   // Pin::every_n's algorithm for each class of n (kTunedUpTo: n <= 64, n <= 512, larger): of
-  // the heuristic's candidates at n = 1024, 256, 64, 16 and 1 and their kernels with other
-  // tiles (other_tiles; kMaxTuneCandidates in all), those whose results on random operands
+  // the heuristic's candidates at n = 1024 and n = 64, those whose results on random operands
   // are bitwise the pinned choice's (at n = 293, with and without accumulation; for the largest
   // class also accepted by cuBLASLt at n = 65536), the fastest at the class's n (64, 512, 2048;
   // timed as CUDA graphs on a private stream). Every candidate sums each output over k in the
@@ -377,7 +372,6 @@ class CudaOps final : public Ops {
   // and for products with more than 2^26 weight elements (a vocabulary-sized LM head: seconds and
   // gigabytes to time).
   static constexpr int kSizeClasses = 3;
-  static constexpr size_t kMaxTuneCandidates = 48;
   static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {64, 512, INT64_MAX};
   struct Tuned {
     std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;

@@ -164,18 +164,10 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
   if (g.m * g.k > (int64_t(1) << 26)) return tuned;
   try {
     std::vector<cublasLtMatmulAlgo_t> cand{base};
-    auto add = [&](const cublasLtMatmulAlgo_t& a) {
-      if (cand.size() < kMaxTuneCandidates &&
-          std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
-        cand.push_back(a);
-    };
-    for (int64_t probe : {int64_t(1024), int64_t(256), int64_t(64), int64_t(16), int64_t(1)})
-      for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1)) add(a);
-    // The same kernels with their other tiles: narrower ones give a product of few columns
-    // (decode's 64 rows) more CTAs.
-    const size_t found = cand.size();
-    for (size_t i = 0; i < found; ++i)
-      for (const cublasLtMatmulAlgo_t& a : other_tiles(desc, g, cand[i])) add(a);
+    for (int64_t probe : {int64_t(1024), int64_t(64)})
+      for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
+        if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
+          cand.push_back(a);
     if (cand.size() == 1) return tuned;
 
     constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
@@ -300,42 +292,6 @@ std::optional<cublasLtMatmulAlgo_t> CudaOps::first_running(const MatmulDesc& des
   return all.front();
 }
 
-std::vector<cublasLtMatmulAlgo_t> CudaOps::other_tiles(const MatmulDesc& desc, const LtGemm& g,
-                                                       const cublasLtMatmulAlgo_t& algo) const {
-  std::vector<cublasLtMatmulAlgo_t> out;
-  uint32_t current = 0;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &current,
-                                           sizeof(current), &written) != CUBLAS_STATUS_SUCCESS)
-    return out;
-  std::array<uint32_t, 128> tiles{};
-  if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_TILE_IDS, tiles.data(),
-                                        sizeof(tiles), &written) != CUBLAS_STATUS_SUCCESS)
-    return out;
-  const size_t count = std::min(written / sizeof(uint32_t), tiles.size());
-  const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda);
-  for (size_t i = 0; i < count; ++i) {
-    if (tiles[i] == current || tiles[i] == CUBLASLT_MATMUL_TILE_UNDEFINED) continue;
-    cublasLtMatmulAlgo_t a = algo;
-    if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tiles[i],
-                                             sizeof(tiles[i])) != CUBLAS_STATUS_SUCCESS)
-      continue;
-    // Accepted without workspace at one column and at many (the every-n rule's two ends).
-    bool runs = true;
-    for (int64_t n : {int64_t(1), int64_t(1024)}) {
-      const Layout lb(g.bt, uint64_t(g.b_rows(n)), uint64_t(g.b_cols(n)), g.ldb),
-          lc(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
-      cublasLtMatmulHeuristicResult_t r{};
-      runs = runs &&
-             cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb.h, lc.h, lc.h, &a, &r) ==
-                 CUBLAS_STATUS_SUCCESS &&
-             r.workspaceSize == 0;
-    }
-    if (runs) out.push_back(a);
-  }
-  return out;
-}
-
 std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, const LtGemm& g,
                                                       int align, int64_t probe,
                                                       int64_t check) const {
@@ -344,10 +300,10 @@ std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, co
       lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
   const PinnedPreference pref(uint32_t(std::min<int>(align, int(element_bytes(g.at)) * 8)),
                               uint32_t(align));
-  cublasLtMatmulHeuristicResult_t results[16] = {};
+  cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
   const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
-                                                          pref.h, 16, results, &found);
+                                                          pref.h, 8, results, &found);
   Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
       lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
   std::vector<cublasLtMatmulAlgo_t> out;
