@@ -154,49 +154,50 @@ class Gemma4 final : public Family {
   }
 
   void final_norm(const Exec& x, const float* h, float* out, int64_t n) const override {
-    norm_rows(x, h, cfg_.hidden, out, cfg_.hidden, n, final_norm_.data<float>());
+    norm_rows(x, h, cfg_.hidden, {.f32 = out}, cfg_.hidden, n, final_norm_.data<float>());
   }
 
   void layer(const Exec& x, int index, const LayerCall& c) const override {
     const Gemma4LayerWeights& w = layers_[size_t(index)];
     const Gemma4Layer& g = cfg_.layers[size_t(index)];
     const int64_t N = c.rows.n(), C = cfg_.hidden, S = spec_.stream_width();
-    float* xn = x.arena.floats(N * C);
+    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, w.q));
     float* out = x.arena.floats(N * C);
     norm_rows(x, c.h, S, xn, C, N, w.input_norm.data<float>());
     attention_block(x, w, g, c, xn, out);
     add_normed(x, c.h, out, N, w.post_attn_norm);
-    mlp(x, w, g, c, xn, out);
+    mlp(x, w, g, c, out);
     if (cfg_.ple_dim > 0) per_layer_input(x, w, index, c, out);
     if (w.scalar != 1.0f) x.ops.scale({.y = c.h, .ldy = S, .rows = N, .n = C, .s = w.scalar});
   }
 
  private:
   // y[r] = norm(x[r]) * w over n rows of C at strides ldx / ldy.
-  void norm_rows(const Exec& x, const float* in, int64_t ldx, float* y, int64_t ldy, int64_t n,
-                 const float* w) const {
+  void norm_rows(const Exec& x, const float* in, int64_t ldx, ProjectionInput y, int64_t ldy,
+                 int64_t n, const float* w) const {
     x.ops.rms_norm({.x = in,
                     .ldx = ldx,
-                    .y = y,
+                    .y = y.f32,
                     .ldy = ldy,
                     .rows = n,
                     .dim = cfg_.hidden,
                     .w = w,
                     .eps = cfg_.eps,
-                    .scale = NormScale::w});
+                    .scale = NormScale::w,
+                    .yb = y.b16});
   }
 
   // h[:, :C] += norm(y) * w for y [N, C] (normed in place).
   void add_normed(const Exec& x, float* h, float* y, int64_t n, const Tensor& w) const {
     const int64_t C = cfg_.hidden;
-    norm_rows(x, y, C, y, C, n, w.data<float>());
+    norm_rows(x, y, C, {.f32 = y}, C, n, w.data<float>());
     x.ops.binary({.a = y, .lda = C, .y = h, .ldy = spec_.stream_width(), .rows = n, .n = C});
   }
 
   // out [N, C] = o_proj(attention(rope(norm(q)), rope(norm(k)), norm(v))); owner layers write
   // this call's real K/V into the rows' own buffers first.
   void attention_block(const Exec& x, const Gemma4LayerWeights& w, const Gemma4Layer& g,
-                       const LayerCall& c, const float* xn, float* out) const {
+                       const LayerCall& c, ProjectionInput xn, float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden;
     const int64_t Hq = g.heads, Hkv = g.kv_heads, D = g.head_dim;
     const int64_t QW = Hq * D, KW = Hkv * D;
@@ -207,12 +208,7 @@ class Gemma4 final : public Family {
     GemmOutput outs[] = {{.w = &w.q, .y = q, .ldy = QW},
                          {.w = &w.k, .y = k, .ldy = KW},
                          {.w = &w.v, .y = v, .ldy = KW}};
-    x.ops.gemm({.x = xn,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = {outs, size_t(owner ? 3 : 1)},
-                .precision = c.precision});
+    project(x, xn, N, C, {outs, size_t(owner ? 3 : 1)}, c.precision);
     // Per head: RMSNorm of q and k (scaled), of v (no scale); q and k rotated.
     auto norm_heads = [&](float* p, int64_t heads, const float* scale) {
       x.ops.rms_norm({.x = p,
@@ -250,25 +246,28 @@ class Gemma4 final : public Family {
 
   // h += post_ff_norm(down(gelu(gate(x)) * up(x))), x = pre_ff_norm(h).
   void mlp(const Exec& x, const Gemma4LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
-           float* xn, float* out) const {
+           float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, I = g.intermediate;
+    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, w.gate));
     norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data<float>());
     float* gate = x.arena.floats(N * I);
     float* up = x.arena.floats(N * I);
     GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+    project(x, xn, N, C, outs, c.precision);
+    const ProjectionInput act = bf16_products(c.precision, w.down) ? projection_input(x, N, I, true)
+                                                                   : ProjectionInput{.f32 = gate};
     x.ops.glu({.gate = gate,
                .ldg = I,
                .up = up,
                .ldu = I,
-               .out = gate,
+               .out = act.f32,
                .ldo = I,
                .rows = N,
                .n = I,
-               .act = Activation::gelu_tanh});
+               .act = Activation::gelu_tanh,
+               .outb = act.b16});
     GemmOutput down{.w = &w.down, .y = out, .ldy = C};
-    x.ops.gemm(
-        {.x = gate, .m = N, .k = I, .ldx = I, .outputs = {&down, 1}, .precision = c.precision});
+    project(x, act, N, I, {&down, 1}, c.precision);
     add_normed(x, c.h, out, N, w.post_ff_norm);
   }
 
@@ -281,17 +280,21 @@ class Gemma4 final : public Family {
     GemmOutput gate{.w = &w.ple_gate, .y = g, .ldy = P};
     x.ops.gemm(
         {.x = c.h, .m = N, .k = C, .ldx = S, .outputs = {&gate, 1}, .precision = c.precision});
+    const ProjectionInput act = bf16_products(c.precision, w.ple_proj)
+                                    ? projection_input(x, N, P, true)
+                                    : ProjectionInput{.f32 = g};
     x.ops.glu({.gate = g,
                .ldg = P,
                .up = c.h + C + int64_t(index) * P,
                .ldu = S,
-               .out = g,
+               .out = act.f32,
                .ldo = P,
                .rows = N,
                .n = P,
-               .act = Activation::gelu_tanh});
+               .act = Activation::gelu_tanh,
+               .outb = act.b16});
     GemmOutput proj{.w = &w.ple_proj, .y = out, .ldy = C};
-    x.ops.gemm({.x = g, .m = N, .k = P, .ldx = P, .outputs = {&proj, 1}, .precision = c.precision});
+    project(x, act, N, P, {&proj, 1}, c.precision);
     add_normed(x, c.h, out, N, w.post_ple_norm);
   }
 
