@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "backbone_test_util.h"
+#include "io/safetensors.h"
 #include "kernels/delta_rule.h"
 #include "kernels/ops.h"
 #include "model/load.h"
@@ -266,6 +268,40 @@ INSTANTIATE_TEST_SUITE_P(Precision, Qwen35Property,
                                                               GemmPrecision::bf16),
                                             ::testing::ValuesIn(testing::test_devices())),
                          testing::PrecisionOnDevice());
+
+// A bf16 checkpoint with some projections kept in f32 (in_proj_a and v_proj here) under bf16 dot
+// products: an input norm whose projections are not all bf16 writes f32 rows (bf16 rows serve
+// bf16 weights only, GemmArgs::xb), so it runs on every backend, and its hidden states stay
+// within the bf16 tolerance of the all-bf16 model's.
+TEST(Qwen35MixedDtypes, F32ProjectionsBesideBf16OnesRun) {
+  testing::TempDir t;
+  const std::filesystem::path src = testing::fixture_path("qwen35/lllf_bf16");
+  const SafetensorsFile f = SafetensorsFile::open(src / "model.safetensors");
+  std::vector<NamedTensor> tensors;
+  int widened = 0;
+  for (const TensorInfo& i : f.tensors()) {
+    Tensor x = f.tensor(i.name);
+    const bool keep_f32 = i.name.ends_with("in_proj_a.weight") || i.name.ends_with("v_proj.weight");
+    if (keep_f32 && i.dtype == DType::bf16) {
+      x = x.to(DType::f32);
+      ++widened;
+    }
+    tensors.push_back({i.name, x});
+  }
+  ASSERT_GE(widened, 2);
+  safetensors_write(t / "model.safetensors", tensors, f.metadata());
+  std::filesystem::copy_file(src / "config.json", t / "config.json");
+  for (Device d : testing::test_devices()) {
+    const BackboneOptions o{.precision = GemmPrecision::bf16, .device = d};
+    const auto mixed = backbone_open(t.path(), o);
+    const auto all_bf16 = backbone_open(src, o);
+    const std::vector<int32_t> ids = random_ids(40, mixed->spec().vocab, 5);
+    const Tensor a = full_hidden(*mixed, ids), b = full_hidden(*all_bf16, ids);
+    EXPECT_LT(rel_max_error(a, b), 2e-2) << (d == Device::cuda ? "cuda" : "cpu");
+    EXPECT_GT(rel_max_error(a, b), 0.0)
+        << (d == Device::cuda ? "cuda" : "cpu") << ": the f32 weights changed nothing";
+  }
+}
 
 // The LM head runs in blocks of vocabulary rows (Qwen3.5-0.8B's [248320, 1024] head has no
 // pinned bf16 cuBLASLt algorithm as a whole): over a vocabulary of 70,001 (two full blocks and

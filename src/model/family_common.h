@@ -3,8 +3,10 @@
 // weights for benchmarks. Letters as in backbone.h; N = B * L token rows of a call.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -101,6 +103,13 @@ struct SelfAttentionArgs {
 // The call's dot products are bf16: bf16 precision over bf16 weights such as `w` (GemmPrecision).
 inline bool bf16_products(GemmPrecision precision, const Tensor& w) {
   return precision == GemmPrecision::bf16 && w.dtype() == DType::bf16;
+}
+// Every defined weight of one projection call has bf16 products (its input may be bf16 rows:
+// GemmArgs::xb serves bf16 weights only).
+inline bool bf16_products(GemmPrecision precision, std::initializer_list<const Tensor*> ws) {
+  return std::all_of(ws.begin(), ws.end(), [&](const Tensor* w) {
+    return !w->defined() || bf16_products(precision, *w);
+  });
 }
 float* self_attention(const Exec& x, const SelfAttentionArgs& a);
 

@@ -161,7 +161,8 @@ class Gemma4 final : public Family {
     const Gemma4LayerWeights& w = layers_[size_t(index)];
     const Gemma4Layer& g = cfg_.layers[size_t(index)];
     const int64_t N = c.rows.n(), C = cfg_.hidden, S = spec_.stream_width();
-    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, w.q));
+    const ProjectionInput xn =
+        projection_input(x, N, C, bf16_products(c.precision, {&w.q, &w.k, &w.v}));
     float* out = x.arena.floats(N * C);
     norm_rows(x, c.h, S, xn, C, N, w.input_norm.data<float>());
     attention_block(x, w, g, c, xn, out);
@@ -248,7 +249,8 @@ class Gemma4 final : public Family {
   void mlp(const Exec& x, const Gemma4LayerWeights& w, const Gemma4Layer& g, const LayerCall& c,
            float* out) const {
     const int64_t N = c.rows.n(), C = cfg_.hidden, I = g.intermediate;
-    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, w.gate));
+    const ProjectionInput xn =
+        projection_input(x, N, C, bf16_products(c.precision, {&w.gate, &w.up}));
     norm_rows(x, c.h, spec_.stream_width(), xn, C, N, w.pre_ff_norm.data<float>());
     float* gate = x.arena.floats(N * I);
     float* up = x.arena.floats(N * I);

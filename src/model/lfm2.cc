@@ -99,15 +99,18 @@ class Lfm2 final : public Family {
   void layer(const Exec& x, int index, const LayerCall& c) const override {
     const Lfm2LayerWeights& w = layers_[size_t(index)];
     const int64_t N = c.rows.n(), C = cfg_.hidden;
-    const Tensor& mixer_w = w.kind == LayerKind::recurrent ? w.cv.in : w.at.q;
-    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, mixer_w));
+    const bool rounded = w.kind == LayerKind::recurrent
+                             ? bf16_products(c.precision, w.cv.in)
+                             : bf16_products(c.precision, {&w.at.q, &w.at.k, &w.at.v});
+    const ProjectionInput xn = projection_input(x, N, C, rounded);
     norm_rows(x, c.h, xn, N, w.operator_norm);
     if (w.kind == LayerKind::recurrent) {
       short_conv(x, w.cv, c, xn);
     } else {
       attention_mixer(x, w.at, c, xn);
     }
-    const ProjectionInput xm = projection_input(x, N, C, bf16_products(c.precision, w.w1));
+    const ProjectionInput xm =
+        projection_input(x, N, C, bf16_products(c.precision, {&w.w1, &w.w3}));
     norm_rows(x, c.h, xm, N, w.ffn_norm);
     swiglu_mlp(x, {.h = c.h,
                    .xn = xm,

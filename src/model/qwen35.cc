@@ -115,15 +115,18 @@ class Qwen35 final : public Family {
   void layer(const Exec& x, int index, const LayerCall& c) const override {
     const Qwen35LayerWeights& w = layers_[size_t(index)];
     const int64_t N = c.rows.n(), C = cfg_.hidden;
-    const Tensor& mixer_w = w.kind == LayerKind::recurrent ? w.dn.qkv : w.at.q;
-    const ProjectionInput xn = projection_input(x, N, C, bf16_products(c.precision, mixer_w));
+    const bool rounded = w.kind == LayerKind::recurrent
+                             ? bf16_products(c.precision, {&w.dn.qkv, &w.dn.z, &w.dn.b, &w.dn.a})
+                             : bf16_products(c.precision, {&w.at.q, &w.at.k, &w.at.v});
+    const ProjectionInput xn = projection_input(x, N, C, rounded);
     norm_rows(x, c.h, xn, N, w.input_norm);
     if (w.kind == LayerKind::recurrent) {
       delta_net(x, w.dn, c, xn);
     } else {
       attention_mixer(x, w.at, c, xn);
     }
-    const ProjectionInput xm = projection_input(x, N, C, bf16_products(c.precision, w.gate));
+    const ProjectionInput xm =
+        projection_input(x, N, C, bf16_products(c.precision, {&w.gate, &w.up}));
     norm_rows(x, c.h, xm, N, w.post_norm);
     swiglu_mlp(x, {.h = c.h,
                    .xn = xm,
