@@ -57,11 +57,15 @@ void glu_via_f32(const GluArgs& a, const std::function<void(const GluArgs&)>& ru
   round_into(out.data(), a.outb, a.rows, a.ldo, 1, 0, a.n);
 }
 
-void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run) {
+void check_bf16_rows(const GemmArgs& a) {
   DEG_CHECK(a.precision == GemmPrecision::bf16, "gemm: bf16 rows (xb) need bf16 dot products");
   for (const GemmOutput& o : a.outputs)
     DEG_CHECK(o.w->dtype() == DType::bf16, "gemm: bf16 rows (xb) need bf16 weights, not {}",
               dtype_name(o.w->dtype()));
+}
+
+void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run) {
+  check_bf16_rows(a);
   std::vector<float> x(size_t(a.m * a.k));
   for (int64_t m = 0; m < a.m; ++m)
     for (int64_t k = 0; k < a.k; ++k) x[size_t(m * a.k + k)] = bf16_to_f32(a.xb[m * a.ldx + k]);

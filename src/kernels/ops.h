@@ -823,6 +823,8 @@ class Ops {
 void rms_norm_via_f32(const NormArgs& a, const std::function<void(const NormArgs&)>& run);
 void glu_via_f32(const GluArgs& a, const std::function<void(const GluArgs&)>& run);
 void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run);
+// Every backend's check of GemmArgs::xb: bf16 dot products with bf16 weights only.
+void check_bf16_rows(const GemmArgs& a);
 
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread
 // pool.

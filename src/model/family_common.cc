@@ -122,9 +122,10 @@ std::vector<Tensor> weights_stacked_on(const Ops& ops, const TensorMap& w,
   return out;
 }
 
-ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded) {
+ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded,
+                                 float* in_place) {
   if (rounded) return {.b16 = reinterpret_cast<bf16*>(x.arena.floats((n * k + 1) / 2))};
-  return {.f32 = x.arena.floats(n * k)};
+  return {.f32 = in_place ? in_place : x.arena.floats(n * k)};
 }
 
 void project(const Exec& x, ProjectionInput in, int64_t n, int64_t k,
@@ -147,8 +148,7 @@ void swiglu_mlp(const Exec& x, const SwigluMlpArgs& a) {
   GemmOutput outs[] = {{.w = a.gate, .y = gate, .ldy = 2 * I}, {.w = a.up, .y = up, .ldy = 2 * I}};
   project(x, a.xn, N, C, outs, a.precision);
   // f32: in place over gate (row stride 2I); rounded: its own [N, I] bf16 rows.
-  const ProjectionInput act = bf16_products(a.precision, *a.down) ? projection_input(x, N, I, true)
-                                                                  : ProjectionInput{.f32 = gate};
+  const ProjectionInput act = projection_input(x, N, I, bf16_products(a.precision, *a.down), gate);
   const int64_t ld = act.b16 ? I : 2 * I;
   x.ops.glu({.gate = gate,
              .ldg = 2 * I,

@@ -63,8 +63,10 @@ struct ProjectionInput {
   float* f32 = nullptr;
   bf16* b16 = nullptr;
 };
-// n rows of k from the call's arena, as bf16 when `rounded`.
-ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded);
+// n rows of k as bf16 from the call's arena when `rounded`; else f32: `in_place` (an op's f32
+// result kept where it is) or, when null, from the arena.
+ProjectionInput projection_input(const Exec& x, int64_t n, int64_t k, bool rounded,
+                                 float* in_place = nullptr);
 // Each output's y (+)= in · Wᵀ over n rows of k at row stride ld (0: k), as one Ops::gemm.
 void project(const Exec& x, ProjectionInput in, int64_t n, int64_t k,
              std::span<const GemmOutput> outs, GemmPrecision precision, int64_t ld = 0);

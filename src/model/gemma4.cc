@@ -256,8 +256,7 @@ class Gemma4 final : public Family {
     float* up = x.arena.floats(N * I);
     GemmOutput outs[] = {{.w = &w.gate, .y = gate, .ldy = I}, {.w = &w.up, .y = up, .ldy = I}};
     project(x, xn, N, C, outs, c.precision);
-    const ProjectionInput act = bf16_products(c.precision, w.down) ? projection_input(x, N, I, true)
-                                                                   : ProjectionInput{.f32 = gate};
+    const ProjectionInput act = projection_input(x, N, I, bf16_products(c.precision, w.down), gate);
     x.ops.glu({.gate = gate,
                .ldg = I,
                .up = up,
@@ -282,9 +281,8 @@ class Gemma4 final : public Family {
     GemmOutput gate{.w = &w.ple_gate, .y = g, .ldy = P};
     x.ops.gemm(
         {.x = c.h, .m = N, .k = C, .ldx = S, .outputs = {&gate, 1}, .precision = c.precision});
-    const ProjectionInput act = bf16_products(c.precision, w.ple_proj)
-                                    ? projection_input(x, N, P, true)
-                                    : ProjectionInput{.f32 = g};
+    const ProjectionInput act =
+        projection_input(x, N, P, bf16_products(c.precision, w.ple_proj), g);
     x.ops.glu({.gate = g,
                .ldg = P,
                .up = c.h + C + int64_t(index) * P,

@@ -218,9 +218,8 @@ class Qwen35 final : public Family {
                       .dk = Dk,
                       .dv = Dv});
     // Gated RMSNorm per (token, value head) with z, then out_proj into the residual.
-    const ProjectionInput normed = bf16_products(c.precision, w.out)
-                                       ? projection_input(x, N, VD, true)
-                                       : ProjectionInput{.f32 = core};
+    const ProjectionInput normed =
+        projection_input(x, N, VD, bf16_products(c.precision, w.out), core);
     x.ops.rms_norm({.x = core,
                     .ldx = VD,
                     .hx = Dv,
@@ -290,8 +289,7 @@ class Qwen35 final : public Family {
                                   .scale = 1.0f / std::sqrt(float(D)),
                                   .bf16 = bf16_products(c.precision, w.q)});
     // o * sigmoid(gate): the gate is the second half of each head's 2D block of q_proj.
-    const ProjectionInput gated = bf16_products(c.precision, w.o) ? projection_input(x, N, OW, true)
-                                                                  : ProjectionInput{.f32 = o};
+    const ProjectionInput gated = projection_input(x, N, OW, bf16_products(c.precision, w.o), o);
     x.ops.glu({.gate = qg + D,
                .ldg = 2 * D,
                .out = o,
