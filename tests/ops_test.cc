@@ -2397,6 +2397,30 @@ TEST(OpsCopyRows, PackingManyRowsInPlaceKeepsEveryRow) {
   }
 }
 
+// gather_rows: each output row is its indexed input row, bit for bit (indices repeated and out of
+// order), and the columns past n of y are left as they were.
+TEST(OpsGatherRows, EveryRowIsItsIndexedRow) {
+  const int64_t rows = 300, ldx = 133, n = 120, picked = 77, ldy = 125;
+  const std::vector<float> x = randn_seeded(size_t(rows * ldx), 41);
+  std::vector<int32_t> index;
+  for (int64_t i = 0; i < picked; ++i) index.push_back(int32_t((i * 37 + 11) % rows));
+  index[5] = index[60];
+  std::vector<Backend> all = backends_under_test();
+  all.push_back({"reference", &reference_ops()});
+  for (const Backend& b : all) {
+    Floats xs(x.begin(), x.end()), y(size_t(picked * ldy), -1.0f);
+    Ids idx(index.begin(), index.end());
+    b.ops->gather_rows(xs.data(), ldx, idx.data(), y.data(), ldy, picked, n);
+    b.ops->synchronize();
+    for (int64_t i = 0; i < picked; ++i) {
+      for (int64_t j = 0; j < ldy; ++j) {
+        const float want = j < n ? x[size_t(index[size_t(i)] * ldx + j)] : -1.0f;
+        ASSERT_EQ(y[size_t(i * ldy + j)], want) << b.name << ": row " << i << ", column " << j;
+      }
+    }
+  }
+}
+
 // A projection row's bits do not depend on how many rows share the GEMM, across every class of
 // row counts the CUDA backend may give its own cuBLASLt algorithm (CudaOps::tune: up to 64, up to
 // 512, more): rows computed in calls of 1, 64, 65, 512, 513 and 1700 rows == the same rows of

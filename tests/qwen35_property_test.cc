@@ -104,6 +104,32 @@ TEST_P(Qwen35Property, ForkRowsAreBitwiseBatchInvariant) {
   }
 }
 
+// Picked tokens (a row's last token and a few inside it, out of order, one twice) are the same
+// bits as those tokens of the whole result.
+TEST_P(Qwen35Property, PickedForkTokensAreTheWholeResultsRows) {
+  const TokenBatch batch = TokenBatch::padded(rows_);
+  ForkState all = bb_->fork(prefixes(), prow_, 24);
+  const Tensor whole = bb_->fork_forward(batch, all, false);
+  std::vector<int64_t> picks;
+  for (size_t r = rows_.size(); r-- > 0;) {
+    const int64_t base = int64_t(r) * batch.tokens, n = int64_t(rows_[r].size());
+    picks.push_back(base + n - 1);
+    if (n > 3) picks.push_back(base + n / 3);
+  }
+  picks.push_back(picks.front());
+  ForkState again = bb_->fork(prefixes(), prow_, 24);
+  const Tensor picked = bb_->fork_forward(batch, again, false, false, picks);
+  const int64_t C = bb_->spec().hidden;
+  ASSERT_EQ(picked.numel(), int64_t(picks.size()) * C);
+  for (size_t i = 0; i < picks.size(); ++i) {
+    const float* a = picked.data<float>() + int64_t(i) * C;
+    const float* b = whole.data<float>() + picks[i] * C;
+    EXPECT_TRUE(bitwise_equal(std::vector<float>(a, a + C), std::vector<float>(b, b + C)))
+        << "pick " << i << " (token " << picks[i] << ")";
+  }
+  EXPECT_THROW(bb_->fork_forward(batch, again, false, false, std::vector<int64_t>{-1}), Error);
+}
+
 TEST_P(Qwen35Property, PaddingWritesNoState) {
   // Keep state for a padded batch; each row's kept state equals the state of the row run alone
   // (bitwise), so padded positions wrote nothing.

@@ -261,10 +261,13 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     for (int64_t r = 0; r < o.forks; ++r)
       rows.push_back(random_ids(o.fork_tokens, vocab, uint32_t(100 + r)));
     const TokenBatch batch = TokenBatch::padded(rows);
+    // Each row's last hidden state comes back, as the engine's heads read a field's answer.
+    std::vector<int64_t> lasts;
+    for (int64_t r = 0; r < o.forks; ++r) lasts.push_back((r + 1) * o.fork_tokens - 1);
     auto once = [&] {
       ForkState fs = bb.fork({{.state = &trunk, .row = 0}},
                              std::vector<int64_t>(size_t(o.forks), 0), o.fork_tokens);
-      bb.fork_forward(batch, fs, false);
+      bb.fork_forward(batch, fs, false, false, lasts);
     };
     const double dt = median_seconds(o.repeats, once);
     fmt::print("fork pass {} x {} tokens over {}: {:.2f} ms\n", o.forks, o.fork_tokens,

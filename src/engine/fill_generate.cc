@@ -41,16 +41,14 @@ void Filler::generate(const std::vector<size_t>& group) {
   if (rows.empty()) return;
   TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
   ForkState fs = bb.fork(prefixes, prow, batch.tokens + budget + 1);
-  Tensor hidden = bb.fork_forward(batch, fs, /*keep=*/true);
   const int64_t C = bb.spec().hidden, B = int64_t(rows.size());
+  std::vector<int64_t> header_ends;  // each row's last header token
+  for (int64_t b = 0; b < B; ++b)
+    header_ends.push_back(b * batch.tokens + batch.lengths[size_t(b)] - 1);
+  Tensor last = bb.fork_forward(batch, fs, /*keep=*/true, false, header_ends);  // [B, C]
   std::vector<std::vector<int32_t>> out(static_cast<size_t>(B));
   std::vector<bool> done(static_cast<size_t>(B), false);
   std::vector<double> logprob(static_cast<size_t>(B), 0.0);
-  Tensor last = Tensor::empty({B, C}, DType::f32);
-  for (int64_t b = 0; b < B; ++b) {
-    const float* src = hidden.data<float>() + (b * batch.tokens + batch.lengths[size_t(b)] - 1) * C;
-    std::copy(src, src + C, last.mutable_data<float>() + b * C);
-  }
   const double read_ms = ms_since(t_read);  // the KNOWN VALUES blocks and the headers
   const auto t0 = std::chrono::steady_clock::now();
   int64_t steps = 0;

@@ -124,16 +124,23 @@ void Filler::run_forks(std::vector<Job>& jobs) {
     const auto t0 = std::chrono::steady_clock::now();
     TokenBatch batch = TokenBatch::padded(rows, model_.pad_id());
     ForkState fs = model_.backbone().fork(prefixes, prow, batch.tokens);
-    Tensor hidden = model_.backbone().fork_forward(batch, fs, /*keep=*/false);  // [B, L, C]
-    const float* h = hidden.data<float>();
+    // Each row's last token and its options' positions: the only hidden states the heads read.
+    std::vector<int64_t> picks;
+    for (size_t i = begin; i < end; ++i) {
+      const Job& job = jobs[order[i]];
+      const int64_t row = int64_t(i - begin) * batch.tokens;
+      picks.push_back(row + int64_t(job.ids.size()) - 1);
+      for (int64_t p : job.option_positions) picks.push_back(row + p);
+    }
+    Tensor hidden = model_.backbone().fork_forward(batch, fs, /*keep=*/false, false, picks);
+    const float* h = hidden.data<float>();  // [picks, C]
     for (size_t i = begin; i < end; ++i) {
       Job& job = jobs[order[i]];
-      const float* row = h + int64_t(i - begin) * batch.tokens * C;
-      const int64_t last = int64_t(job.ids.size()) - 1;
-      job.answer_hidden.assign(row + last * C, row + (last + 1) * C);
-      for (int64_t p : job.option_positions) {
-        job.option_hidden.insert(job.option_hidden.end(), row + p * C, row + (p + 1) * C);
-      }
+      job.answer_hidden.assign(h, h + C);
+      h += C;
+      const int64_t options = int64_t(job.option_positions.size());
+      job.option_hidden.assign(h, h + options * C);
+      h += options * C;
       if (!all_finite(job.answer_hidden.data(), C) ||
           !all_finite(job.option_hidden.data(), int64_t(job.option_hidden.size()))) {
         fail(job.doc, non_finite_error("the query of " + job.field->pointer));

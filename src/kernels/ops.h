@@ -77,6 +77,9 @@ struct RowTable {
 struct RowView {
   const float* rec_in = nullptr;
   float* rec_out = nullptr;
+  // rec_out is scratch: nothing reads the state after the call (fork rows that are not kept),
+  // so a backend may leave it as it likes there (CUDA's recurrence then stores no final state).
+  bool rec_scratch = false;
   const float* tail_in = nullptr;
   float* tail_out = nullptr;
   const float* prefix_k = nullptr;
@@ -763,6 +766,10 @@ class Ops {
   // row by row, as when packing rows to the front of their own buffer).
   virtual void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t n) const = 0;
+  // y[i] = x[index[i]] for i < rows: whole rows of n floats, x at row stride ldx, y at ldy;
+  // index (int32) in the backend's memory. x and y do not overlap.
+  virtual void gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                           int64_t rows, int64_t n) const = 0;
   // y[j, i] = x[i, j]: x [rows, cols] at row stride ldx into y [cols, rows] at row stride ldy
   // (a checkpoint's [F, C] matrix into the [C, F] a product reads). x and y do not overlap.
   virtual void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,

@@ -75,6 +75,10 @@ class OpsDecorator : public Ops {
                  int64_t n) const override {
     run("copy_rows", [&] { inner_.copy_rows(x, ldx, y, ldy, rows, n); });
   }
+  void gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                   int64_t rows, int64_t n) const override {
+    run("gather_rows", [&] { inner_.gather_rows(x, ldx, index, y, ldy, rows, n); });
+  }
   void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t cols) const override {
     run("transpose", [&] { inner_.transpose(x, ldx, y, ldy, rows, cols); });

@@ -343,6 +343,12 @@ class ReferenceOps final : public Ops {
       std::memmove(y + r * ldy, x + r * ldx, size_t(n) * sizeof(float));
   }
 
+  void gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                   int64_t rows, int64_t n) const override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) y[r * ldy + j] = x[int64_t(index[r]) * ldx + j];
+  }
+
   void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t cols) const override {
     for (int64_t i = 0; i < rows; ++i)

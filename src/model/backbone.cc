@@ -255,7 +255,8 @@ State Backbone::empty_state(int64_t rows) const {
 void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset,
                           const RowTable& rows, const int32_t* history,
                           const std::vector<std::vector<RowView>>& views, float* hidden_out,
-                          int64_t out_tokens, bool out_on_backend) const {
+                          int64_t out_tokens, bool out_on_backend,
+                          std::span<const int32_t> picks) const {
   const int64_t B = rows.rows, count = rows.tokens, C = spec().hidden, S = spec().stream_width();
   const bool host = ops_->device() == Device::cpu;
   Arena& io = io_arena();
@@ -310,6 +311,17 @@ void Backbone::run_layers(const Exec& x, const TokenBatch& batch, int64_t offset
   }
   x.arena.reset();
   if (S != C) x.ops.copy_rows(h, S, h, C, B * count, C);  // drop the side streams
+  if (!picks.empty()) {
+    // Only the picked token rows, gathered and normed, then copied out.
+    const int64_t P = int64_t(picks.size());
+    float* rows_of = x.arena.floats(P * C);
+    const std::vector<int32_t> index(picks.begin(), picks.end());
+    x.ops.gather_rows(h, C, place(index), rows_of, C, P, C);
+    float* normed = host || out_on_backend ? hidden_out : x.arena.floats(P * C);
+    family_->final_norm(x, rows_of, normed, P);
+    if (normed != hidden_out) ops_->to_host(hidden_out, normed, size_t(P * C) * sizeof(float));
+    return;
+  }
   // Final norm straight into the result where the backend computes (the host on the CPU), or on
   // the device and then copied back.
   const bool direct = host || out_on_backend;
@@ -474,10 +486,19 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   return fs;
 }
 
-Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
-                              bool /*decode*/) const {
+Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep, bool /*decode*/,
+                              std::span<const int64_t> picks) const {
   check_batch(batch, spec().vocab);
   check_soft(batch, spec());
+  std::vector<int32_t> pick_rows;
+  for (int64_t p : picks) {
+    if (p < 0 || p >= batch.rows * batch.tokens) {
+      throw Error(ErrorKind::invalid_argument,
+                  fmt::format("fork_forward: picked token {} is outside the batch's {} x {}", p,
+                              batch.rows, batch.tokens));
+    }
+    pick_rows.push_back(int32_t(p));
+  }
   if (batch.rows != fs.rows()) {
     throw Error(ErrorKind::invalid_argument,
                 fmt::format("fork state has {} rows, the batch {}", fs.rows(), batch.rows));
@@ -524,6 +545,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
         v.rec_in = fs.fresh ? row_ptr(pl.rec, p.row) : row_ptr(fs.own[i].rec, b);
         v.tail_in = fs.fresh ? row_ptr(pl.tail, p.row) : row_ptr(fs.own[i].tail, b);
         v.rec_out = keep ? row_ptr_mut(fs.own[i].rec, b) : row_ptr_mut(scratch, b);
+        v.rec_scratch = !keep;
         v.tail_out = keep ? row_ptr_mut(fs.own[i].tail, b) : nullptr;
       } else if (!owns_kv(layers[i])) {
         v = views[size_t(layers[i].kv_source)][size_t(b)];
@@ -548,12 +570,13 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
                                    : fs.own_history.data() + b * Hn;
     std::copy(from, from + Hn, hist.begin() + b * Hn);
   }
-  Tensor hidden = Tensor::empty({B, L, C}, DType::f32);
+  Tensor hidden = picks.empty() ? Tensor::empty({B, L, C}, DType::f32)
+                                : Tensor::empty({int64_t(picks.size()), C}, DType::f32);
   const Exec exec = call_exec();
   if (L > 0) {
     run_layers(exec, batch, 0,
                {.rows = B, .tokens = L, .lengths = batch.lengths.data(), .positions = pos.data()},
-               hist.data(), views, hidden.mutable_data<float>(), L);
+               hist.data(), views, hidden.mutable_data<float>(), L, false, pick_rows);
   }
   if (keep) {
     for (int64_t b = 0; b < B; ++b) {

@@ -38,6 +38,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -251,8 +252,10 @@ class Backbone {
                  int64_t capacity) const;
   // The rows' next tokens -> final-norm hidden [B, L, C]. keep: store each row's state after its
   // real tokens (continued decoding). decode (one token per row) is a scheduling hint only: the
-  // numerics are the same.
-  Tensor fork_forward(const TokenBatch& batch, ForkState& fs, bool keep, bool decode = false) const;
+  // numerics are the same. picks (token indices b L + t): only those tokens' hidden states, [P, C]
+  // in that order (the rest are never normed or copied back: a head reads a few per row).
+  Tensor fork_forward(const TokenBatch& batch, ForkState& fs, bool keep, bool decode = false,
+                      std::span<const int64_t> picks = {}) const;
 
   // hidden [M, C] (any leading shape) -> logits f32 [M, V]
   Tensor lm_logits(const Tensor& hidden) const;
@@ -275,7 +278,8 @@ class Backbone {
  private:
   void run_layers(const Exec& x, const TokenBatch& batch, int64_t offset, const RowTable& rows,
                   const int32_t* history, const std::vector<std::vector<RowView>>& views,
-                  float* hidden_out, int64_t out_tokens, bool out_on_backend = false) const;
+                  float* hidden_out, int64_t out_tokens, bool out_on_backend = false,
+                  std::span<const int32_t> picks = {}) const;
 
   Exec call_exec() const;  // the backend's ops and this thread's call arena
   // lm_logits' product, in the backend's memory: host_out on the CPU, the call arena on a GPU.

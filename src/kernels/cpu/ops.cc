@@ -444,6 +444,13 @@ class CpuOps final : public Ops {
     });
   }
 
+  void gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                   int64_t rows, int64_t n) const override {
+    for_each_index(rows, kRowGrain, [&](int64_t r) {
+      std::memcpy(y + r * ldy, x + int64_t(index[r]) * ldx, size_t(n) * sizeof(float));
+    });
+  }
+
   // In 32 x 32 tiles (a tile's reads and writes stay in cache), a band of output rows per task.
   void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t cols) const override {

@@ -239,6 +239,8 @@ class CudaOps final : public Ops {
   void logit_picks(const LogitPicksArgs& a) const override;
   void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t n) const override;
+  void gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                   int64_t rows, int64_t n) const override;
   void transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                  int64_t cols) const override;
 

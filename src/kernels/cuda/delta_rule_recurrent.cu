@@ -152,6 +152,7 @@ __global__ void __launch_bounds__(kRecThreads)
       store_cols(op + t * a.ldo, col, dv, p.vec_out, make_float4(o[0], o[1], o[2], o[3]));
   }
 
+  if (a.rec_scratch) return;  // nothing reads the final state (fork rows not kept)
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const int x = rg * R + i;

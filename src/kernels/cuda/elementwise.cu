@@ -319,6 +319,13 @@ __global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t 
   }
 }
 
+__global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* index, float* y,
+                                   int64_t ldy, int64_t rows, int64_t n) {
+  DEG_ROW_LOOP(r, j, rows, n) {
+    y[r * ldy + j] = x[int64_t(index[r]) * ldx + j];
+  }
+}
+
 // A 32 x 32 tile per block of 32 x 8 threads, staged through shared memory (one column of
 // padding keeps the transposed reads free of bank conflicts), so both the reads of x and the
 // writes of y are along rows.
@@ -479,6 +486,13 @@ cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy,
                              int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
   copy_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
+  return launched();
+}
+
+cudaError_t launch_gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y,
+                               int64_t ldy, int64_t rows, int64_t n, cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  gather_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, index, y, ldy, rows, n);
   return launched();
 }
 

@@ -88,6 +88,8 @@ struct DeltaRuleLaunch {
   // floats, or null when that is 0.
   float* workspace;
   int64_t workspace_floats;
+  // Every row's rec_out is scratch (RowView::rec_scratch): the recurrence stores no final state.
+  bool rec_scratch;
 };
 cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream);
 // The floats of scratch launch_delta_rule needs for `a` (its rows and shapes; the workspace
@@ -209,6 +211,9 @@ cudaError_t launch_logit_picks(const LogitPicksLaunch& a, void* workspace, cudaS
 // y[r, 0:n] = x[r, 0:n]; the caller stages overlapping copies.
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream);
+// y[i] = x[index[i]] (rows of n floats); x and y do not overlap.
+cudaError_t launch_gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y,
+                               int64_t ldy, int64_t rows, int64_t n, cudaStream_t stream);
 // y[j, i] = x[i, j] for x [rows, cols]; x and y do not overlap.
 cudaError_t launch_transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t cols, cudaStream_t stream);

@@ -275,7 +275,11 @@ void CudaOps::delta_rule(const DeltaRuleOpArgs& a) const {
                             .v_heads = a.v_heads,
                             .dk = a.dk,
                             .dv = a.dv};
-    for (int i = 0; i < r.count; ++i) l.state[i] = state_row(a.views[first + i]);
+    l.rec_scratch = true;
+    for (int i = 0; i < r.count; ++i) {
+      l.state[i] = state_row(a.views[first + i]);
+      l.rec_scratch = l.rec_scratch && a.views[first + i].rec_scratch;
+    }
     // DEG_CUDA_DELTA_RULE_WORKSPACE (floats) shrinks the chunked form's segments: tests hold
     // that segments change no bit.
     const char* cap = std::getenv("DEG_CUDA_DELTA_RULE_WORKSPACE");
@@ -392,6 +396,11 @@ void CudaOps::copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int6
     return;
   }
   check(cuda::launch_copy_rows(x, ldx, y, ldy, rows, n, stream_), "copy_rows");
+}
+
+void CudaOps::gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y, int64_t ldy,
+                          int64_t rows, int64_t n) const {
+  check(cuda::launch_gather_rows(x, ldx, index, y, ldy, rows, n, stream_), "gather_rows");
 }
 
 void CudaOps::transpose(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
