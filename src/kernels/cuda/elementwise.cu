@@ -73,12 +73,15 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// ---- norms: a vector (r, h) of at most kWarpNormDim elements takes a warp (lane l sums
-// elements l, l + 32, ... in order, then the warp's butterfly); a longer one a block of
-// kThreads (the same per thread, then the warps' sums in order). The order depends on dim only.
-// A thread writes the elements it read (y may be x). ----
+// ---- norms: a vector (r, h) of at most kWarpNormDim elements takes a warp, its elements in
+// chunks of four consecutive ones, lane l holding chunks l, l + 32, ... in registers (read once,
+// by float4 where the rows allow it); lane l sums its chunks' squares in that order, then the
+// warp's butterfly. A longer vector takes a block of kThreads (thread t sums elements t,
+// t + kThreads, ... in order, then the warps' sums in order). Either way the order depends on
+// dim only (never on the rows' alignment, which only picks the loads' width). A thread writes
+// the elements it read (y may be x). ----
 
-constexpr int kWarpNormDim = 256;
+constexpr int kWarpNormDim = 2048;
 
 // The sum of v over the block's kThreads threads (warp sums, then in warp order); all get it.
 __device__ float block_sum(float v) {
@@ -91,14 +94,91 @@ __device__ float block_sum(float v) {
   return s;
 }
 
-// kBlock: one vector per block; else one per warp.
-template <bool kBlock>
-__global__ void rms_norm_kernel(NormLaunch a) {
-  const int64_t v =
-      kBlock ? int64_t(blockIdx.x) : int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
+// Elements i .. i + 3 of p (zeros past n): one float4 where vec, else one at a time.
+__device__ float4 load4(const float* p, int i, int n, bool vec) {
+  if (vec) return *reinterpret_cast<const float4*>(p + i);
+  return make_float4(i < n ? p[i] : 0.0f, i + 1 < n ? p[i + 1] : 0.0f, i + 2 < n ? p[i + 2] : 0.0f,
+                     i + 3 < n ? p[i + 3] : 0.0f);
+}
+__device__ void store4(float* p, int i, int n, bool vec, float4 v) {
+  if (vec) {
+    *reinterpret_cast<float4*>(p + i) = v;
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 4 && i + k < n; ++k) p[i + k] = e[k];
+}
+__device__ void store4_bf16(uint16_t* p, int i, int n, bool vec, float4 v) {
+  if (vec) {
+    *reinterpret_cast<uint2*>(p + i) = pack_bf16(v);
+    return;
+  }
+  const float e[4] = {v.x, v.y, v.z, v.w};
+  for (int k = 0; k < 4 && i + k < n; ++k) p[i + k] = f32_to_bf16_bits(e[k]);
+}
+__device__ float sum_squares4(float ss, float4 v) {
+  ss += v.x * v.x;
+  ss += v.y * v.y;
+  ss += v.z * v.z;
+  return ss + v.w * v.w;
+}
+
+// Loads' and stores' widths of a norm launch: float4 where every vector starts 16-byte aligned
+// (8-byte for bf16 results) and dim is a multiple of four.
+struct NormVec {
+  bool in, out;
+};
+
+// A warp per vector of at most 128 kChunks elements.
+template <int kChunks>
+__global__ void rms_norm_warp_kernel(NormLaunch a, NormVec vec) {
+  const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
-  const int lane = kBlock ? int(threadIdx.x) : int(threadIdx.x % 32), step = kBlock ? kThreads : 32;
-  const int dim = int(a.dim);
+  const int lane = int(threadIdx.x % 32), dim = int(a.dim);
+  const int64_t r = v / a.heads, h = v % a.heads;
+  const float* x = a.x + r * a.ldx + h * a.hx;
+  const float* g = a.gate ? a.gate + r * a.ldg + h * a.hg : nullptr;
+  const int64_t yo = r * a.ldy + h * a.hy;
+  float4 e[kChunks];
+  float ss = 0;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = 4 * (lane + 32 * c);
+    e[c] = i < dim ? load4(x, i, dim, vec.in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss = sum_squares4(ss, e[c]);
+  }
+  const float inv = 1.0f / sqrtf(warp_sum(ss) / float(a.dim) + a.eps);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = 4 * (lane + 32 * c);
+    if (i >= dim) break;
+    float o[4] = {e[c].x, e[c].y, e[c].z, e[c].w};
+    const float4 gv = g ? load4(g, i, dim, vec.in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = i + k < dim ? i + k : i;  // past dim: a lane's value nobody stores
+      if (g) {
+        const float w = a.w ? a.w[j] : 1.0f;
+        o[k] = (w * (o[k] * inv)) * silu(gs[k]);
+      } else {
+        const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[j] : a.w[j]) : 1.0f;
+        o[k] = (o[k] * inv) * w;
+      }
+    }
+    const float4 ov = make_float4(o[0], o[1], o[2], o[3]);
+    if (a.yb) {
+      store4_bf16(a.yb + yo, i, dim, vec.out, ov);
+    } else {
+      store4(a.y + yo, i, dim, vec.out, ov);
+    }
+  }
+}
+
+// A block per vector (dims past kWarpNormDim).
+__global__ void rms_norm_block_kernel(NormLaunch a) {
+  const int64_t v = int64_t(blockIdx.x);
+  const int lane = int(threadIdx.x), dim = int(a.dim);
   const int64_t r = v / a.heads, h = v % a.heads;
   const float* x = a.x + r * a.ldx + h * a.hx;
   const int64_t yo = r * a.ldy + h * a.hy;
@@ -111,31 +191,57 @@ __global__ void rms_norm_kernel(NormLaunch a) {
     }
   };
   float ss = 0;
-  for (int i = lane; i < dim; i += step) ss += x[i] * x[i];
-  const float inv = 1.0f / sqrtf((kBlock ? block_sum(ss) : warp_sum(ss)) / float(a.dim) + a.eps);
+  for (int i = lane; i < dim; i += kThreads) ss += x[i] * x[i];
+  const float inv = 1.0f / sqrtf(block_sum(ss) / float(a.dim) + a.eps);
   if (a.gate) {
     const float* g = a.gate + r * a.ldg + h * a.hg;
-    for (int i = lane; i < dim; i += step) {
+    for (int i = lane; i < dim; i += kThreads) {
       const float w = a.w ? a.w[i] : 1.0f;
       put(i, (w * (x[i] * inv)) * silu(g[i]));
     }
     return;
   }
-  for (int i = lane; i < dim; i += step) {
+  for (int i = lane; i < dim; i += kThreads) {
     const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[i] : a.w[i]) : 1.0f;
     put(i, (x[i] * inv) * w);
   }
 }
 
-__global__ void l2_norm_kernel(L2NormLaunch a) {
+// A warp per vector of at most 128 kChunks elements, in place, the rms_norm warp form's order.
+template <int kChunks>
+__global__ void l2_norm_kernel(L2NormLaunch a, bool vec) {
   const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
   const int lane = int(threadIdx.x % 32), dim = int(a.dim);
   float* x = a.x + (v / a.heads) * a.ldx + (v % a.heads) * a.dim;
+  float4 e[kChunks];
   float ss = 0;
-  for (int i = lane; i < dim; i += 32) ss += x[i] * x[i];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = 4 * (lane + 32 * c);
+    e[c] = i < dim ? load4(x, i, dim, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss = sum_squares4(ss, e[c]);
+  }
   const float inv = 1.0f / sqrtf(warp_sum(ss) + a.eps);
-  for (int i = lane; i < dim; i += 32) x[i] = (x[i] * inv) * a.post_scale;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    const int i = 4 * (lane + 32 * c);
+    if (i >= dim) break;
+    const float4 o = make_float4((e[c].x * inv) * a.post_scale, (e[c].y * inv) * a.post_scale,
+                                 (e[c].z * inv) * a.post_scale, (e[c].w * inv) * a.post_scale);
+    store4(x, i, dim, vec, o);
+  }
+}
+
+// Chunks of four per lane a vector of dim elements needs, rounded up to a power of two.
+int norm_chunks(int64_t dim) {
+  int c = 1;
+  while (128 * c < dim) c *= 2;
+  return c;
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 // ---- per-row ops (one chunk of rows; blockIdx.y = row of the chunk) ----
@@ -402,18 +508,37 @@ cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
   const int64_t vectors = a.rows * a.heads;
   if (a.dim > kWarpNormDim) {
-    rms_norm_kernel<true><<<unsigned(vectors), kThreads, 0, stream>>>(a);
-  } else {
-    rms_norm_kernel<false>
-        <<<unsigned((vectors + kNormWarps - 1) / kNormWarps), kThreads, 0, stream>>>(a);
+    rms_norm_block_kernel<<<unsigned(vectors), kThreads, 0, stream>>>(a);
+    return launched();
+  }
+  const bool dim4 = a.dim % 4 == 0;
+  NormVec vec{.in = dim4 && aligned16(a.x) && a.ldx % 4 == 0 && a.hx % 4 == 0 &&
+                    (!a.gate || (aligned16(a.gate) && a.ldg % 4 == 0 && a.hg % 4 == 0)),
+              .out = dim4 && a.ldy % 4 == 0 && a.hy % 4 == 0 &&
+                     (a.yb ? reinterpret_cast<uintptr_t>(a.yb) % 8 == 0 : aligned16(a.y))};
+  const unsigned grid = unsigned((vectors + kNormWarps - 1) / kNormWarps);
+  switch (norm_chunks(a.dim)) {
+    case 1: rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 2: rms_norm_warp_kernel<2><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 4: rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 8: rms_norm_warp_kernel<8><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    default: rms_norm_warp_kernel<16><<<grid, kThreads, 0, stream>>>(a, vec); break;
   }
   return launched();
 }
 
 cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  l2_norm_kernel<<<unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps), kThreads, 0,
-                   stream>>>(a);
+  if (a.dim > kWarpNormDim) return cudaErrorInvalidValue;  // no model norms q / k this wide
+  const bool vec = a.dim % 4 == 0 && aligned16(a.x) && a.ldx % 4 == 0;
+  const unsigned grid = unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps);
+  switch (norm_chunks(a.dim)) {
+    case 1: l2_norm_kernel<1><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 2: l2_norm_kernel<2><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 4: l2_norm_kernel<4><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 8: l2_norm_kernel<8><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    default: l2_norm_kernel<16><<<grid, kThreads, 0, stream>>>(a, vec); break;
+  }
   return launched();
 }
 
