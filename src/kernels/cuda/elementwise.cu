@@ -311,12 +311,22 @@ __global__ void conv_kernel(ConvLaunch a) {
     if (d < K && s < n) in = s >= 0 ? x[int64_t(s) * a.ldx] : tail[int64_t(K - 1 + s) * a.ldt + c];
     window[kConvWindow - 1 - d] = in;
   }
-  for (int t = t0; t < t_end; ++t) {
+  // The tile's inputs first, all loads in flight at once (x and y do not alias).
+  float in[kConvTokens];
+#pragma unroll
+  for (int u = 0; u < kConvTokens; ++u) {
+    const int t = t0 + u;
+    in[u] = t < t_end && t < n ? x[int64_t(t) * a.ldx] : 0.0f;
+  }
+#pragma unroll
+  for (int u = 0; u < kConvTokens; ++u) {
+    const int t = t0 + u;
+    if (t >= t_end) break;
     if (t >= n) {
       y[int64_t(t) * a.ldy] = 0.0f;
       continue;
     }
-    window[kConvWindow - 1] = x[int64_t(t) * a.ldx];
+    window[kConvWindow - 1] = in[u];
     float acc = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < kConvWindow; ++jj) {
