@@ -2464,6 +2464,64 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
   }
 }
 
+// A norm's vector has the same bits whatever the call's row count (CUDA takes a warp per vector
+// for many rows and a block per vector for few) and the rows' alignment: rows normed in calls of
+// 700, 3 and 1 rows, at an aligned and an unaligned row stride, plain, gated and l2.
+TEST(OpsNormRows, VectorBitsDoNotDependOnTheRowCount) {
+  struct Form {
+    int64_t dim, ld;
+    bool gated;
+  };
+  for (const Backend& b : backends_under_test()) {
+    for (const Form& f : {Form{1024, 1024, false}, Form{2048, 2048, true}, Form{1000, 1003, false},
+                          Form{512, 516, true}}) {
+      const int64_t rows = 700;
+      const std::vector<float> xv = randn_seeded(size_t(rows * f.ld), 71, 2.0f);
+      const std::vector<float> gv = randn_seeded(size_t(rows * f.ld), 72, 2.0f);
+      const std::vector<float> wv = randn_seeded(size_t(f.dim), 73, 0.5f);
+      Floats x(xv.begin(), xv.end()), g(gv.begin(), gv.end()), w(wv.begin(), wv.end());
+      auto norm = [&](int64_t first, int64_t n) {
+        Floats y(size_t(n * f.ld), 0.0f);
+        b.ops->rms_norm({.x = x.data() + first * f.ld,
+                         .ldx = f.ld,
+                         .y = y.data(),
+                         .ldy = f.ld,
+                         .rows = n,
+                         .dim = f.dim,
+                         .w = w.data(),
+                         .eps = 1e-6f,
+                         .scale = f.gated ? NormScale::w : NormScale::one_plus_w,
+                         .gate = f.gated ? g.data() + first * f.ld : nullptr,
+                         .ldg = f.ld});
+        b.ops->synchronize();
+        return y;
+      };
+      auto l2 = [&](int64_t first, int64_t n) {
+        Floats y(x.begin() + first * f.ld, x.begin() + (first + n) * f.ld);
+        b.ops->l2_norm({.x = y.data(),
+                        .ldx = f.ld,
+                        .rows = n,
+                        .heads = f.dim / 128,
+                        .dim = 128,
+                        .eps = 1e-6f,
+                        .post_scale = 0.25f});
+        b.ops->synchronize();
+        return y;
+      };
+      for (const auto& op : {std::function<Floats(int64_t, int64_t)>(norm),
+                             std::function<Floats(int64_t, int64_t)>(l2)}) {
+        const Floats all = op(0, rows);
+        for (const auto& [first, n] : {std::pair<int64_t, int64_t>{5, 3}, {411, 1}, {699, 1}}) {
+          const Floats part = op(first, n);
+          EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * f.ld))
+              << b.name << ": dim " << f.dim << (f.gated ? " gated" : "") << ", rows " << first
+              << " .. " << first + n - 1 << " alone != in a call of " << rows;
+        }
+      }
+    }
+  }
+}
+
 // bf16 rows for a projection (NormArgs::yb, GluArgs::outb, GemmArgs::xb), on every backend and
 // the reference: a norm's or glu's bf16 results are its f32 results rounded once (nearest even),
 // bit for bit, and a GEMM reading the rounded rows gives the bits of the same GEMM rounding f32

@@ -11,10 +11,10 @@
 //
 // Splits. Keys are read in blocks of 64 aligned at key index 0. A query row whose key index is k
 // cuts its reach into splits of split_blocks(k) blocks, aligned at key index 0: 1 block (64 keys)
-// while k < 1024, 4 blocks (256 keys) while k < 8192, then twice as many per doubling of k (at
-// most 32 splits). The geometry depends on the query's own key index only, so it is the same
-// whatever batch, L, row chunk or prefill chunk the query comes in. Per split the query runs the
-// flash recurrence from scratch over the split's blocks:
+// while k < 1024, 16 blocks (1024 keys) while k < 16384, then 32 blocks, twice as many per
+// doubling of k (at most 32 splits). The geometry depends on the query's own key index only, so it
+// is the same whatever batch, L, row chunk or prefill chunk the query comes in. Per split the query
+// runs the flash recurrence from scratch over the split's blocks:
 //   1. scores: S = scale (Q K^T), each score one dot product summed over d = 0, 1, ... with f32
 //      FMAs (dims padded to a multiple of 4 with zeros);
 //   2. softmax step, per query row, by 4 lanes (lane / 8 is the part): part p reads keys

@@ -27,15 +27,17 @@ constexpr int kCtasPerSm = 4;  // the chunking aims at this many CTAs per SM, wh
 
 // ---- the split geometry (host and device) ----
 
-constexpr int64_t kFineKeys = 1024;  // below: splits of 1 key block
-constexpr int64_t kWideKeys = 8192;  // below: 4 blocks; then doubling per doubling of the key
+constexpr int64_t kFineKeys = 1024;   // below: splits of 1 key block
+constexpr int64_t kMidBlocks = 16;    // then splits of 16 blocks (1024 keys)
+constexpr int64_t kWideKeys = 16384;  // from here: 32 blocks, doubling per doubling of the key
 constexpr int64_t kMaxSplits = 32;
 
-// Key blocks per split of a query row with key index `key` (a power of 2).
+// Key blocks per split of a query row with key index `key` (a power of 2, never smaller for a
+// larger key).
 __host__ __device__ inline int64_t split_blocks(int64_t key) {
   if (key < kFineKeys) return 1;
-  if (key < kWideKeys) return 4;
-  int64_t blocks = 8;
+  if (key < kWideKeys) return kMidBlocks;
+  int64_t blocks = 2 * kMidBlocks;
   for (int64_t k = key / kWideKeys; k > 1; k /= 2) blocks *= 2;
   return blocks;
 }
@@ -43,7 +45,7 @@ __host__ __device__ inline int64_t split_blocks(int64_t key) {
 // Workspace records of a query row with key index `key`: its last split + 1 (at most 32).
 __host__ __device__ inline int64_t split_slots(int64_t key) {
   if (key < kFineKeys) return key / kKeyBlock + 1;
-  if (key < kWideKeys) return key / (4 * kKeyBlock) + 1;
+  if (key < kWideKeys) return key / (kMidBlocks * kKeyBlock) + 1;
   return kMaxSplits;
 }
 
@@ -59,7 +61,8 @@ __host__ __device__ inline int64_t slot_prefix(int64_t x) {
   int64_t s = fine + floor_sum(fine, kKeyBlock);
   if (x > kFineKeys) {
     const int64_t mid = x < kWideKeys ? x : kWideKeys;
-    s += mid - kFineKeys + floor_sum(mid, 4 * kKeyBlock) - floor_sum(kFineKeys, 4 * kKeyBlock);
+    s += mid - kFineKeys + floor_sum(mid, kMidBlocks * kKeyBlock) -
+         floor_sum(kFineKeys, kMidBlocks * kKeyBlock);
   }
   if (x > kWideKeys) s += kMaxSplits * (x - kWideKeys);
   return s;

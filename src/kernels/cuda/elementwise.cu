@@ -73,13 +73,15 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// ---- norms: a vector (r, h) of at most kWarpNormDim elements takes a warp, its elements in
-// chunks of four consecutive ones, lane l holding chunks l, l + 32, ... in registers (read once,
-// by float4 where the rows allow it); lane l sums its chunks' squares in that order, then the
-// warp's butterfly. A longer vector takes a block of kThreads (thread t sums elements t,
-// t + kThreads, ... in order, then the warps' sums in order). Either way the order depends on
-// dim only (never on the rows' alignment, which only picks the loads' width). A thread writes
-// the elements it read (y may be x). ----
+// ---- norms: a vector (r, h) of at most kWarpNormDim elements is read once into registers in
+// chunks of four consecutive elements (by float4 where the rows allow it), chunk k of lane l
+// holding elements 4 (l + 32 k) .. + 3. Its sum of squares: each chunk's four squares from 0 in
+// order, the chunks of a lane in k order, then the warp's butterfly over the lanes. Either a warp
+// holds every chunk of its vector (many vectors), or a block of one warp per chunk index k (few
+// vectors: decode's rows) meets the chunk sums in shared memory and adds them in the same order:
+// the same bits, which never depend on the rows' count or alignment. A longer vector takes a
+// block of kThreads (thread t sums elements t, t + kThreads, ... in order, then the warps' sums
+// in order). A thread writes the elements it read (y may be x). ----
 
 constexpr int kWarpNormDim = 2048;
 
@@ -116,11 +118,11 @@ __device__ void store4_bf16(uint16_t* p, int i, int n, bool vec, float4 v) {
   const float e[4] = {v.x, v.y, v.z, v.w};
   for (int k = 0; k < 4 && i + k < n; ++k) p[i + k] = f32_to_bf16_bits(e[k]);
 }
-__device__ float sum_squares4(float ss, float4 v) {
-  ss += v.x * v.x;
-  ss += v.y * v.y;
-  ss += v.z * v.z;
-  return ss + v.w * v.w;
+__device__ float chunk_squares(float4 v) {
+  float s = v.x * v.x;
+  s += v.y * v.y;
+  s += v.z * v.z;
+  return s + v.w * v.w;
 }
 
 // Loads' and stores' widths of a norm launch: float4 where every vector starts 16-byte aligned
@@ -128,6 +130,34 @@ __device__ float sum_squares4(float ss, float4 v) {
 struct NormVec {
   bool in, out;
 };
+
+// Chunk e (elements i ..) of vector (r, h) normed with inv and written.
+__device__ void rms_norm_put(const NormLaunch& a, NormVec vec, int64_t r, int64_t h, int i,
+                             float4 e, float inv) {
+  const int dim = int(a.dim);
+  const int64_t yo = r * a.ldy + h * a.hy;
+  float o[4] = {e.x, e.y, e.z, e.w};
+  const float4 gv =
+      a.gate ? load4(a.gate + r * a.ldg + h * a.hg, i, dim, vec.in) : make_float4(0, 0, 0, 0);
+  const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int j = i + k < dim ? i + k : i;  // past dim: a value nobody stores
+    if (a.gate) {
+      const float w = a.w ? a.w[j] : 1.0f;
+      o[k] = (w * (o[k] * inv)) * silu(gs[k]);
+    } else {
+      const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[j] : a.w[j]) : 1.0f;
+      o[k] = (o[k] * inv) * w;
+    }
+  }
+  const float4 ov = make_float4(o[0], o[1], o[2], o[3]);
+  if (a.yb) {
+    store4_bf16(a.yb + yo, i, dim, vec.out, ov);
+  } else {
+    store4(a.y + yo, i, dim, vec.out, ov);
+  }
+}
 
 // A warp per vector of at most 128 kChunks elements.
 template <int kChunks>
@@ -137,42 +167,43 @@ __global__ void rms_norm_warp_kernel(NormLaunch a, NormVec vec) {
   const int lane = int(threadIdx.x % 32), dim = int(a.dim);
   const int64_t r = v / a.heads, h = v % a.heads;
   const float* x = a.x + r * a.ldx + h * a.hx;
-  const float* g = a.gate ? a.gate + r * a.ldg + h * a.hg : nullptr;
-  const int64_t yo = r * a.ldy + h * a.hy;
   float4 e[kChunks];
   float ss = 0;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = 4 * (lane + 32 * c);
     e[c] = i < dim ? load4(x, i, dim, vec.in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    ss = sum_squares4(ss, e[c]);
+    ss += chunk_squares(e[c]);
   }
   const float inv = 1.0f / sqrtf(warp_sum(ss) / float(a.dim) + a.eps);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = 4 * (lane + 32 * c);
-    if (i >= dim) break;
-    float o[4] = {e[c].x, e[c].y, e[c].z, e[c].w};
-    const float4 gv = g ? load4(g, i, dim, vec.in) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    const float gs[4] = {gv.x, gv.y, gv.z, gv.w};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = i + k < dim ? i + k : i;  // past dim: a lane's value nobody stores
-      if (g) {
-        const float w = a.w ? a.w[j] : 1.0f;
-        o[k] = (w * (o[k] * inv)) * silu(gs[k]);
-      } else {
-        const float w = a.w ? (a.one_plus_w ? 1.0f + a.w[j] : a.w[j]) : 1.0f;
-        o[k] = (o[k] * inv) * w;
-      }
-    }
-    const float4 ov = make_float4(o[0], o[1], o[2], o[3]);
-    if (a.yb) {
-      store4_bf16(a.yb + yo, i, dim, vec.out, ov);
-    } else {
-      store4(a.y + yo, i, dim, vec.out, ov);
-    }
+    if (i < dim) rms_norm_put(a, vec, r, h, i, e[c], inv);
   }
+}
+
+// A block of kChunks warps per vector, warp k holding every lane's chunk k.
+template <int kChunks>
+__global__ void rms_norm_split_kernel(NormLaunch a, NormVec vec) {
+  __shared__ float sums[kChunks][32];
+  __shared__ float inv_of;
+  const int64_t v = blockIdx.x, r = v / a.heads, h = v % a.heads;
+  const int lane = int(threadIdx.x % 32), c = int(threadIdx.x / 32), dim = int(a.dim);
+  const int i = 4 * (lane + 32 * c);
+  const float4 e = i < dim ? load4(a.x + r * a.ldx + h * a.hx, i, dim, vec.in)
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  sums[c][lane] = chunk_squares(e);
+  __syncthreads();
+  if (c == 0) {
+    float ss = 0;
+#pragma unroll
+    for (int k = 0; k < kChunks; ++k) ss += sums[k][lane];
+    ss = warp_sum(ss);
+    if (lane == 0) inv_of = 1.0f / sqrtf(ss / float(a.dim) + a.eps);
+  }
+  __syncthreads();
+  if (i < dim) rms_norm_put(a, vec, r, h, i, e, inv_of);
 }
 
 // A block per vector (dims past kWarpNormDim).
@@ -220,7 +251,7 @@ __global__ void l2_norm_kernel(L2NormLaunch a, bool vec) {
   for (int c = 0; c < kChunks; ++c) {
     const int i = 4 * (lane + 32 * c);
     e[c] = i < dim ? load4(x, i, dim, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    ss = sum_squares4(ss, e[c]);
+    ss += chunk_squares(e[c]);
   }
   const float inv = 1.0f / sqrtf(warp_sum(ss) + a.eps);
 #pragma unroll
@@ -335,6 +366,15 @@ __global__ void conv_kernel(ConvLaunch a) {
     y[int64_t(t) * a.ldy] = a.silu ? silu(acc) : acc;
 #pragma unroll
     for (int d = 0; d < kConvWindow - 1; ++d) window[d] = window[d + 1];
+  }
+  // One tile per row (short rows, decode): the row's new tail is the window's last K - 1
+  // inputs, window[kConvWindow - K + j] = input n - (K - 1) + j; this thread alone read the
+  // channel's tail_in (which tail_out may be), so it writes it too.
+  float* tail_out = a.state[i].tail_out;
+  if (gridDim.y == 1 && tail_out) {
+#pragma unroll
+    for (int jj = 0; jj < kConvWindow - 1; ++jj)
+      if (jj >= kConvWindow - K) tail_out[int64_t(jj - (kConvWindow - K)) * a.ldt + c] = window[jj];
   }
 }
 
@@ -526,8 +566,19 @@ cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
                     (!a.gate || (aligned16(a.gate) && a.ldg % 4 == 0 && a.hg % 4 == 0)),
               .out = dim4 && a.ldy % 4 == 0 && a.hy % 4 == 0 &&
                      (a.yb ? reinterpret_cast<uintptr_t>(a.yb) % 8 == 0 : aligned16(a.y))};
+  const int chunks = norm_chunks(a.dim);
+  // Few vectors (fewer than a warp per SM scheduler): a block per vector, a warp per chunk index.
+  if (chunks >= 4 && vectors < 4 * 132) {
+    const unsigned grid = unsigned(vectors);
+    switch (chunks) {
+      case 4: rms_norm_split_kernel<4><<<grid, 4 * 32, 0, stream>>>(a, vec); break;
+      case 8: rms_norm_split_kernel<8><<<grid, 8 * 32, 0, stream>>>(a, vec); break;
+      default: rms_norm_split_kernel<16><<<grid, 16 * 32, 0, stream>>>(a, vec); break;
+    }
+    return launched();
+  }
   const unsigned grid = unsigned((vectors + kNormWarps - 1) / kNormWarps);
-  switch (norm_chunks(a.dim)) {
+  switch (chunks) {
     case 1: rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(a, vec); break;
     case 2: rms_norm_warp_kernel<2><<<grid, kThreads, 0, stream>>>(a, vec); break;
     case 4: rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(a, vec); break;
@@ -578,7 +629,7 @@ cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
   conv_kernel<<<dim3(channel_blocks, tiles, unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
-  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  if (cudaError_t e = launched(); e != cudaSuccess || tiles == 1) return e;  // tails written
   conv_tail_kernel<<<dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   return launched();
 }
