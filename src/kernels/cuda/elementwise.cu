@@ -630,6 +630,9 @@ cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
   conv_kernel<<<dim3(channel_blocks, tiles, unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess || tiles == 1) return e;  // tails written
+  bool tails = false;  // fork rows that are not kept write none
+  for (int i = 0; i < a.rows.count; ++i) tails = tails || a.state[i].tail_out;
+  if (!tails) return cudaSuccess;
   conv_tail_kernel<<<dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   return launched();
 }
