@@ -141,7 +141,7 @@ int main() {
       for (size_t i = 0; i < mine.size(); ++i)
         if (mine[i] != ref[i]) {
           ++diff;
-          md = std::max(md, std::fabs(mine[i] - ref[i]));
+          md = std::max(md, double(std::fabs(mine[i] - ref[i])));
         }
       printf(
           "M=%d N=%d K=%d: cuBLASLt algos %d of %d same bits; mma variant %s: %zu of %zu differ "
