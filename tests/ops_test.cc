@@ -610,21 +610,25 @@ OpCase attention_case(std::string name, AttendShape s, Tolerance tol) {
 
 enum class Tail { separate, in_place, none };  // tail_out: own buffer, = tail_in, null
 
+// Rows of at most 16 tokens (CUDA: one tile a row, whose thread writes the new tail itself),
+// among them an empty row and rows shorter than the kernel.
+const std::vector<int64_t> kShortLengths = {3, 1, 0, 16, 2, 5, 1};
+
 OpCase conv_case(std::string name, int64_t channels, int64_t kernel, bool silu, Tail tail,
-                 Tolerance tol) {
+                 Tolerance tol, const std::vector<int64_t>& lengths = kRowLengths) {
   return {name, tol, [=] {
             std::mt19937 rng(707);
             const int64_t C = channels, K = kernel, ldx = C + 20, ldy = C + 1, ldt = C + 3;
             auto x = std::make_shared<std::vector<Floats>>();
             auto tails = std::make_shared<std::vector<Floats>>();
-            for (int64_t n : kRowLengths) {
+            for (int64_t n : lengths) {
               x->push_back(randn(size_t(n * C), rng));
               tails->push_back(randn(size_t((K - 1) * ldt), rng));
             }
             auto w = std::make_shared<Floats>(randn(size_t(C * K), rng, 0.5f));
             return RunFn([=](const Ops& ops, const std::vector<int>& order) {
               std::mt19937 jr = junk_rng(order);
-              const Layout lay = padded(kRowLengths, order);
+              const Layout lay = padded(lengths, order);
               Floats xb = place(lay, order, *x, ldx, span_cols(C), jr);
               Floats y = junk(size_t(lay.rows * ldy), jr);
               std::vector<Floats> tin, tout;
@@ -1585,7 +1589,7 @@ const std::vector<OpCase>& op_cases() {
                                 .own_before = {0, 0, 3, 0, 9, 2, 0}},
                                att_bf16));
 
-    // Past 1024 keys at D = 256: splits of 4 blocks (the running sums rescale inside a split),
+    // Past 1024 keys at D = 256: splits of 16 blocks (the running sums rescale inside a split),
     // rows of a few queries whose key ranges are cut into chunks (partials and the merge), and a
     // 150-token row whose queries cross key 1024 in one CTA walk (the local fold).
     c.push_back(attention_case("attention_bf16_long_prefix_d256",
@@ -1625,7 +1629,7 @@ const std::vector<OpCase>& op_cases() {
                                 .prefix_len = {40, 3, 0, 0, 12, 100, 1},
                                 .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                att));
-    // Past 1024 keys (splits of 4 blocks: the running sums rescale inside a split) with 12 and 16
+    // Past 1024 keys (splits of 16 blocks: the running sums rescale inside a split) with 12 and 16
     // query rows a CTA, softmax over up to ~1,500 keys (cpu: 2.0e-6, 7.1e-13); and a head dim
     // that is no multiple of 4 (4-byte copies).
     const Tolerance att_long{2e-5, 1e-11};
@@ -1659,6 +1663,9 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(conv_case("conv_silu_600_channels", 600, 4, true, Tail::separate, conv));
     c.push_back(conv_case("conv_tail_in_place", 48, 3, false, Tail::in_place, conv));
     c.push_back(conv_case("conv_no_tail_out", 40, 4, true, Tail::none, conv));
+    c.push_back(conv_case("conv_short_rows_tail_in_place", 300, 4, true, Tail::in_place, conv,
+                          kShortLengths));
+    c.push_back(conv_case("conv_short_rows", 48, 3, false, Tail::separate, conv, kShortLengths));
 
     // sigmoid / softplus in f32 (cpu: 6e-8, 2e-15).
     c.push_back(delta_gates_case("delta_gates", 6, {1e-6, 1e-13}));
@@ -2465,8 +2472,9 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
 }
 
 // A norm's vector has the same bits whatever the call's row count (CUDA takes a warp per vector
-// for many rows and a block per vector for few) and the rows' alignment: rows normed in calls of
-// 700, 3 and 1 rows, at an aligned and an unaligned row stride, plain, gated and l2.
+// for many rows and a block per vector for few) and the rows' alignment (CUDA reads by float4
+// where it can): rows normed in calls of 700, 3 and 1 rows, and from a copy one float off the
+// aligned base (scalar reads), plain, gated and l2, at dims that are and are not multiples of 4.
 TEST(OpsNormRows, VectorBitsDoNotDependOnTheRowCount) {
   struct Form {
     int64_t dim, ld;
@@ -2474,15 +2482,22 @@ TEST(OpsNormRows, VectorBitsDoNotDependOnTheRowCount) {
   };
   for (const Backend& b : backends_under_test()) {
     for (const Form& f : {Form{1024, 1024, false}, Form{2048, 2048, true}, Form{1000, 1003, false},
-                          Form{512, 516, true}}) {
+                          Form{512, 516, true}, Form{1022, 1022, true}}) {
       const int64_t rows = 700;
       const std::vector<float> xv = randn_seeded(size_t(rows * f.ld), 71, 2.0f);
       const std::vector<float> gv = randn_seeded(size_t(rows * f.ld), 72, 2.0f);
       const std::vector<float> wv = randn_seeded(size_t(f.dim), 73, 0.5f);
       Floats x(xv.begin(), xv.end()), g(gv.begin(), gv.end()), w(wv.begin(), wv.end());
+      // The same rows one float past the aligned base.
+      Floats shifted(size_t(rows * f.ld + 1), 0.0f), gshifted(size_t(rows * f.ld + 1), 0.0f);
+      std::copy(xv.begin(), xv.end(), shifted.begin() + 1);
+      std::copy(gv.begin(), gv.end(), gshifted.begin() + 1);
+      bool off = false;  // read x (and the gate) from the shifted copies
       auto norm = [&](int64_t first, int64_t n) {
         Floats y(size_t(n * f.ld), 0.0f);
-        b.ops->rms_norm({.x = x.data() + first * f.ld,
+        const float* xs = off ? shifted.data() + 1 : x.data();
+        const float* gs = off ? gshifted.data() + 1 : g.data();
+        b.ops->rms_norm({.x = xs + first * f.ld,
                          .ldx = f.ld,
                          .y = y.data(),
                          .ldy = f.ld,
@@ -2491,14 +2506,16 @@ TEST(OpsNormRows, VectorBitsDoNotDependOnTheRowCount) {
                          .w = w.data(),
                          .eps = 1e-6f,
                          .scale = f.gated ? NormScale::w : NormScale::one_plus_w,
-                         .gate = f.gated ? g.data() + first * f.ld : nullptr,
+                         .gate = f.gated ? gs + first * f.ld : nullptr,
                          .ldg = f.ld});
         b.ops->synchronize();
         return y;
       };
       auto l2 = [&](int64_t first, int64_t n) {
-        Floats y(x.begin() + first * f.ld, x.begin() + (first + n) * f.ld);
-        b.ops->l2_norm({.x = y.data(),
+        Floats y(size_t(n * f.ld + 1), 0.0f);  // from y.data() + 1 when off
+        const int64_t o = off ? 1 : 0;
+        std::copy(x.begin() + first * f.ld, x.begin() + (first + n) * f.ld, y.begin() + o);
+        b.ops->l2_norm({.x = y.data() + o,
                         .ldx = f.ld,
                         .rows = n,
                         .heads = f.dim / 128,
@@ -2506,16 +2523,21 @@ TEST(OpsNormRows, VectorBitsDoNotDependOnTheRowCount) {
                         .eps = 1e-6f,
                         .post_scale = 0.25f});
         b.ops->synchronize();
-        return y;
+        return Floats(y.begin() + o, y.begin() + o + n * f.ld);
       };
       for (const auto& op : {std::function<Floats(int64_t, int64_t)>(norm),
                              std::function<Floats(int64_t, int64_t)>(l2)}) {
+        off = false;
         const Floats all = op(0, rows);
-        for (const auto& [first, n] : {std::pair<int64_t, int64_t>{5, 3}, {411, 1}, {699, 1}}) {
-          const Floats part = op(first, n);
-          EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * f.ld))
-              << b.name << ": dim " << f.dim << (f.gated ? " gated" : "") << ", rows " << first
-              << " .. " << first + n - 1 << " alone != in a call of " << rows;
+        for (bool shift : {false, true}) {
+          off = shift;
+          for (const auto& [first, n] : {std::pair<int64_t, int64_t>{5, 3}, {411, 1}, {699, 1}}) {
+            const Floats part = op(first, n);
+            EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * f.ld))
+                << b.name << ": dim " << f.dim << (f.gated ? " gated" : "") << ", rows " << first
+                << " .. " << first + n - 1 << (shift ? " (unaligned)" : "")
+                << " alone != in a call of " << rows;
+          }
         }
       }
     }

@@ -69,7 +69,8 @@ struct RowTable {
 };
 
 // What one layer sees of row b's state. Recurrent layers: start from rec_in/tail_in, write
-// rec_out (always; it may equal rec_in) and tail_out (when non-null). Attention layers: keys are
+// rec_out (it may equal rec_in; what it holds after the call is unspecified when rec_scratch)
+// and tail_out (when non-null). Attention layers: keys are
 // prefix [0, prefix_len) then own [0, own_before + t]; this call's K/V are written into own at
 // own_before. Strides are per KV head, in elements (capacity * D). Sliding layers see only the
 // keys a window can reach (prefix_len is the prefix's kept tail, own_before the own keys kept

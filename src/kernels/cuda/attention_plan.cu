@@ -71,10 +71,12 @@ int64_t chunk_jobs(Draft* d, int count, int64_t kv_heads) {
     // A range up to half past the target stays whole (prefill: no Q tile loaded twice).
     const int64_t pieces = range * 2 <= target * 3 ? 1 : ceil_div(range, target);
     const int64_t per = ceil_div(range, pieces);
-    // Whole splits: the multiple of the split nearest the share (at least one split), so that
-    // splits as long as the share do not halve the CTAs.
+    // Whole splits: a range kept whole rounds up; a cut one takes the multiple of the split
+    // nearest the share (at least one split), so that splits as long as the share do not halve
+    // the CTAs.
     const int64_t split = d[i].split_blocks;
-    const int64_t chunk = std::max<int64_t>(1, (per + split / 2) / split) * split;
+    const int64_t chunk = pieces == 1 ? ceil_div(per, split) * split
+                                      : std::max<int64_t>(1, (per + split / 2) / split) * split;
     j.chunk_blocks = int32_t(chunk);
     j.chunk0 = int32_t(j.key_begin / chunk);
     j.chunks = int32_t((j.key_end - 1) / chunk - j.chunk0 + 1);
