@@ -31,6 +31,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#if DEG_HAVE_CUDA
+#include "kernels/cuda/launch.h"
+#endif
 #include "kernels/cuda_runtime.h"
 #include "kernels/ops_decorator.h"
 #include "kernels/reference_ops.h"
@@ -2470,6 +2473,64 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
     }
   }
 }
+
+#if DEG_HAVE_CUDA
+// Our small-M product (kernels/cuda/gemm_small.cu), in every configuration, gives the rows of a
+// 2100-row product by the CUDA backend (cuBLASLt's pinned algorithm) bit for bit, written and
+// accumulated: at decode's shapes (out_proj's K = 2048, down's 3584), at a column count that
+// leaves a CTA's columns partly empty and at a K that ends in a partial stage. The backend picks
+// among the configurations by speed (tune), so each must hold.
+TEST(OpsGemmRows, SmallRowKernelGivesThePinnedBits) {
+  struct Shape {
+    int64_t n, k;
+  };
+  const int64_t rows = 2100;
+  const int64_t calls[][2] = {{0, 1}, {37, 64}, {100, 37}, {2099, 1}, {500, 17}};
+  for (const Backend& b : backends_under_test()) {
+    if (std::string(b.name) != "cuda") continue;
+    for (const Shape& s : {Shape{1024, 2048}, Shape{96, 3584}, Shape{520, 1024}, Shape{264, 272}}) {
+      const std::vector<float> xv = randn_seeded(size_t(rows * s.k), 61);
+      const std::vector<float> y0 = randn_seeded(size_t(rows * s.n), 62);
+      std::vector<bf16> wb;
+      for (float v : randn_seeded(size_t(s.n * s.k), 63, 0.05f)) wb.push_back(f32_to_bf16(v));
+      const Tensor w = b.ops->upload(Tensor::from_vector(wb, {s.n, s.k}));
+      testing::ManagedVector<uint16_t> xb;
+      for (float v : xv) xb.push_back(f32_to_bf16(v).bits);
+      for (bool acc : {false, true}) {
+        Floats x(xv.begin(), xv.end()), all(y0.begin(), y0.end());
+        const GemmOutput go{.w = &w, .y = all.data(), .ldy = s.n, .accumulate = acc};
+        b.ops->gemm({.x = x.data(),
+                     .m = rows,
+                     .k = s.k,
+                     .ldx = s.k,
+                     .outputs = {&go, 1},
+                     .precision = GemmPrecision::bf16});
+        b.ops->synchronize();
+        for (int config = 0; config < cuda::kSmallGemmConfigs; ++config)
+          for (const auto& [first, m] : calls) {
+            Floats y(y0.begin() + first * s.n, y0.begin() + (first + m) * s.n);
+            const cuda::SmallGemmLaunch l{.x = xb.data() + first * s.k,
+                                          .ldx = s.k,
+                                          .w = reinterpret_cast<const uint16_t*>(w.raw()),
+                                          .y = y.data(),
+                                          .ldy = s.n,
+                                          .m = m,
+                                          .n = s.n,
+                                          .k = s.k,
+                                          .accumulate = acc};
+            ASSERT_TRUE(cuda::small_gemm_fits(l));
+            ASSERT_EQ(cuda::launch_small_gemm(l, config, nullptr), cudaSuccess);
+            ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            EXPECT_TRUE(std::equal(y.begin(), y.end(), all.begin() + first * s.n))
+                << cuda::small_gemm_config_name(config) << (acc ? ", accumulating" : "") << ": ["
+                << s.n << ", " << s.k << "] rows " << first << " .. " << first + m - 1
+                << " differ from the pinned product's";
+          }
+      }
+    }
+  }
+}
+#endif
 
 // A norm's vector has the same bits whatever the call's row count (CUDA takes a warp per vector
 // for many rows and a block per vector for few) and the rows' alignment (CUDA reads by float4

@@ -351,8 +351,10 @@ class CudaOps final : public Ops {
   // that also runs n = 1, else its first for n = 1 that also runs n = 1024 — or, per class of
   // n, a faster algorithm that gives the same bits (tune). Pin::this_n: one for this very n.
   // Pin::every_n_or_this_n: the pinned rule's choice where cuBLASLt has one, else this_n.
+  // `own`, when given, is set to the configuration of our own small-M kernel that tune chose for
+  // this shape's n <= 64 class (cuda::launch_small_gemm), or -1.
   const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
-                                          Pin pin) const;
+                                          Pin pin, int* own = nullptr) const;
 
   [[noreturn]] static void no_algorithm(const LtGemm& g, int align, const char* which);
 
@@ -372,11 +374,16 @@ class CudaOps final : public Ops {
   // fastest may differ from run to run; the results may not. `base` (the pinned rule's choice)
   // stays where nothing else qualifies, for operands of other strides than B's plain column-major,
   // and for products with more than 2^26 weight elements (a vocabulary-sized LM head: seconds and
-  // gigabytes to time).
+  // gigabytes to time). For bf16 products of a contiguous weight, the first class also weighs our
+  // own small-M kernel's configurations (gemm_small.cu: the same order of sums by construction,
+  // checked here like any candidate at n = 64). Each timed call reads one of five copies of the
+  // weight where they fit in 256 MB, so that a weight larger than a fifth of L2 is timed coming
+  // from memory, as the layers of a decode step read theirs.
   static constexpr int kSizeClasses = 3;
   static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {64, 512, INT64_MAX};
   struct Tuned {
     std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;
+    int own = -1;  // our small-M kernel's configuration for the first class, or -1: cuBLASLt's
   };
   // nullopt: the tuning could not run (memory, a failed copy); the caller keeps `base` for now.
   std::optional<Tuned> tune(const MatmulDesc& desc, const LtGemm& g, int align,

@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/launch.h"
 
 namespace deg::cuda_backend {
 
@@ -57,7 +59,8 @@ void CudaOps::set_heuristic(bool on) const {
 }
 
 const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
-                                                 Pin pin) const {
+                                                 Pin pin, int* own) const {
+  if (own) *own = -1;
   const GemmKey every = g.key(-1, align), exact = g.key(g.n, align);
   if (pin != Pin::this_n) {
     auto it = algos_.find(every);
@@ -84,6 +87,7 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
       }
       size_t c = 0;
       while (g.n > kTunedUpTo[c]) ++c;
+      if (own && c == 0) *own = t->second.own;
       return t->second.by_class[c];
     }
     if (it->second) return *it->second;
@@ -125,7 +129,7 @@ bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
 // closed first).
 struct TuneScratch {
   cudaStream_t ts = nullptr;
-  void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;
+  void *a = nullptr, *b = nullptr, *c = nullptr, *d = nullptr;  // a: the weight's copies
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   cudaGraphExec_t exec = nullptr;
   TuneScratch() = default;
@@ -168,7 +172,9 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
         if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
           cand.push_back(a);
-    if (cand.size() == 1) return tuned;
+    const bool own_eligible =
+        g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T && g.lda == g.k;
+    if (cand.size() == 1 && !own_eligible) return tuned;
 
     constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
     constexpr std::array<int64_t, kSizeClasses> kTimeN = {64, 512, 2048};
@@ -180,28 +186,50 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
                                bh = random_operand(g.bt, b_count, 29),
                                ch = random_operand(CUDA_R_32F, c_count, 41);
+    // Copies of the weight for the timed calls to rotate through (one where five do not fit).
+    const int copies = ah.size() * 5 <= (size_t(256) << 20) ? 5 : 1;
     TuneScratch m;
     // Stream-ordered memory from the pool the backend's own allocations use. A failure here
     // leaves the shape untuned for now (not remembered: its next use tries again).
     if (cudaStreamSynchronize(stream_) != cudaSuccess ||
         cudaStreamCreateWithFlags(&m.ts, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMallocAsync(&m.a, ah.size(), m.ts) != cudaSuccess ||
+        cudaMallocAsync(&m.a, ah.size() * size_t(copies), m.ts) != cudaSuccess ||
         cudaMallocAsync(&m.b, bh.size(), m.ts) != cudaSuccess ||
         cudaMallocAsync(&m.c, ch.size(), m.ts) != cudaSuccess ||
         cudaMallocAsync(&m.d, d_count * sizeof(float), m.ts) != cudaSuccess ||
         cudaMemcpyAsync(m.a, ah.data(), ah.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
         cudaMemcpyAsync(m.b, bh.data(), bh.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
         cudaMemcpyAsync(m.c, ch.data(), ch.size(), cudaMemcpyHostToDevice, m.ts) != cudaSuccess ||
-        cudaEventCreate(&m.e0) != cudaSuccess || cudaEventCreate(&m.e1) != cudaSuccess ||
-        cudaStreamSynchronize(m.ts) != cudaSuccess)
+        cudaEventCreate(&m.e0) != cudaSuccess || cudaEventCreate(&m.e1) != cudaSuccess)
       return std::nullopt;
+    for (int i = 1; i < copies; ++i)
+      if (cudaMemcpyAsync(static_cast<char*>(m.a) + ah.size() * size_t(i), ah.data(), ah.size(),
+                          cudaMemcpyHostToDevice, m.ts) != cudaSuccess)
+        return std::nullopt;
+    if (cudaStreamSynchronize(m.ts) != cudaSuccess) return std::nullopt;
     const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda);
-    auto run = [&](const cublasLtMatmulAlgo_t& algo, int64_t n, float beta) {
+    auto weight = [&](int copy) {
+      return static_cast<const char*>(m.a) + ah.size() * size_t(copy % copies);
+    };
+    auto run = [&](const cublasLtMatmulAlgo_t& algo, int64_t n, float beta, int copy) {
       const Layout lb(g.bt, uint64_t(g.k), uint64_t(n), g.ldb),
           ld(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
       const float alpha = 1.0f;
-      return cublasLtMatmul(blas_, desc.h, &alpha, m.a, la.h, m.b, lb.h, &beta, m.d, ld.h, m.d,
-                            ld.h, &algo, nullptr, 0, m.ts) == CUBLAS_STATUS_SUCCESS;
+      return cublasLtMatmul(blas_, desc.h, &alpha, weight(copy), la.h, m.b, lb.h, &beta, m.d, ld.h,
+                            m.d, ld.h, &algo, nullptr, 0, m.ts) == CUBLAS_STATUS_SUCCESS;
+    };
+    // Our small-M kernel (configuration `config`) at n <= 64 columns.
+    auto run_own = [&](int config, int64_t n, float beta, int copy) {
+      const cuda::SmallGemmLaunch l{.x = static_cast<const uint16_t*>(m.b),
+                                    .ldx = g.ldb,
+                                    .w = reinterpret_cast<const uint16_t*>(weight(copy)),
+                                    .y = static_cast<float*>(m.d),
+                                    .ldy = g.ldd,
+                                    .m = n,
+                                    .n = g.m,
+                                    .k = g.k,
+                                    .accumulate = beta != 0.0f};
+      return cuda::small_gemm_fits(l) && cuda::launch_small_gemm(l, config, m.ts) == cudaSuccess;
     };
     const Layout lb_large(g.bt, uint64_t(g.k), uint64_t(kLargeN), g.ldb),
         ld_large(CUDA_R_32F, uint64_t(g.m), uint64_t(kLargeN), g.ldd);
@@ -210,24 +238,27 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       return cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb_large.h, ld_large.h, ld_large.h, &algo,
                                      &r) == CUBLAS_STATUS_SUCCESS;
     };
-    // Bits: D from C, then D (+)= A B at kVerifyN columns, read back.
-    const size_t verify_bytes = size_t(g.ldd) * size_t(kVerifyN) * sizeof(float);
-    auto result = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
-      out.resize(verify_bytes);
-      return cudaMemcpyAsync(m.d, m.c, verify_bytes, cudaMemcpyDeviceToDevice, m.ts) ==
-                 cudaSuccess &&
-             run(algo, kVerifyN, beta) &&
-             cudaMemcpyAsync(out.data(), m.d, verify_bytes, cudaMemcpyDeviceToHost, m.ts) ==
-                 cudaSuccess &&
+    // Bits: D from C, then D (+)= A B (call(beta)) at the first `columns` columns, read back.
+    auto result = [&](const std::function<bool(float)>& call, int64_t columns, float beta,
+                      std::vector<uint8_t>& out) {
+      const size_t bytes = size_t(g.ldd) * size_t(columns) * sizeof(float);
+      out.resize(bytes);
+      return cudaMemcpyAsync(m.d, m.c, bytes, cudaMemcpyDeviceToDevice, m.ts) == cudaSuccess &&
+             call(beta) &&
+             cudaMemcpyAsync(out.data(), m.d, bytes, cudaMemcpyDeviceToHost, m.ts) == cudaSuccess &&
              cudaStreamSynchronize(m.ts) == cudaSuccess;
     };
-    // Time: the median of three launches of a graph of five calls at n columns; < 0: failed.
-    auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
+    auto result_of = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
+      return result([&](float b) { return run(algo, kVerifyN, b, 0); }, kVerifyN, beta, out);
+    };
+    // Time: the median of three launches of a graph of five calls (call(i): the i-th, each on a
+    // copy of its own); < 0: failed.
+    auto time_of = [&](const std::function<bool(int)>& call) {
       cudaGraph_t graph = nullptr;
       if (cudaStreamBeginCapture(m.ts, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         return -1.0f;
       bool ok = true;
-      for (int i = 0; i < 5 && ok; ++i) ok = run(algo, n, 0.0f);
+      for (int i = 0; i < 5 && ok; ++i) ok = call(i);
       ok = cudaStreamEndCapture(m.ts, &graph) == cudaSuccess && ok;
       ok = ok && cudaGraphInstantiate(&m.exec, graph, 0) == cudaSuccess;
       if (graph) cudaGraphDestroy(graph);
@@ -247,13 +278,18 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       return ok ? ms[1] : -1.0f;
     };
 
+    auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
+      return time_of([&](int i) { return run(algo, n, 0.0f, i); });
+    };
+
     std::vector<uint8_t> ref0, ref1, got;
-    if (!result(base, 0.0f, ref0) || !result(base, 1.0f, ref1)) return std::nullopt;
+    if (!result_of(base, 0.0f, ref0) || !result_of(base, 1.0f, ref1)) return std::nullopt;
     std::array<float, kSizeClasses> best{};
     for (size_t c = 0; c < kSizeClasses; ++c) best[c] = time_at(base, kTimeN[c]);
     int verified = 1;
     for (size_t i = 1; i < cand.size(); ++i) {
-      if (!result(cand[i], 0.0f, got) || got != ref0 || !result(cand[i], 1.0f, got) || got != ref1)
+      if (!result_of(cand[i], 0.0f, got) || got != ref0 || !result_of(cand[i], 1.0f, got) ||
+          got != ref1)
         continue;
       ++verified;
       const bool large = runs_large(cand[i]);
@@ -267,10 +303,31 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
         }
       }
     }
+    // Our small-M kernel for the first class: its bits against the pinned choice's first columns.
+    constexpr int64_t kOwnN = kTimeN[0];
+    int own_verified = 0;
+    for (int config = 0; own_eligible && config < cuda::kSmallGemmConfigs; ++config) {
+      auto own = [&](float beta) { return run_own(config, kOwnN, beta, 0); };
+      if (!result(own, kOwnN, 0.0f, got) || !std::equal(got.begin(), got.end(), ref0.begin()) ||
+          !result(own, kOwnN, 1.0f, got) || !std::equal(got.begin(), got.end(), ref1.begin()))
+        continue;
+      ++own_verified;
+      const float t = time_of([&](int i) { return run_own(config, kOwnN, 0.0f, i); });
+      if (t > 0 && (best[0] <= 0 || t < 0.97f * best[0])) {
+        best[0] = t;
+        tuned.own = config;
+      }
+    }
     log::debug(
-        "cuBLASLt [{}, {}] x [{}, n]: {} of {} candidates give the pinned bits; {:.1f} / "
-        "{:.1f} / {:.1f} us at n = 64 / 512 / 2048 (negative: the timing failed)",
-        g.m, g.k, g.k, verified, cand.size(), best[0] * 200, best[1] * 200, best[2] * 200);
+        "cuBLASLt [{}, {}] x [{}, n]: {} of {} candidates and {} of {} small-M configurations of "
+        "ours "
+        "give the pinned bits; {:.1f} / {:.1f} / {:.1f} us at n = 64 / 512 / 2048 (negative: the "
+        "timing failed){}",
+        g.m, g.k, g.k, verified, cand.size(), own_verified,
+        own_eligible ? cuda::kSmallGemmConfigs : 0, best[0] * 200, best[1] * 200, best[2] * 200,
+        tuned.own >= 0
+            ? fmt::format("; n <= 64 runs ours: {}", cuda::small_gemm_config_name(tuned.own))
+            : "");
     return tuned;
   } catch (...) {  // host memory, cuBLASLt descriptors: the pinned choice serves meanwhile
     cudaGetLastError();

@@ -557,4 +557,25 @@ cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n,
                            cudaStream_t stream);
 cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream);
 
+// ---- gemm_small.cu: y [m, n] (= or +=) x [m, k] w [n, k]^T, bf16 operands, f32 y, m <= 64 ----
+// Each output summed as cuBLASLt's pinned bf16 kernels sum it (k ascending in mma.sync k16
+// steps, one f32 accumulator; accumulate adds the old y last). Configurations 0 ..
+// kSmallGemmConfigs - 1 cut the work differently (small_gemm_config_name says how) with the same
+// bits. small_gemm_fits: m in [1, 64], n and k multiples of 8 and 16, ldx a multiple of 8, x and
+// w 16-byte aligned.
+constexpr int kSmallGemmRows = 64;
+constexpr int kSmallGemmConfigs = 8;
+struct SmallGemmLaunch {
+  const uint16_t* x;  // [m, k] at ldx
+  int64_t ldx;
+  const uint16_t* w;  // [n, k] contiguous
+  float* y;           // [m, n] at ldy
+  int64_t ldy;
+  int64_t m, n, k;
+  bool accumulate;
+};
+const char* small_gemm_config_name(int config);
+bool small_gemm_fits(const SmallGemmLaunch& a);
+cudaError_t launch_small_gemm(const SmallGemmLaunch& a, int config, cudaStream_t stream);
+
 }  // namespace deg::cuda

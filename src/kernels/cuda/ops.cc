@@ -616,7 +616,23 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
         "matmul");
     return;
   }
-  const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin);
+  int own = -1;
+  const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin, &own);
+  if (own >= 0 && g.n <= cuda::kSmallGemmRows) {  // tune found ours faster, with the same bits
+    const cuda::SmallGemmLaunch l{.x = static_cast<const uint16_t*>(B),
+                                  .ldx = g.ldb,
+                                  .w = static_cast<const uint16_t*>(A),
+                                  .y = D,
+                                  .ldy = g.ldd,
+                                  .m = g.n,
+                                  .n = g.m,
+                                  .k = g.k,
+                                  .accumulate = accumulate};
+    if (cuda::small_gemm_fits(l)) {
+      check(cuda::launch_small_gemm(l, own, stream_), "small-M gemm");
+      return;
+    }
+  }
   check_blas(cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h, &algo,
                             nullptr, 0, stream_),
              "matmul");
