@@ -404,7 +404,9 @@ OpCase norm_case(std::string name, NormShape s, Tolerance tol) {
           }};
 }
 
-OpCase l2_norm_case(std::string name, int64_t heads, int64_t dim, int64_t ldx, Tolerance tol) {
+// scaled: heads [0, scaled) take post_scale (< 0: all), as a delta rule's q then k in one call.
+OpCase l2_norm_case(std::string name, int64_t heads, int64_t dim, int64_t ldx, Tolerance tol,
+                    int64_t scaled = -1) {
   return {name, tol, [=] {
             std::mt19937 rng(303);
             auto x = std::make_shared<std::vector<Floats>>();
@@ -419,7 +421,8 @@ OpCase l2_norm_case(std::string name, int64_t heads, int64_t dim, int64_t ldx, T
                            .heads = heads,
                            .dim = dim,
                            .eps = 1e-6f,
-                           .post_scale = 0.25f});
+                           .post_scale = 0.25f,
+                           .scaled_heads = scaled});
               Batch res;
               add(res, "x", take(lay, xb, ldx, span_cols(heads * dim)));
               return res;
@@ -1492,6 +1495,7 @@ const std::vector<OpCase>& op_cases() {
         {.heads = 3, .dim = 16, .ldx = 50, .ldy = 48, .gated = true, .hg = 32, .ldg = 100}, norm));
     c.push_back(l2_norm_case("l2_norm_heads", 4, 16, 70, norm));
     c.push_back(l2_norm_case("l2_norm_wide", 1, 128, 128, norm));
+    c.push_back(l2_norm_case("l2_norm_q_then_k", 4, 128, 520, norm, 2));
 
     // The same f32 angle; cos / sin and the rotation in f32 (cpu: 6e-8, 2e-15).
     const Tolerance rope{1e-6, 1e-13};

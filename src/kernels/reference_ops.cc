@@ -107,7 +107,8 @@ class ReferenceOps final : public Ops {
         float* x = a.x + r * a.ldx + h * a.dim;
         double ss = 0;
         for (int64_t i = 0; i < a.dim; ++i) ss += double(x[i]) * x[i];
-        const double f = a.post_scale / std::sqrt(ss + a.eps);
+        const double scale = a.scaled_heads < 0 || h < a.scaled_heads ? a.post_scale : 1.0;
+        const double f = scale / std::sqrt(ss + a.eps);
         for (int64_t i = 0; i < a.dim; ++i) x[i] = float(x[i] * f);
       }
   }

@@ -193,14 +193,15 @@ class Qwen35 final : public Family {
                        .kernel = cfg_.conv_kernel,
                        .w = w.conv.data<float>(),
                        .silu = true});
-    // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel.
+    // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel;
+    // k's heads follow q's, so one call does both.
     x.ops.l2_norm({.x = conv,
                    .ldx = Cc,
                    .rows = N,
-                   .heads = Hk,
+                   .heads = 2 * Hk,
                    .dim = Dk,
-                   .post_scale = 1.0f / std::sqrt(float(Dk))});
-    x.ops.l2_norm({.x = conv + KD, .ldx = Cc, .rows = N, .heads = Hk, .dim = Dk});
+                   .post_scale = 1.0f / std::sqrt(float(Dk)),
+                   .scaled_heads = Hk});
     float* core = x.arena.floats(N * VD);
     x.ops.delta_rule({.rows = c.rows,
                       .views = c.views,

@@ -154,8 +154,11 @@ class CpuOps final : public Ops {
   }
 
   void l2_norm(const L2NormArgs& a) const override {
+    const int64_t scaled = a.scaled_heads < 0 ? a.heads : std::min(a.scaled_heads, a.heads);
     for_each_index(a.rows, kRowGrain, [&](int64_t i) {
-      deg::l2_norm(a.x + i * a.ldx, a.dim, a.heads, a.dim, a.eps, a.post_scale);
+      float* x = a.x + i * a.ldx;
+      deg::l2_norm(x, a.dim, scaled, a.dim, a.eps, a.post_scale);
+      deg::l2_norm(x + scaled * a.dim, a.dim, a.heads - scaled, a.dim, a.eps, 1.0f);
     });
   }
 

@@ -254,12 +254,13 @@ __global__ void l2_norm_kernel(L2NormLaunch a, bool vec) {
     ss += chunk_squares(e[c]);
   }
   const float inv = 1.0f / sqrtf(warp_sum(ss) + a.eps);
+  const float scale = v % a.heads < a.scaled_heads ? a.post_scale : 1.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = 4 * (lane + 32 * c);
     if (i >= dim) break;
-    const float4 o = make_float4((e[c].x * inv) * a.post_scale, (e[c].y * inv) * a.post_scale,
-                                 (e[c].z * inv) * a.post_scale, (e[c].w * inv) * a.post_scale);
+    const float4 o = make_float4((e[c].x * inv) * scale, (e[c].y * inv) * scale,
+                                 (e[c].z * inv) * scale, (e[c].w * inv) * scale);
     store4(x, i, dim, vec, o);
   }
 }

@@ -120,6 +120,7 @@ struct L2NormLaunch {
   float* x;
   int64_t ldx, rows, heads, dim;
   float eps, post_scale;
+  int64_t scaled_heads;  // heads [0, scaled_heads) times post_scale (L2NormArgs)
 };
 cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream);
 

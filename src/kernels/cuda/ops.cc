@@ -145,7 +145,8 @@ void CudaOps::l2_norm(const L2NormArgs& a) const {
                               .heads = a.heads,
                               .dim = a.dim,
                               .eps = a.eps,
-                              .post_scale = a.post_scale},
+                              .post_scale = a.post_scale,
+                              .scaled_heads = a.scaled_heads < 0 ? a.heads : a.scaled_heads},
                              stream_),
         "l2_norm");
 }
