@@ -365,25 +365,28 @@ class CudaOps final : public Ops {
   std::optional<cublasLtMatmulAlgo_t> first_running(const MatmulDesc& desc, const LtGemm& g,
                                                     int align, int64_t probe, int64_t check) const;
 
-  // Pin::every_n's algorithm for each class of n (kTunedUpTo: n <= 64, n <= 512, larger): of
-  // the heuristic's candidates at n = 1024 and n = 64, those whose results on random operands
-  // are bitwise the pinned choice's (at n = 293, with and without accumulation; for the largest
-  // class also accepted by cuBLASLt at n = 65536), the fastest at the class's n (64, 512, 2048;
+  // Pin::every_n's algorithm for each class of n (kTunedUpTo: n <= 16, n <= 64, n <= 512,
+  // larger): of the heuristic's candidates at n = 1024 and n = 64, those whose results on random
+  // operands are bitwise the pinned choice's (at n = 293, with and without accumulation; for the
+  // largest class also accepted by cuBLASLt at n = 65536), the fastest at the class's n (16, 64,
+  // 512, 2048;
   // timed as CUDA graphs on a private stream). Every candidate sums each output over k in the
   // same order, or it is left out: the class an n falls in never changes a row's bits. Which one is
   // fastest may differ from run to run; the results may not. `base` (the pinned rule's choice)
   // stays where nothing else qualifies, for operands of other strides than B's plain column-major,
   // and for products with more than 2^26 weight elements (a vocabulary-sized LM head: seconds and
-  // gigabytes to time). For bf16 products of a contiguous weight, the first class also weighs our
-  // own small-M kernel's configurations (gemm_small.cu: the same order of sums by construction,
-  // checked here like any candidate at n = 64). Each timed call reads one of five copies of the
-  // weight where they fit in 256 MB, so that a weight larger than a fifth of L2 is timed coming
-  // from memory, as the layers of a decode step read theirs.
-  static constexpr int kSizeClasses = 3;
-  static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {64, 512, INT64_MAX};
+  // gigabytes to time). For bf16 products of a contiguous weight, the classes of n <= 64 also
+  // weigh our own small-M kernel's configurations (gemm_small.cu: the same order of sums by
+  // construction, checked here like any candidate, at n = 64). Each timed call reads one of five
+  // copies of the weight where they fit in 256 MB, so that a weight larger than a fifth of L2 is
+  // timed coming from memory, as the layers of a decode step read theirs.
+  static constexpr int kSizeClasses = 4;
+  static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {16, 64, 512, INT64_MAX};
+  static constexpr int kOwnClasses = 2;  // the classes our small-M kernel may take
   struct Tuned {
     std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;
-    int own = -1;  // our small-M kernel's configuration for the first class, or -1: cuBLASLt's
+    // Our small-M kernel's configuration for each of the first classes, or -1: cuBLASLt's.
+    std::array<int, kOwnClasses> own = {-1, -1};
   };
   // nullopt: the tuning could not run (memory, a failed copy); the caller keeps `base` for now.
   std::optional<Tuned> tune(const MatmulDesc& desc, const LtGemm& g, int align,

@@ -87,7 +87,7 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
       }
       size_t c = 0;
       while (g.n > kTunedUpTo[c]) ++c;
-      if (own && c == 0) *own = t->second.own;
+      if (own && c < kOwnClasses) *own = t->second.own[c];
       return t->second.by_class[c];
     }
     if (it->second) return *it->second;
@@ -177,7 +177,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     if (cand.size() == 1 && !own_eligible) return tuned;
 
     constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
-    constexpr std::array<int64_t, kSizeClasses> kTimeN = {64, 512, 2048};
+    constexpr std::array<int64_t, kSizeClasses> kTimeN = {16, 64, 512, 2048};
     constexpr int64_t kLargeN = 65536;  // the largest class must at least accept this n
     const int64_t nmax = kTimeN.back();
     const size_t a_count = size_t(g.lda) * size_t(g.a_cols()),
@@ -303,8 +303,10 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
         }
       }
     }
-    // Our small-M kernel for the first class: its bits against the pinned choice's first columns.
-    constexpr int64_t kOwnN = kTimeN[0];
+    // Our small-M kernel for the classes of n <= 64: its bits against the pinned choice's first
+    // 64 columns, then its time at each class's n.
+    static_assert(kTimeN[kOwnClasses - 1] <= cuda::kSmallGemmRows);
+    constexpr int64_t kOwnN = kTimeN[kOwnClasses - 1];
     int own_verified = 0;
     for (int config = 0; own_eligible && config < cuda::kSmallGemmConfigs; ++config) {
       auto own = [&](float beta) { return run_own(config, kOwnN, beta, 0); };
@@ -312,22 +314,26 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
           !result(own, kOwnN, 1.0f, got) || !std::equal(got.begin(), got.end(), ref1.begin()))
         continue;
       ++own_verified;
-      const float t = time_of([&](int i) { return run_own(config, kOwnN, 0.0f, i); });
-      if (t > 0 && (best[0] <= 0 || t < 0.97f * best[0])) {
-        best[0] = t;
-        tuned.own = config;
+      for (int c = 0; c < kOwnClasses; ++c) {
+        const float t = time_of([&](int i) { return run_own(config, kTimeN[c], 0.0f, i); });
+        if (t > 0 && (best[c] <= 0 || t < 0.97f * best[c])) {
+          best[c] = t;
+          tuned.own[c] = config;
+        }
       }
     }
+    auto ours = [&](int c) {
+      return tuned.own[c] >= 0 ? fmt::format("; n <= {} runs ours ({})", kTunedUpTo[c],
+                                             cuda::small_gemm_config_name(tuned.own[c]))
+                               : std::string();
+    };
     log::debug(
         "cuBLASLt [{}, {}] x [{}, n]: {} of {} candidates and {} of {} small-M configurations of "
-        "ours "
-        "give the pinned bits; {:.1f} / {:.1f} / {:.1f} us at n = 64 / 512 / 2048 (negative: the "
-        "timing failed){}",
+        "ours give the pinned bits; {:.1f} / {:.1f} / {:.1f} / {:.1f} us at n = 16 / 64 / 512 / "
+        "2048 (negative: the timing failed){}{}",
         g.m, g.k, g.k, verified, cand.size(), own_verified,
         own_eligible ? cuda::kSmallGemmConfigs : 0, best[0] * 200, best[1] * 200, best[2] * 200,
-        tuned.own >= 0
-            ? fmt::format("; n <= 64 runs ours: {}", cuda::small_gemm_config_name(tuned.own))
-            : "");
+        best[3] * 200, ours(0), ours(1));
     return tuned;
   } catch (...) {  // host memory, cuBLASLt descriptors: the pinned choice serves meanwhile
     cudaGetLastError();
