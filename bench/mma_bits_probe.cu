@@ -18,6 +18,8 @@
 #include <random>
 #include <vector>
 
+#include "lt_probe.cuh"
+
 __device__ inline uint32_t ld32(const __nv_bfloat16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -68,15 +70,6 @@ __global__ void probe_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, flo
   }
 }
 
-#define CK(x)                                                     \
-  do {                                                            \
-    auto e_ = (x);                                                \
-    if (e_ != 0) {                                                \
-      printf("error %d at %s:%d\n", int(e_), __FILE__, __LINE__); \
-      exit(1);                                                    \
-    }                                                             \
-  } while (0)
-
 int main() {
   cublasLtHandle_t lt;
   CK(cublasLtCreate(&lt));
@@ -97,29 +90,17 @@ int main() {
     CK(cudaMalloc(&d1, size_t(M) * N * 4));
     CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(w, hw.data(), hw.size() * 2, cudaMemcpyHostToDevice));
-    cublasLtMatmulDesc_t desc;
-    CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-    cublasLtMatrixLayout_t la, lb, lc;
-    CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-    CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-    CK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-    cublasLtMatmulPreference_t pref;
-    CK(cublasLtMatmulPreferenceCreate(&pref));
-    uint64_t ws = 0;
-    CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof(ws)));
+    const LtProduct lp = lt_product(M, N, K);
     cublasLtMatmulHeuristicResult_t res[16];
     int found = 0;
-    CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 16, res, &found));
+    CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.w, lp.x, lp.y, lp.y, lp.pref, 16, res,
+                                      &found));
     float alpha = 1, beta = 0;
     std::vector<float> ref(size_t(M) * N), mine(size_t(M) * N);
     int algos_same = 0, algos = 0;
     for (int i = 0; i < found; ++i) {
-      if (cublasLtMatmul(lt, desc, &alpha, w, la, x, lb, &beta, d0, lc, d0, lc, &res[i].algo,
-                         nullptr, 0, 0) != 0)
+      if (cublasLtMatmul(lt, lp.desc, &alpha, w, lp.w, x, lp.x, &beta, d0, lp.y, d0, lp.y,
+                         &res[i].algo, nullptr, 0, 0) != 0)
         continue;
       CK(cudaDeviceSynchronize());
       std::vector<float> r(size_t(M) * N);

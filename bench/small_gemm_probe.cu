@@ -20,17 +20,9 @@
 #include <vector>
 
 #include "kernels/cuda/gemm_small.cu"
+#include "lt_probe.cuh"
 
 namespace {
-
-#define CK(x)                                                     \
-  do {                                                            \
-    auto e_ = (x);                                                \
-    if (e_ != 0) {                                                \
-      printf("error %d at %s:%d\n", int(e_), __FILE__, __LINE__); \
-      exit(1);                                                    \
-    }                                                             \
-  } while (0)
 
 // Microseconds per call of fn(i): 30 calls between two events (after 3 warm-up calls), as a
 // decode step runs its kernels back to back; the median of 5 such batches.
@@ -94,32 +86,20 @@ int main() {
       auto wcopy = [&](int c) {
         return reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<char*>(w) + c * wbytes);
       };
-      cublasLtMatmulDesc_t desc;
-      CK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-      cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-      CK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-      cublasLtMatrixLayout_t la, lb, lc;
-      CK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, K, N, K));
-      CK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, K, M, K));
-      CK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
-      cublasLtMatmulPreference_t pref;
-      CK(cublasLtMatmulPreferenceCreate(&pref));
-      uint64_t none = 0;
-      CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &none,
-                                              sizeof(none)));
+      const LtProduct lp = lt_product(M, N, K);
       // The pinned algorithm: the first the heuristic offers at n = 1024 (as the backend's).
       cublasLtMatrixLayout_t lbp, lcp;
       CK(cublasLtMatrixLayoutCreate(&lbp, CUDA_R_16BF, K, 1024, K));
       CK(cublasLtMatrixLayoutCreate(&lcp, CUDA_R_32F, N, 1024, N));
       cublasLtMatmulHeuristicResult_t res{};
       int found = 0;
-      CK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lbp, lcp, lcp, pref, 1, &res, &found));
+      CK(cublasLtMatmulAlgoGetHeuristic(lt, lp.desc, lp.w, lbp, lcp, lcp, lp.pref, 1, &res,
+                                        &found));
       int rot = 0;
       const float one = 1.0f;
       auto lt_call = [&](float beta, int c) {
-        CK(cublasLtMatmul(lt, desc, &one, wcopy(c), la, x, lb, &beta, d0, lc, d0, lc, &res.algo,
-                          nullptr, 0, 0));
+        CK(cublasLtMatmul(lt, lp.desc, &one, wcopy(c), lp.w, x, lp.x, &beta, d0, lp.y, d0, lp.y,
+                          &res.algo, nullptr, 0, 0));
       };
       const double lt_us = per_call_us([&](int) { lt_call(0.0f, rot++ % copies); });
       std::vector<float> ref0(hy.size()), ref1(hy.size()), mine(hy.size());
