@@ -2,7 +2,8 @@
 // The decode step's projections have M <= 64 rows, where cuBLASLt's workspace-free kernels give a
 // [1024, K] weight 8-16 CTAs (docs/cuda.md). For each of Qwen3.5-0.8B's decode shapes at several
 // M it prints cuBLASLt's first workspace-free algorithm (the pinned algorithms all agree) and each
-// of our configurations: the time per call of 30 calls back to back, each reading a different copy
+// of our configurations (and the forms under evaluation below, not yet in the build): the time
+// per call of 30 calls back to back, each reading a different copy
 // of the weight (128 MB of copies or more, so the weight comes from memory as in a decode step),
 // and the results that differ from cuBLASLt's, written (beta 0) and accumulated (beta 1). Not
 // part of the build; on the GPU machine:
@@ -23,6 +24,99 @@
 #include "lt_probe.cuh"
 
 namespace {
+
+// A form under evaluation (not in the build yet), the direct one: no shared memory and no
+// barrier on a chain's path. Warp w of a CTA owns the
+// rows [m0, m0 + 16) and the columns [n0 + 8 w, n0 + 8 w + 8): one chain, whose fragments it loads
+// itself from global memory (x's through L1, which the CTA's warps share: they hold the same
+// rows) kAhead k16 steps before their mma, in a ring of registers.
+__device__ __forceinline__ uint32_t ldg32(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
+template <int NW, int kAhead>
+__global__ void __launch_bounds__(NW * 32)
+    small_gemm_direct_kernel(const deg::cuda::SmallGemmLaunch a) {
+  const int m_tiles = static_cast<int>((a.m + 15) / 16);
+  const int64_t m0 = int64_t(blockIdx.x % m_tiles) * 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t n0 = int64_t(blockIdx.x / m_tiles) * (8 * NW) + 8 * warp;
+  if (n0 >= a.n) return;  // warp-uniform; no barrier follows
+  const int g = lane / 4, t = lane % 4;
+  const bool r0 = m0 + g < a.m, r1 = m0 + g + 8 < a.m;
+  const uint16_t* x0 = a.x + (r0 ? m0 + g : 0) * a.ldx + 2 * t;
+  const uint16_t* x1 = a.x + (r1 ? m0 + g + 8 : 0) * a.ldx + 2 * t;
+  const uint16_t* w0 = a.w + (n0 + g) * a.k + 2 * t;
+  const int steps = static_cast<int>(a.k / 16);
+
+  uint32_t fa[kAhead][4], fb[kAhead][2];
+  auto load = [&](int slot, int s) {
+    if (s >= steps) return;
+    const int64_t k = int64_t(s) * 16;
+    fa[slot][0] = r0 ? ldg32(x0 + k) : 0u;
+    fa[slot][1] = r1 ? ldg32(x1 + k) : 0u;
+    fa[slot][2] = r0 ? ldg32(x0 + k + 8) : 0u;
+    fa[slot][3] = r1 ? ldg32(x1 + k + 8) : 0u;
+    fb[slot][0] = ldg32(w0 + k);
+    fb[slot][1] = ldg32(w0 + k + 8);
+  };
+#pragma unroll
+  for (int j = 0; j < kAhead; ++j) load(j, j);
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s0 = 0; s0 < steps; s0 += kAhead) {
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+      if (s0 + j >= steps) break;
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+          : "r"(fa[j][0]), "r"(fa[j][1]), "r"(fa[j][2]), "r"(fa[j][3]), "r"(fb[j][0]),
+            "r"(fb[j][1]));
+      load(j, s0 + j + kAhead);
+    }
+  }
+  const int64_t n = n0 + 2 * t;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = m0 + g + 8 * h;
+    if (r >= a.m) continue;
+    float* y = a.y + r * a.ldy + n;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      y[e] = a.accumulate ? __fadd_rn(acc[2 * h + e], y[e]) : acc[2 * h + e];
+  }
+}
+
+template <int NW, int kAhead>
+cudaError_t launch_direct(const deg::cuda::SmallGemmLaunch& a, cudaStream_t stream) {
+  const int64_t m_tiles = (a.m + 15) / 16, n_blocks = (a.n + 8 * NW - 1) / (8 * NW);
+  small_gemm_direct_kernel<NW, kAhead>
+      <<<static_cast<unsigned>(m_tiles * n_blocks), NW * 32, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+constexpr int kDirectForms = 4;
+const char* const kDirectNames[kDirectForms] = {
+    "direct: 16 rows x 32 columns (4 warps), 8 steps ahead",
+    "direct: 16 rows x 32 columns (4 warps), 16 steps ahead",
+    "direct: 16 rows x 16 columns (2 warps), 16 steps ahead",
+    "direct: 16 rows x 64 columns (8 warps), 8 steps ahead"};
+
+// Configuration c of the build's kernel, or past them the direct forms.
+cudaError_t launch_any(const deg::cuda::SmallGemmLaunch& a, int c) {
+  switch (c - deg::cuda::kSmallGemmConfigs) {
+    case 0: return launch_direct<4, 8>(a, 0);
+    case 1: return launch_direct<4, 16>(a, 0);
+    case 2: return launch_direct<2, 16>(a, 0);
+    case 3: return launch_direct<8, 8>(a, 0);
+    default: return deg::cuda::launch_small_gemm(a, c, 0);
+  }
+}
+const char* name_of(int c) {
+  return c < deg::cuda::kSmallGemmConfigs ? deg::cuda::small_gemm_config_name(c)
+                                          : kDirectNames[c - deg::cuda::kSmallGemmConfigs];
+}
 
 // Microseconds per call of fn(i): 30 calls between two events (after 3 warm-up calls), as a
 // decode step runs its kernels back to back; the median of 5 such batches.
@@ -112,7 +206,7 @@ int main() {
       printf("M=%d N=%d K=%d: cuBLASLt %.1f us (weight at %.2f TB/s)\n", M, N, K, lt_us,
              gb / lt_us * 1e3);
       double best = 1e30;
-      for (int cfg = 0; cfg < deg::cuda::kSmallGemmConfigs; ++cfg) {
+      for (int cfg = 0; cfg < deg::cuda::kSmallGemmConfigs + kDirectForms; ++cfg) {
         auto run = [&](bool accumulate, int c) {
           deg::cuda::SmallGemmLaunch a{.x = reinterpret_cast<const uint16_t*>(x),
                                        .ldx = K,
@@ -123,7 +217,7 @@ int main() {
                                        .n = N,
                                        .k = K,
                                        .accumulate = accumulate};
-          CK(deg::cuda::launch_small_gemm(a, cfg, 0));
+          CK(launch_any(a, cfg));
           CK(cudaGetLastError());
         };
         const double us = per_call_us([&](int) { run(false, rot++ % copies); });
@@ -136,9 +230,8 @@ int main() {
         CK(cudaMemcpy(mine.data(), d1, mine.size() * 4, cudaMemcpyDeviceToHost));
         for (size_t i = 0; i < mine.size(); ++i) differ += std::memcmp(&mine[i], &ref1[i], 4) != 0;
         if (differ == 0) best = std::min(best, us);
-        printf("  %-44s %6.1f us (%.2f TB/s, x%.2f), %zu of %zu differ\n",
-               deg::cuda::small_gemm_config_name(cfg), us, gb / us * 1e3, lt_us / us, differ,
-               2 * mine.size());
+        printf("  %-44s %6.1f us (%.2f TB/s, x%.2f), %zu of %zu differ\n", name_of(cfg), us,
+               gb / us * 1e3, lt_us / us, differ, 2 * mine.size());
       }
       sum_lt[M == 1] += lt_us;
       sum_best[M == 1] += best;
