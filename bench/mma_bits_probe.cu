@@ -18,7 +18,7 @@
 #include <random>
 #include <vector>
 
-#include "lt_probe.cuh"
+#include "lt_probe.h"
 
 __device__ inline uint32_t ld32(const __nv_bfloat16* p) {
   return *reinterpret_cast<const uint32_t*>(p);

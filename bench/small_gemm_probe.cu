@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemm_small.cu"
-#include "lt_probe.cuh"
+#include "lt_probe.h"
 
 namespace {
 

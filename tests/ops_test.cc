@@ -404,9 +404,9 @@ OpCase norm_case(std::string name, NormShape s, Tolerance tol) {
           }};
 }
 
-// scaled: heads [0, scaled) take post_scale (< 0: all), as a delta rule's q then k in one call.
+// unscaled: the last heads that skip post_scale, as a delta rule's k after its q in one call.
 OpCase l2_norm_case(std::string name, int64_t heads, int64_t dim, int64_t ldx, Tolerance tol,
-                    int64_t scaled = -1) {
+                    int64_t unscaled = 0) {
   return {name, tol, [=] {
             std::mt19937 rng(303);
             auto x = std::make_shared<std::vector<Floats>>();
@@ -422,7 +422,7 @@ OpCase l2_norm_case(std::string name, int64_t heads, int64_t dim, int64_t ldx, T
                            .dim = dim,
                            .eps = 1e-6f,
                            .post_scale = 0.25f,
-                           .scaled_heads = scaled});
+                           .unscaled_heads = unscaled});
               Batch res;
               add(res, "x", take(lay, xb, ldx, span_cols(heads * dim)));
               return res;
@@ -1496,6 +1496,7 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(l2_norm_case("l2_norm_heads", 4, 16, 70, norm));
     c.push_back(l2_norm_case("l2_norm_wide", 1, 128, 128, norm));
     c.push_back(l2_norm_case("l2_norm_q_then_k", 4, 128, 520, norm, 2));
+    c.push_back(l2_norm_case("l2_norm_none_scaled", 3, 64, 192, norm, 3));
 
     // The same f32 angle; cos / sin and the rotation in f32 (cpu: 6e-8, 2e-15).
     const Tolerance rope{1e-6, 1e-13};
@@ -2481,43 +2482,61 @@ TEST(OpsGemmRows, RowBitsDoNotDependOnTheRowCount) {
 #if DEG_HAVE_CUDA
 // Our small-M product (kernels/cuda/gemm_small.cu), in every configuration, gives the rows of a
 // 2100-row product by the CUDA backend (cuBLASLt's pinned algorithm) bit for bit, written and
-// accumulated: at decode's shapes (out_proj's K = 2048, down's 3584), at a column count that
-// leaves a CTA's columns partly empty and at a K that ends in a partial stage. The backend picks
-// among the configurations by speed (tune), so each must hold.
+// accumulated: launched alone with strides wider than the rows, and through the op (the path a
+// decode step takes when the tuning picks it; cuda_gemm_small_config forces it here). Shapes:
+// decode's out_proj (K = 2048) and down (3584), a column count that leaves a CTA's columns partly
+// empty, a K that ends in a partial stage and one K of a single partial stage. The backend picks
+// among the configurations by speed, so each must hold.
 TEST(OpsGemmRows, SmallRowKernelGivesThePinnedBits) {
   struct Shape {
     int64_t n, k;
+  };
+  struct SmallConfig {  // the tuning's choice again, whatever way the test ends
+    ~SmallConfig() { cuda_gemm_small_config(-1); }
   };
   const int64_t rows = 2100;
   const int64_t calls[][2] = {{0, 1}, {37, 64}, {100, 37}, {2099, 1}, {500, 17}};
   for (const Backend& b : backends_under_test()) {
     if (std::string(b.name) != "cuda") continue;
-    for (const Shape& s : {Shape{1024, 2048}, Shape{96, 3584}, Shape{520, 1024}, Shape{264, 272}}) {
+    for (const Shape& s :
+         {Shape{1024, 2048}, Shape{96, 3584}, Shape{520, 1024}, Shape{264, 272}, Shape{64, 48}}) {
       const std::vector<float> xv = randn_seeded(size_t(rows * s.k), 61);
       const std::vector<float> y0 = randn_seeded(size_t(rows * s.n), 62);
       std::vector<bf16> wb;
       for (float v : randn_seeded(size_t(s.n * s.k), 63, 0.05f)) wb.push_back(f32_to_bf16(v));
       const Tensor w = b.ops->upload(Tensor::from_vector(wb, {s.n, s.k}));
-      testing::ManagedVector<uint16_t> xb;
-      for (float v : xv) xb.push_back(f32_to_bf16(v).bits);
+      // x as bf16 rows 8 elements wider than K; y rows 3 floats wider than N.
+      const int64_t ldx = s.k + 8, ldy = s.n + 3;
+      testing::ManagedVector<uint16_t> xb(size_t(rows * ldx), 0);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < s.k; ++i)
+          xb[size_t(r * ldx + i)] = f32_to_bf16(xv[size_t(r * s.k + i)]).bits;
       for (bool acc : {false, true}) {
         Floats x(xv.begin(), xv.end()), all(y0.begin(), y0.end());
-        const GemmOutput go{.w = &w, .y = all.data(), .ldy = s.n, .accumulate = acc};
-        b.ops->gemm({.x = x.data(),
-                     .m = rows,
-                     .k = s.k,
-                     .ldx = s.k,
-                     .outputs = {&go, 1},
-                     .precision = GemmPrecision::bf16});
-        b.ops->synchronize();
-        for (int config = 0; config < cuda::kSmallGemmConfigs; ++config)
+        auto product = [&](int64_t first, int64_t m, float* y) {
+          const GemmOutput go{.w = &w, .y = y, .ldy = s.n, .accumulate = acc};
+          b.ops->gemm({.x = x.data() + first * s.k,
+                       .m = m,
+                       .k = s.k,
+                       .ldx = s.k,
+                       .outputs = {&go, 1},
+                       .precision = GemmPrecision::bf16});
+          b.ops->synchronize();
+        };
+        product(0, rows, all.data());
+        for (int config = 0; config < cuda::kSmallGemmConfigs; ++config) {
+          const std::string what =
+              fmt::format("{}{}: [{}, {}]", cuda::small_gemm_config_name(config),
+                          acc ? ", accumulating" : "", s.n, s.k);
           for (const auto& [first, m] : calls) {
-            Floats y(y0.begin() + first * s.n, y0.begin() + (first + m) * s.n);
-            const cuda::SmallGemmLaunch l{.x = xb.data() + first * s.k,
-                                          .ldx = s.k,
+            Floats y(size_t(m * ldy), 0.0f);
+            for (int64_t r = 0; r < m; ++r)
+              std::copy_n(y0.begin() + (first + r) * s.n, s.n, y.begin() + r * ldy);
+            const cuda::SmallGemmLaunch l{.x = xb.data() + first * ldx,
+                                          .ldx = ldx,
                                           .w = reinterpret_cast<const uint16_t*>(w.raw()),
                                           .y = y.data(),
-                                          .ldy = s.n,
+                                          .ldy = ldy,
                                           .m = m,
                                           .n = s.n,
                                           .k = s.k,
@@ -2525,12 +2544,55 @@ TEST(OpsGemmRows, SmallRowKernelGivesThePinnedBits) {
             ASSERT_TRUE(cuda::small_gemm_fits(l));
             ASSERT_EQ(cuda::launch_small_gemm(l, config, nullptr), cudaSuccess);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            EXPECT_TRUE(std::equal(y.begin(), y.end(), all.begin() + first * s.n))
-                << cuda::small_gemm_config_name(config) << (acc ? ", accumulating" : "") << ": ["
-                << s.n << ", " << s.k << "] rows " << first << " .. " << first + m - 1
-                << " differ from the pinned product's";
+            for (int64_t r = 0; r < m; ++r)
+              EXPECT_TRUE(std::equal(y.begin() + r * ldy, y.begin() + r * ldy + s.n,
+                                     all.begin() + (first + r) * s.n))
+                  << what << ": row " << first + r << " alone differs from the pinned product's";
           }
+          const SmallConfig restore;
+          cuda_gemm_small_config(config);
+          for (const auto& [first, m] : calls) {
+            Floats y(y0.begin() + first * s.n, y0.begin() + (first + m) * s.n);
+            product(first, m, y.data());
+            EXPECT_TRUE(std::equal(y.begin(), y.end(), all.begin() + first * s.n))
+                << what << ": rows " << first << " .. " << first + m - 1
+                << " through the op differ from the pinned product's";
+          }
+        }
       }
+    }
+    // What it does not take: the backend's cuBLASLt products run those.
+    testing::ManagedVector<uint16_t> xs(size_t(70 * 64 + 8), 0);
+    Floats ys(size_t(70 * 64), 0.0f);
+    const cuda::SmallGemmLaunch ok{.x = xs.data(),
+                                   .ldx = 64,
+                                   .w = xs.data(),
+                                   .y = ys.data(),
+                                   .ldy = 64,
+                                   .m = 64,
+                                   .n = 64,
+                                   .k = 64,
+                                   .accumulate = false};
+    EXPECT_TRUE(cuda::small_gemm_fits(ok));
+    struct Bad {
+      const char* why;
+      int64_t m, n, k, ldx, ldy, x_offset;
+    };
+    for (const Bad& bad :
+         {Bad{"no rows", 0, 64, 64, 64, 64, 0}, Bad{"65 rows", 65, 64, 64, 64, 64, 0},
+          Bad{"n not a multiple of 8", 64, 60, 64, 64, 64, 0},
+          Bad{"k not a multiple of 16", 64, 64, 56, 56, 64, 0},
+          Bad{"ldx below k", 64, 64, 64, 48, 64, 0}, Bad{"ldy below n", 64, 64, 64, 64, 32, 0},
+          Bad{"x misaligned", 64, 64, 64, 64, 64, 1}}) {
+      cuda::SmallGemmLaunch l = ok;
+      l.m = bad.m;
+      l.n = bad.n;
+      l.k = bad.k;
+      l.ldx = bad.ldx;
+      l.ldy = bad.ldy;
+      l.x = xs.data() + bad.x_offset;
+      EXPECT_FALSE(cuda::small_gemm_fits(l)) << bad.why;
+      EXPECT_EQ(cuda::launch_small_gemm(l, 0, nullptr), cudaErrorInvalidValue) << bad.why;
     }
   }
 }

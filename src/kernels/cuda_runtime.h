@@ -46,6 +46,10 @@ std::vector<OpTime> cuda_profile_stop();
 // Benchmarks only: GEMMs with cuBLASLt's own algorithm choice for each M (split-K, workspace)
 // instead of the pinned one — faster for some shapes, but a row's bits then depend on its batch.
 void cuda_gemm_heuristic(bool on);
+// Tests only: config >= 0 runs our small-M product's configuration `config` for every bf16
+// product of at most 64 rows it takes, whatever the tuning chose (so that its bits can be held to
+// cuBLASLt's through the op); -1, the default, leaves the choice to the tuning.
+void cuda_gemm_small_config(int config);
 
 // Memory both the host and the GPU address (the op table's buffers in tests).
 void* cuda_managed_alloc(size_t bytes);

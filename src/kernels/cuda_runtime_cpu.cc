@@ -48,6 +48,9 @@ std::vector<OpTime> cuda_profile_stop() {
 void cuda_gemm_heuristic(bool) {
   no_cuda();
 }
+void cuda_gemm_small_config(int) {
+  no_cuda();
+}
 
 }  // namespace deg
 #endif

@@ -132,9 +132,9 @@ struct L2NormArgs {
   int64_t dim = 0;
   float eps = 1e-6f;
   float post_scale = 1.0f;
-  // Heads [0, scaled_heads) are multiplied by post_scale, the others not (< 0: every head): a
-  // delta rule's q and k normalised in one call.
-  int64_t scaled_heads = -1;
+  // The last unscaled_heads heads (0 .. heads) skip post_scale: a delta rule's q and then k
+  // normalised in one call.
+  int64_t unscaled_heads = 0;
 };
 
 // Rotary embedding (kernels/rope.h's rotate-half form) in place over the real tokens of a call:

@@ -201,7 +201,7 @@ class Qwen35 final : public Family {
                    .heads = 2 * Hk,
                    .dim = Dk,
                    .post_scale = 1.0f / std::sqrt(float(Dk)),
-                   .scaled_heads = Hk});
+                   .unscaled_heads = Hk});
     float* core = x.arena.floats(N * VD);
     x.ops.delta_rule({.rows = c.rows,
                       .views = c.views,

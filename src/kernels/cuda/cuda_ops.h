@@ -343,6 +343,8 @@ class CudaOps final : public Ops {
  public:
   // The benchmark's switch between pinned (batch-invariant) and heuristic algorithms.
   void set_heuristic(bool on) const;
+  // The tests' switch: our small-M configuration `config` wherever it fits, or -1: the tuning's.
+  void set_small_config(int config) const;
 
  private:
   // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
@@ -351,8 +353,8 @@ class CudaOps final : public Ops {
   // that also runs n = 1, else its first for n = 1 that also runs n = 1024 — or, per class of
   // n, a faster algorithm that gives the same bits (tune). Pin::this_n: one for this very n.
   // Pin::every_n_or_this_n: the pinned rule's choice where cuBLASLt has one, else this_n.
-  // `own`, when given, is set to the configuration of our own small-M kernel that tune chose for
-  // this shape's n <= 64 class (cuda::launch_small_gemm), or -1.
+  // `own`, when given, is set to the configuration of our own small-M kernel (cuda::
+  // launch_small_gemm) that tune chose for the class n falls in (Pin::every_n only), or kCublas.
   const cublasLtMatmulAlgo_t& pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
                                           Pin pin, int* own = nullptr) const;
 
@@ -369,24 +371,25 @@ class CudaOps final : public Ops {
   // larger): of the heuristic's candidates at n = 1024 and n = 64, those whose results on random
   // operands are bitwise the pinned choice's (at n = 293, with and without accumulation; for the
   // largest class also accepted by cuBLASLt at n = 65536), the fastest at the class's n (16, 64,
-  // 512, 2048;
-  // timed as CUDA graphs on a private stream). Every candidate sums each output over k in the
-  // same order, or it is left out: the class an n falls in never changes a row's bits. Which one is
-  // fastest may differ from run to run; the results may not. `base` (the pinned rule's choice)
-  // stays where nothing else qualifies, for operands of other strides than B's plain column-major,
-  // and for products with more than 2^26 weight elements (a vocabulary-sized LM head: seconds and
-  // gigabytes to time). For bf16 products of a contiguous weight, the classes of n <= 64 also
-  // weigh our own small-M kernel's configurations (gemm_small.cu: the same order of sums by
-  // construction, checked here like any candidate, at n = 64). Each timed call reads one of five
-  // copies of the weight where they fit in 256 MB, so that a weight larger than a fifth of L2 is
-  // timed coming from memory, as the layers of a decode step read theirs.
+  // 512, 2048; timed as CUDA graphs on a private stream). Every candidate sums each output over k
+  // in the same order, or it is left out: the class an n falls in never changes a row's bits.
+  // Which one is fastest may differ from run to run; the results may not. `base` (the pinned
+  // rule's choice) stays where nothing else qualifies, for operands of other strides than B's
+  // plain column-major, and for products with more than 2^26 weight elements (a vocabulary-sized
+  // LM head: seconds and gigabytes to time). For the bf16 products of a contiguous weight that
+  // cuda::small_gemm_fits takes, the classes of n <= 64 also weigh our own small-M kernel's
+  // configurations (gemm_small.cu: the same order of sums by construction, checked here like any
+  // candidate, at n = 64). The timed calls rotate over copies of the weight, twice L2 of them
+  // (5 to 64, within 256 MB), so that a weight is timed coming from memory, as the layers of a
+  // decode step read theirs.
   static constexpr int kSizeClasses = 4;
   static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {16, 64, 512, INT64_MAX};
   static constexpr int kOwnClasses = 2;  // the classes our small-M kernel may take
+  static_assert(kTunedUpTo[kOwnClasses - 1] <= cuda::kSmallGemmRows);
+  static constexpr int kCublas = -1;  // Tuned::own: the class's cuBLASLt algorithm runs
   struct Tuned {
     std::array<cublasLtMatmulAlgo_t, kSizeClasses> by_class;
-    // Our small-M kernel's configuration for each of the first classes, or -1: cuBLASLt's.
-    std::array<int, kOwnClasses> own = {-1, -1};
+    std::array<int, kOwnClasses> own;  // our small-M kernel's configuration per class, or kCublas
   };
   // nullopt: the tuning could not run (memory, a failed copy); the caller keeps `base` for now.
   std::optional<Tuned> tune(const MatmulDesc& desc, const LtGemm& g, int align,
@@ -409,6 +412,7 @@ class CudaOps final : public Ops {
   // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work.
   mutable std::array<Scratch, 10> scratch_;
   mutable bool heuristic_ = false;
+  mutable int small_config_ = -1;
   mutable std::map<GemmKey, Heuristic> heuristics_;
 };
 

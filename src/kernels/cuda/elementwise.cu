@@ -254,7 +254,7 @@ __global__ void l2_norm_kernel(L2NormLaunch a, bool vec) {
     ss += chunk_squares(e[c]);
   }
   const float inv = 1.0f / sqrtf(warp_sum(ss) + a.eps);
-  const float scale = v % a.heads < a.scaled_heads ? a.post_scale : 1.0f;
+  const float scale = v % a.heads < a.heads - a.unscaled_heads ? a.post_scale : 1.0f;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     const int i = 4 * (lane + 32 * c);

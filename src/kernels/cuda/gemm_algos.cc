@@ -58,9 +58,16 @@ void CudaOps::set_heuristic(bool on) const {
   heuristic_ = on;
 }
 
+void CudaOps::set_small_config(int config) const {
+  DEG_CHECK(config >= -1 && config < cuda::kSmallGemmConfigs, "no small-M configuration {}",
+            config);
+  std::lock_guard lock(mu_);
+  small_config_ = config;
+}
+
 const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
                                                  Pin pin, int* own) const {
-  if (own) *own = -1;
+  if (own) *own = kCublas;
   const GemmKey every = g.key(-1, align), exact = g.key(g.n, align);
   if (pin != Pin::this_n) {
     auto it = algos_.find(every);
@@ -162,6 +169,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
                                             const cublasLtMatmulAlgo_t& base) const {
   Tuned tuned;
   tuned.by_class.fill(base);
+  tuned.own.fill(kCublas);
   if (g.tb != CUBLAS_OP_N) return tuned;  // B's stride is tied to n: one algorithm for every n
   // Vocabulary-sized products (a [V, C] LM head) are left alone: timing them would take seconds
   // and gigabytes.
@@ -172,8 +180,9 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       for (const cublasLtMatmulAlgo_t& a : candidates(desc, g, align, probe, 1))
         if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
           cand.push_back(a);
-    const bool own_eligible =
-        g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T && g.lda == g.k;
+    // Shapes our small-M kernel takes (cuda::small_gemm_fits, at every n <= 64).
+    const bool own_eligible = g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T &&
+                              g.lda == g.k && align == 16 && g.m % 8 == 0 && g.k % 16 == 0;
     if (cand.size() == 1 && !own_eligible) return tuned;
 
     constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one
@@ -186,8 +195,18 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
                                bh = random_operand(g.bt, b_count, 29),
                                ch = random_operand(CUDA_R_32F, c_count, 41);
-    // Copies of the weight for the timed calls to rotate through (one where five do not fit).
-    const int copies = ah.size() * 5 <= (size_t(256) << 20) ? 5 : 1;
+    // Copies of the weight for the timed calls to rotate through: twice L2 of them (5 .. 64), so
+    // that each call reads its weight from memory as a decode step's layers do, within 256 MB.
+    int l2_bytes = 0, device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess)
+      return std::nullopt;
+    const size_t room = (size_t(256) << 20) / ah.size();
+    const int copies = std::max(
+        1,
+        int(std::min<size_t>(
+            room, std::clamp<size_t>((2 * size_t(l2_bytes) + ah.size() - 1) / ah.size(), 5, 64))));
+    const int calls = std::max(copies, 5);  // a timed graph's calls, each on the next copy
     TuneScratch m;
     // Stream-ordered memory from the pool the backend's own allocations use. A failure here
     // leaves the shape untuned for now (not remembered: its next use tries again).
@@ -251,14 +270,14 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     auto result_of = [&](const cublasLtMatmulAlgo_t& algo, float beta, std::vector<uint8_t>& out) {
       return result([&](float b) { return run(algo, kVerifyN, b, 0); }, kVerifyN, beta, out);
     };
-    // Time: the median of three launches of a graph of five calls (call(i): the i-th, each on a
-    // copy of its own); < 0: failed.
+    // Time per call (ms): the median of three launches of a graph of `calls` calls (call(i): the
+    // i-th, each on the next copy of the weight), over `calls`; < 0: failed.
     auto time_of = [&](const std::function<bool(int)>& call) {
       cudaGraph_t graph = nullptr;
       if (cudaStreamBeginCapture(m.ts, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
         return -1.0f;
       bool ok = true;
-      for (int i = 0; i < 5 && ok; ++i) ok = call(i);
+      for (int i = 0; i < calls && ok; ++i) ok = call(i);
       ok = cudaStreamEndCapture(m.ts, &graph) == cudaSuccess && ok;
       ok = ok && cudaGraphInstantiate(&m.exec, graph, 0) == cudaSuccess;
       if (graph) cudaGraphDestroy(graph);
@@ -275,7 +294,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       m.exec = nullptr;
       cudaGetLastError();
       std::sort(ms.begin(), ms.end());
-      return ok ? ms[1] : -1.0f;
+      return ok ? ms[1] / float(calls) : -1.0f;
     };
 
     auto time_at = [&](const cublasLtMatmulAlgo_t& algo, int64_t n) {
@@ -305,8 +324,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     }
     // Our small-M kernel for the classes of n <= 64: its bits against the pinned choice's first
     // 64 columns, then its time at each class's n.
-    static_assert(kTimeN[kOwnClasses - 1] <= cuda::kSmallGemmRows);
-    constexpr int64_t kOwnN = kTimeN[kOwnClasses - 1];
+    constexpr int64_t kOwnN = kTunedUpTo[kOwnClasses - 1];
     int own_verified = 0;
     for (int config = 0; own_eligible && config < cuda::kSmallGemmConfigs; ++config) {
       auto own = [&](float beta) { return run_own(config, kOwnN, beta, 0); };
@@ -323,17 +341,17 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       }
     }
     auto ours = [&](int c) {
-      return tuned.own[c] >= 0 ? fmt::format("; n <= {} runs ours ({})", kTunedUpTo[c],
-                                             cuda::small_gemm_config_name(tuned.own[c]))
-                               : std::string();
+      return tuned.own[c] != kCublas ? fmt::format("; n <= {} runs ours ({})", kTunedUpTo[c],
+                                                   cuda::small_gemm_config_name(tuned.own[c]))
+                                     : std::string();
     };
     log::debug(
         "cuBLASLt [{}, {}] x [{}, n]: {} of {} candidates and {} of {} small-M configurations of "
         "ours give the pinned bits; {:.1f} / {:.1f} / {:.1f} / {:.1f} us at n = 16 / 64 / 512 / "
         "2048 (negative: the timing failed){}{}",
         g.m, g.k, g.k, verified, cand.size(), own_verified,
-        own_eligible ? cuda::kSmallGemmConfigs : 0, best[0] * 200, best[1] * 200, best[2] * 200,
-        best[3] * 200, ours(0), ours(1));
+        own_eligible ? cuda::kSmallGemmConfigs : 0, best[0] * 1000, best[1] * 1000, best[2] * 1000,
+        best[3] * 1000, ours(0), ours(1));
     return tuned;
   } catch (...) {  // host memory, cuBLASLt descriptors: the pinned choice serves meanwhile
     cudaGetLastError();

@@ -8,7 +8,7 @@
 // so a row's bits are the same here as in a prefill's product; the backend still checks each
 // shape against the pinned algorithm before it uses this kernel (gemm_algos.cc, tune).
 //
-// Layout. A CTA owns kRows = 16 MT rows and kCols = NW CW columns; warp w the columns
+// Layout. A CTA owns kRowsCta = 16 MT rows and kColsCta = NW CW columns; warp w the columns
 // [w CW, (w + 1) CW) of the CTA's and all its m16 tiles: MT x CW / 8 independent chains. K streams
 // through shared memory in stages of kStageK (x's rows and the weight's rows by cp.async, kStages
 // - 1 in flight: a narrow weight's few CTAs need many bytes in flight each; rows padded to kPitch
@@ -163,41 +163,35 @@ cudaError_t launch_config(const SmallGemmLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The configurations that were fastest for some decode shape in bench/small_gemm_probe.cu
+// (H100, 2026-12-06): one row and the wide projections; 64 rows and q_proj.
+struct Config {
+  const char* name;
+  cudaError_t (*launch)(const SmallGemmLaunch&, cudaStream_t);
+};
+constexpr Config kConfigs[kSmallGemmConfigs] = {
+    {"16 rows x 32 columns (4 warps), 8 stages", launch_config<1, 4, 8, 8>},
+    {"16 rows x 64 columns (8 warps), 6 stages", launch_config<1, 8, 8, 6>},
+    {"32 rows x 64 columns (8 warps), 4 stages", launch_config<2, 8, 8, 4>},
+};
+
 }  // namespace
 
 const char* small_gemm_config_name(int config) {
-  switch (config) {
-    case 0: return "16 rows x 32 columns (4 warps), 4 stages";
-    case 1: return "16 rows x 32 columns (4 warps), 8 stages";
-    case 2: return "16 rows x 16 columns (2 warps), 12 stages";
-    case 3: return "32 rows x 32 columns (4 warps), 6 stages";
-    case 4: return "32 rows x 64 columns (8 warps), 4 stages";
-    case 5: return "64 rows x 64 columns (8 warps), 4 stages";
-    case 6: return "16 rows x 64 columns (8 warps), 6 stages";
-    case 7: return "16 rows x 8 columns (1 warp), 12 stages";
-    default: return nullptr;
-  }
+  return config >= 0 && config < kSmallGemmConfigs ? kConfigs[config].name : nullptr;
 }
 
 bool small_gemm_fits(const SmallGemmLaunch& a) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return a.m >= 1 && a.m <= kSmallGemmRows && a.n >= 8 && a.n % 8 == 0 && a.k >= 16 &&
-         a.k % 16 == 0 && a.ldx % 8 == 0 && a.ldy >= a.n && aligned(a.x) && aligned(a.w);
+         a.k % 16 == 0 && a.ldx >= a.k && a.ldx % 8 == 0 && a.ldy >= a.n && aligned(a.x) &&
+         aligned(a.w);
 }
 
 cudaError_t launch_small_gemm(const SmallGemmLaunch& a, int config, cudaStream_t stream) {
-  if (!small_gemm_fits(a)) return cudaErrorInvalidValue;
-  switch (config) {
-    case 0: return launch_config<1, 4, 8, 4>(a, stream);
-    case 1: return launch_config<1, 4, 8, 8>(a, stream);
-    case 2: return launch_config<1, 2, 8, 12>(a, stream);
-    case 3: return launch_config<2, 4, 8, 6>(a, stream);
-    case 4: return launch_config<2, 8, 8, 4>(a, stream);
-    case 5: return launch_config<4, 8, 8, 4>(a, stream);
-    case 6: return launch_config<1, 8, 8, 6>(a, stream);
-    case 7: return launch_config<1, 1, 8, 12>(a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  if (!small_gemm_fits(a) || config < 0 || config >= kSmallGemmConfigs)
+    return cudaErrorInvalidValue;
+  return kConfigs[config].launch(a, stream);
 }
 
 }  // namespace deg::cuda

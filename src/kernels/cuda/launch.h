@@ -120,7 +120,7 @@ struct L2NormLaunch {
   float* x;
   int64_t ldx, rows, heads, dim;
   float eps, post_scale;
-  int64_t scaled_heads;  // heads [0, scaled_heads) times post_scale (L2NormArgs)
+  int64_t unscaled_heads = 0;  // the last ones skip post_scale (L2NormArgs)
 };
 cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream);
 
@@ -562,10 +562,10 @@ cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStr
 // Each output summed as cuBLASLt's pinned bf16 kernels sum it (k ascending in mma.sync k16
 // steps, one f32 accumulator; accumulate adds the old y last). Configurations 0 ..
 // kSmallGemmConfigs - 1 cut the work differently (small_gemm_config_name says how) with the same
-// bits. small_gemm_fits: m in [1, 64], n and k multiples of 8 and 16, ldx a multiple of 8, x and
-// w 16-byte aligned.
+// bits. small_gemm_fits: m in [1, 64], n and k multiples of 8 and 16, ldx >= k and a multiple of
+// 8, ldy >= n, x and w 16-byte aligned.
 constexpr int kSmallGemmRows = 64;
-constexpr int kSmallGemmConfigs = 8;
+constexpr int kSmallGemmConfigs = 3;
 struct SmallGemmLaunch {
   const uint16_t* x;  // [m, k] at ldx
   int64_t ldx;

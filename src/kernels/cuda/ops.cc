@@ -139,6 +139,8 @@ void CudaOps::rms_norm(const NormArgs& a) const {
 }
 
 void CudaOps::l2_norm(const L2NormArgs& a) const {
+  DEG_CHECK(a.unscaled_heads >= 0 && a.unscaled_heads <= a.heads,
+            "cuda l2_norm: {} unscaled of {} heads", a.unscaled_heads, a.heads);
   check(cuda::launch_l2_norm({.x = a.x,
                               .ldx = a.ldx,
                               .rows = a.rows,
@@ -146,7 +148,7 @@ void CudaOps::l2_norm(const L2NormArgs& a) const {
                               .dim = a.dim,
                               .eps = a.eps,
                               .post_scale = a.post_scale,
-                              .scaled_heads = a.scaled_heads < 0 ? a.heads : a.scaled_heads},
+                              .unscaled_heads = a.unscaled_heads},
                              stream_),
         "l2_norm");
 }
@@ -617,9 +619,12 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
         "matmul");
     return;
   }
-  int own = -1;
+  int own = kCublas;
   const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin, &own);
-  if (own >= 0 && g.n <= cuda::kSmallGemmRows) {  // tune found ours faster, with the same bits
+  if (small_config_ >= 0 && g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T &&
+      g.lda == g.k)
+    own = small_config_;
+  if (own != kCublas) {  // tune found ours faster with the same bits, or a test asks for it
     const cuda::SmallGemmLaunch l{.x = static_cast<const uint16_t*>(B),
                                   .ldx = g.ldb,
                                   .w = static_cast<const uint16_t*>(A),
@@ -738,6 +743,10 @@ std::vector<OpTime> cuda_profile_stop() {
 
 void cuda_gemm_heuristic(bool on) {
   static_cast<const CudaOps&>(profiled().inner()).set_heuristic(on);
+}
+
+void cuda_gemm_small_config(int config) {
+  static_cast<const CudaOps&>(profiled().inner()).set_small_config(config);
 }
 
 }  // namespace deg

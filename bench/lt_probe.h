@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
