@@ -380,7 +380,7 @@ class CudaOps final : public Ops {
   // cuda::small_gemm_fits takes, the classes of n <= 64 also weigh our own small-M kernel's
   // configurations (gemm_small.cu: the same order of sums by construction, checked here like any
   // candidate, at n = 64). The timed calls rotate over copies of the weight, twice L2 of them
-  // (5 to 64, within 256 MB), so that a weight is timed coming from memory, as the layers of a
+  // (5 to 16, within 256 MB), so that a weight is timed coming from memory, as the layers of a
   // decode step read theirs.
   static constexpr int kSizeClasses = 4;
   static constexpr std::array<int64_t, kSizeClasses> kTunedUpTo = {16, 64, 512, INT64_MAX};

@@ -195,8 +195,9 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     const std::vector<uint8_t> ah = random_operand(g.at, a_count, 17),
                                bh = random_operand(g.bt, b_count, 29),
                                ch = random_operand(CUDA_R_32F, c_count, 41);
-    // Copies of the weight for the timed calls to rotate through: twice L2 of them (5 .. 64), so
-    // that each call reads its weight from memory as a decode step's layers do, within 256 MB.
+    // Copies of the weight for the timed calls to rotate through: twice L2 of them (5 .. 16: more
+    // calls would lengthen a shape's first use), so that each call reads its weight from memory
+    // as a decode step's layers do; within 256 MB.
     int l2_bytes = 0, device = 0;
     if (cudaGetDevice(&device) != cudaSuccess ||
         cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device) != cudaSuccess)
@@ -205,7 +206,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
     const int copies = std::max(
         1,
         int(std::min<size_t>(
-            room, std::clamp<size_t>((2 * size_t(l2_bytes) + ah.size() - 1) / ah.size(), 5, 64))));
+            room, std::clamp<size_t>((2 * size_t(l2_bytes) + ah.size() - 1) / ah.size(), 5, 16))));
     const int calls = std::max(copies, 5);  // a timed graph's calls, each on the next copy
     TuneScratch m;
     // Stream-ordered memory from the pool the backend's own allocations use. A failure here
