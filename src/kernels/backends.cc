@@ -64,6 +64,12 @@ void check_bf16_rows(const GemmArgs& a) {
               dtype_name(o.w->dtype()));
 }
 
+int64_t scaled_heads(const L2NormArgs& a) {
+  DEG_CHECK(a.unscaled_heads >= 0 && a.unscaled_heads <= a.heads,
+            "l2_norm: {} unscaled of {} heads", a.unscaled_heads, a.heads);
+  return a.heads - a.unscaled_heads;
+}
+
 void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run) {
   check_bf16_rows(a);
   std::vector<float> x(size_t(a.m * a.k));

@@ -836,6 +836,8 @@ void glu_via_f32(const GluArgs& a, const std::function<void(const GluArgs&)>& ru
 void gemm_via_f32(const GemmArgs& a, const std::function<void(const GemmArgs&)>& run);
 // Every backend's check of GemmArgs::xb: bf16 dot products with bf16 weights only.
 void check_bf16_rows(const GemmArgs& a);
+// Every backend's reading of L2NormArgs::unscaled_heads (checked): the heads that take post_scale.
+int64_t scaled_heads(const L2NormArgs& a);
 
 // The CPU backend (src/kernels/cpu): AVX-512 / AVX2 / scalar kernels over the process thread
 // pool.

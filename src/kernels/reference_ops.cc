@@ -102,14 +102,13 @@ class ReferenceOps final : public Ops {
   }
 
   void l2_norm(const L2NormArgs& a) const override {
-    DEG_CHECK(a.unscaled_heads >= 0 && a.unscaled_heads <= a.heads,
-              "l2_norm: {} unscaled of {} heads", a.unscaled_heads, a.heads);
+    const int64_t scaled = scaled_heads(a);
     for (int64_t r = 0; r < a.rows; ++r)
       for (int64_t h = 0; h < a.heads; ++h) {
         float* x = a.x + r * a.ldx + h * a.dim;
         double ss = 0;
         for (int64_t i = 0; i < a.dim; ++i) ss += double(x[i]) * x[i];
-        const double scale = h < a.heads - a.unscaled_heads ? a.post_scale : 1.0;
+        const double scale = h < scaled ? a.post_scale : 1.0;
         const double f = scale / std::sqrt(ss + a.eps);
         for (int64_t i = 0; i < a.dim; ++i) x[i] = float(x[i] * f);
       }

@@ -154,9 +154,7 @@ class CpuOps final : public Ops {
   }
 
   void l2_norm(const L2NormArgs& a) const override {
-    DEG_CHECK(a.unscaled_heads >= 0 && a.unscaled_heads <= a.heads,
-              "l2_norm: {} unscaled of {} heads", a.unscaled_heads, a.heads);
-    const int64_t scaled = a.heads - a.unscaled_heads;
+    const int64_t scaled = scaled_heads(a);
     for_each_index(a.rows, kRowGrain, [&](int64_t i) {
       float* x = a.x + i * a.ldx;
       deg::l2_norm(x, a.dim, scaled, a.dim, a.eps, a.post_scale);

@@ -127,6 +127,10 @@ struct LtGemm {
   int64_t a_cols() const { return ta == CUBLAS_OP_N ? k : m; }
   int64_t b_rows(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? k : cols_of_d; }
   int64_t b_cols(int64_t cols_of_d) const { return tb == CUBLAS_OP_N ? cols_of_d : k; }
+  // bf16 products of a contiguous weight: the operands our small-M kernel reads (gemm_small.cu).
+  bool small_m_operands() const {
+    return at == CUDA_R_16BF && bt == CUDA_R_16BF && ta == CUBLAS_OP_T && lda == k;
+  }
   GemmKey key(int64_t n_key, int align) const {
     return {int64_t(ta), int64_t(tb), int64_t(at), int64_t(bt), m, n_key, k, lda, ldb, ldd, align};
   }

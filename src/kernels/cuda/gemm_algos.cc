@@ -181,8 +181,7 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
         if (std::none_of(cand.begin(), cand.end(), [&](const auto& c) { return same_algo(c, a); }))
           cand.push_back(a);
     // Shapes our small-M kernel takes (cuda::small_gemm_fits, at every n <= 64).
-    const bool own_eligible = g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T &&
-                              g.lda == g.k && align == 16 && g.m % 8 == 0 && g.k % 16 == 0;
+    const bool own_eligible = g.small_m_operands() && align == 16 && g.m % 8 == 0 && g.k % 16 == 0;
     if (cand.size() == 1 && !own_eligible) return tuned;
 
     constexpr int64_t kVerifyN = 293;  // two full 128-column tiles and a ragged one

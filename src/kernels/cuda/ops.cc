@@ -139,8 +139,7 @@ void CudaOps::rms_norm(const NormArgs& a) const {
 }
 
 void CudaOps::l2_norm(const L2NormArgs& a) const {
-  DEG_CHECK(a.unscaled_heads >= 0 && a.unscaled_heads <= a.heads,
-            "cuda l2_norm: {} unscaled of {} heads", a.unscaled_heads, a.heads);
+  scaled_heads(a);  // checks unscaled_heads
   check(cuda::launch_l2_norm({.x = a.x,
                               .ldx = a.ldx,
                               .rows = a.rows,
@@ -621,9 +620,7 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
   }
   int own = kCublas;
   const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin, &own);
-  if (small_config_ >= 0 && g.at == CUDA_R_16BF && g.bt == CUDA_R_16BF && g.ta == CUBLAS_OP_T &&
-      g.lda == g.k)
-    own = small_config_;
+  if (small_config_ >= 0 && g.small_m_operands()) own = small_config_;
   if (own != kCublas) {  // tune found ours faster with the same bits, or a test asks for it
     const cuda::SmallGemmLaunch l{.x = static_cast<const uint16_t*>(B),
                                   .ldx = g.ldb,
