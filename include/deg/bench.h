@@ -19,6 +19,8 @@ struct BenchOptions {
   double peak_seconds = 1.0;
   int64_t repeats = 5;   // GPU: timed runs of each figure (the median is reported)
   bool profile = false;  // GPU: one more run of each figure with every op timed
+  // With profile: the figures to profile (prefill, fork, decode); empty: all of them.
+  std::vector<std::string> profile_only;
 };
 
 // Runs the benchmark and prints its figures on stdout. Throws deg::Error for an option it does

@@ -207,6 +207,9 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
   // --profile: one more run of a figure with every op's device time taken (CUDA events).
   auto profile = [&](const char* figure, const std::function<void()>& fn) {
     if (!o.profile) return;
+    if (!o.profile_only.empty() &&
+        std::find(o.profile_only.begin(), o.profile_only.end(), figure) == o.profile_only.end())
+      return;
     cuda_profile_start();
     auto p0 = Clock::now();
     fn();

@@ -34,6 +34,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("--profile", o->profile,
                 "GPU: time every op of one more run of each figure (CUDA events) and print where "
                 "the time goes");
+  cmd->add_option("--profile-only", o->profile_only,
+                  "With --profile: only these figures (prefill, fork, decode), e.g. so that "
+                  "`ncu --profile-from-start off` sees one decode step's kernels alone")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"prefill", "fork", "decode"}));
   cmd->add_option("--repeats", o->repeats, "GPU: timed runs per figure (the median is reported)")
       ->capture_default_str();
   cmd->callback([o] { bench_run(*o); });
