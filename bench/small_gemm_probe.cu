@@ -25,97 +25,173 @@
 
 namespace {
 
-// A form under evaluation (not in the build yet), the direct one: no shared memory and no
-// barrier on a chain's path. Warp w of a CTA owns the
-// rows [m0, m0 + 16) and the columns [n0 + 8 w, n0 + 8 w + 8): one chain, whose fragments it loads
-// itself from global memory (x's through L1, which the CTA's warps share: they hold the same
-// rows) kAhead k16 steps before their mma, in a ring of registers.
+// Forms under evaluation (not in the build yet), the direct ones: no shared memory and no
+// barrier on a chain's path. A CTA owns 16 MT rows and NW n8 column tiles; warp w the columns
+// [n0 + 8 w, n0 + 8 w + 8) of all MT m16 tiles: MT chains sharing one B fragment, whose
+// fragments it loads itself from global memory (x's through L1, which the CTA's warps share:
+// they hold the same rows) kAhead k16 steps before their mma, in a ring of registers. kWide: one
+// 8-byte load per row and k16 step instead of two 4-byte ones, so a lane's four k of a row are
+// [4t, 4t + 4) where the mma's layout wants {2t, 2t + 1, 2t + 8, 2t + 9}: the same 16 products
+// in each step, in other lanes of the tensor core (whether the bits survive is what it tests).
 __device__ __forceinline__ uint32_t ldg32(const uint16_t* p) {
   return __ldg(reinterpret_cast<const unsigned int*>(p));
 }
+__device__ __forceinline__ uint2 ldg64(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const uint2*>(p));
+}
 
-template <int NW, int kAhead>
+template <int MT, int NW, int kAhead, bool kWide>
 __global__ void __launch_bounds__(NW * 32)
     small_gemm_direct_kernel(const deg::cuda::SmallGemmLaunch a) {
-  const int m_tiles = static_cast<int>((a.m + 15) / 16);
-  const int64_t m0 = int64_t(blockIdx.x % m_tiles) * 16;
+  const int m_blocks = static_cast<int>((a.m + 16 * MT - 1) / (16 * MT));
+  const int64_t m0 = int64_t(blockIdx.x % m_blocks) * 16 * MT;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t n0 = int64_t(blockIdx.x / m_tiles) * (8 * NW) + 8 * warp;
+  const int64_t n0 = int64_t(blockIdx.x / m_blocks) * (8 * NW) + 8 * warp;
   if (n0 >= a.n) return;  // warp-uniform; no barrier follows
   const int g = lane / 4, t = lane % 4;
-  const bool r0 = m0 + g < a.m, r1 = m0 + g + 8 < a.m;
-  const uint16_t* x0 = a.x + (r0 ? m0 + g : 0) * a.ldx + 2 * t;
-  const uint16_t* x1 = a.x + (r1 ? m0 + g + 8 : 0) * a.ldx + 2 * t;
-  const uint16_t* w0 = a.w + (n0 + g) * a.k + 2 * t;
+  const int kk = kWide ? 4 * t : 2 * t;
+  bool ok[MT][2];
+  const uint16_t* xr[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + 16 * i + g + 8 * h;
+      ok[i][h] = r < a.m;
+      xr[i][h] = a.x + (ok[i][h] ? r : 0) * a.ldx + kk;
+    }
+  const uint16_t* w0 = a.w + (n0 + g) * a.k + kk;
   const int steps = static_cast<int>(a.k / 16);
 
-  uint32_t fa[kAhead][4], fb[kAhead][2];
+  uint32_t fa[kAhead][MT][4], fb[kAhead][2];
   auto load = [&](int slot, int s) {
     if (s >= steps) return;
     const int64_t k = int64_t(s) * 16;
-    fa[slot][0] = r0 ? ldg32(x0 + k) : 0u;
-    fa[slot][1] = r1 ? ldg32(x1 + k) : 0u;
-    fa[slot][2] = r0 ? ldg32(x0 + k + 8) : 0u;
-    fa[slot][3] = r1 ? ldg32(x1 + k + 8) : 0u;
-    fb[slot][0] = ldg32(w0 + k);
-    fb[slot][1] = ldg32(w0 + k + 8);
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (kWide) {
+        const uint2 u0 = ok[i][0] ? ldg64(xr[i][0] + k) : make_uint2(0, 0);
+        const uint2 u1 = ok[i][1] ? ldg64(xr[i][1] + k) : make_uint2(0, 0);
+        fa[slot][i][0] = u0.x, fa[slot][i][2] = u0.y, fa[slot][i][1] = u1.x, fa[slot][i][3] = u1.y;
+      } else {
+        fa[slot][i][0] = ok[i][0] ? ldg32(xr[i][0] + k) : 0u;
+        fa[slot][i][1] = ok[i][1] ? ldg32(xr[i][1] + k) : 0u;
+        fa[slot][i][2] = ok[i][0] ? ldg32(xr[i][0] + k + 8) : 0u;
+        fa[slot][i][3] = ok[i][1] ? ldg32(xr[i][1] + k + 8) : 0u;
+      }
+    }
+    if (kWide) {
+      const uint2 u = ldg64(w0 + k);
+      fb[slot][0] = u.x, fb[slot][1] = u.y;
+    } else {
+      fb[slot][0] = ldg32(w0 + k);
+      fb[slot][1] = ldg32(w0 + k + 8);
+    }
   };
 #pragma unroll
   for (int j = 0; j < kAhead; ++j) load(j, j);
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[MT][4] = {};
   for (int s0 = 0; s0 < steps; s0 += kAhead) {
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
       if (s0 + j >= steps) break;
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-          : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-          : "r"(fa[j][0]), "r"(fa[j][1]), "r"(fa[j][2]), "r"(fa[j][3]), "r"(fb[j][0]),
-            "r"(fb[j][1]));
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+            : "+f"(acc[i][0]), "+f"(acc[i][1]), "+f"(acc[i][2]), "+f"(acc[i][3])
+            : "r"(fa[j][i][0]), "r"(fa[j][i][1]), "r"(fa[j][i][2]), "r"(fa[j][i][3]), "r"(fb[j][0]),
+              "r"(fb[j][1]));
       load(j, s0 + j + kAhead);
     }
   }
   const int64_t n = n0 + 2 * t;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = m0 + g + 8 * h;
-    if (r >= a.m) continue;
-    float* y = a.y + r * a.ldy + n;
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int e = 0; e < 2; ++e)
-      y[e] = a.accumulate ? __fadd_rn(acc[2 * h + e], y[e]) : acc[2 * h + e];
-  }
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + 16 * i + g + 8 * h;
+      if (r >= a.m) continue;
+      float* y = a.y + r * a.ldy + n;
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        y[e] = a.accumulate ? __fadd_rn(acc[i][2 * h + e], y[e]) : acc[i][2 * h + e];
+    }
 }
 
-template <int NW, int kAhead>
+template <int MT, int NW, int kAhead, bool kWide>
 cudaError_t launch_direct(const deg::cuda::SmallGemmLaunch& a, cudaStream_t stream) {
-  const int64_t m_tiles = (a.m + 15) / 16, n_blocks = (a.n + 8 * NW - 1) / (8 * NW);
-  small_gemm_direct_kernel<NW, kAhead>
-      <<<static_cast<unsigned>(m_tiles * n_blocks), NW * 32, 0, stream>>>(a);
+  const int64_t m_blocks = (a.m + 16 * MT - 1) / (16 * MT),
+                n_blocks = (a.n + 8 * NW - 1) / (8 * NW);
+  small_gemm_direct_kernel<MT, NW, kAhead, kWide>
+      <<<static_cast<unsigned>(m_blocks * n_blocks), NW * 32, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-constexpr int kDirectForms = 4;
-const char* const kDirectNames[kDirectForms] = {
-    "direct: 16 rows x 32 columns (4 warps), 8 steps ahead",
-    "direct: 16 rows x 32 columns (4 warps), 16 steps ahead",
-    "direct: 16 rows x 16 columns (2 warps), 16 steps ahead",
-    "direct: 16 rows x 64 columns (8 warps), 8 steps ahead"};
+struct DirectForm {
+  const char* name;
+  cudaError_t (*launch)(const deg::cuda::SmallGemmLaunch&, cudaStream_t);
+};
+const DirectForm kDirect[] = {
+    {"direct: 16 x 32 (4 warps), 8 ahead", launch_direct<1, 4, 8, false>},
+    {"direct: 16 x 32 (4 warps), 16 ahead", launch_direct<1, 4, 16, false>},
+    {"direct: 16 x 32 (4 warps), 8 ahead, 8-byte", launch_direct<1, 4, 8, true>},
+    {"direct: 32 x 32 (4 warps), 8 ahead", launch_direct<2, 4, 8, false>},
+    {"direct: 32 x 16 (2 warps), 12 ahead", launch_direct<2, 2, 12, false>},
+    {"direct: 64 x 32 (4 warps), 8 ahead", launch_direct<4, 4, 8, false>},
+    {"direct: 64 x 64 (8 warps), 6 ahead", launch_direct<4, 8, 6, false>},
+    {"direct: 64 x 16 (2 warps), 8 ahead, 8-byte", launch_direct<4, 2, 8, true>},
+};
+constexpr int kDirectForms = sizeof(kDirect) / sizeof(kDirect[0]);
 
 // Configuration c of the build's kernel, or past them the direct forms.
 cudaError_t launch_any(const deg::cuda::SmallGemmLaunch& a, int c) {
-  switch (c - deg::cuda::kSmallGemmConfigs) {
-    case 0: return launch_direct<4, 8>(a, 0);
-    case 1: return launch_direct<4, 16>(a, 0);
-    case 2: return launch_direct<2, 16>(a, 0);
-    case 3: return launch_direct<8, 8>(a, 0);
-    default: return deg::cuda::launch_small_gemm(a, c, 0);
-  }
+  if (c < deg::cuda::kSmallGemmConfigs) return deg::cuda::launch_small_gemm(a, c, 0);
+  return kDirect[c - deg::cuda::kSmallGemmConfigs].launch(a, 0);
 }
 const char* name_of(int c) {
   return c < deg::cuda::kSmallGemmConfigs ? deg::cuda::small_gemm_config_name(c)
-                                          : kDirectNames[c - deg::cuda::kSmallGemmConfigs];
+                                          : kDirect[c - deg::cuda::kSmallGemmConfigs].name;
+}
+
+// The latency of a chain of dependent mma.sync m16n8k16 (bf16, f32 accumulation) and the cost
+// of C independent chains interleaved: clock cycles per mma, one warp alone on the GPU.
+template <int C>
+__global__ void mma_chain_kernel(int iters, long long* cycles, float* sink) {
+  const uint32_t av = 0x3f803f80u + threadIdx.x, bv = 0x3c003c00u + threadIdx.x;
+  float acc[C][4] = {};
+  const long long t0 = clock64();
+  for (int it = 0; it < iters; ++it)
+#pragma unroll
+    for (int c = 0; c < C; ++c)
+      asm volatile(
+          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+          "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+          : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+          : "r"(av), "r"(av), "r"(av), "r"(av), "r"(bv), "r"(bv));
+  const long long t1 = clock64();
+  float s = 0;
+  for (int c = 0; c < C; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+  sink[threadIdx.x] = s;
+  if (threadIdx.x == 0) *cycles = t1 - t0;
+}
+
+template <int C>
+void print_chain() {
+  long long* cyc;
+  float* sink;
+  CK(cudaMalloc(&cyc, 8));
+  CK(cudaMalloc(&sink, 128));
+  const int iters = 4096;
+  mma_chain_kernel<C><<<1, 32>>>(iters, cyc, sink);
+  mma_chain_kernel<C><<<1, 32>>>(iters, cyc, sink);
+  long long h = 0;
+  CK(cudaMemcpy(&h, cyc, 8, cudaMemcpyDeviceToHost));
+  printf("mma.sync m16n8k16 bf16: %d chain(s) interleaved, %.1f cycles per step (%.1f per mma)\n",
+         C, double(h) / iters, double(h) / iters / C);
+  cudaFree(cyc);
+  cudaFree(sink);
 }
 
 // Microseconds per call of fn(i): 30 calls between two events (after 3 warm-up calls), as a
@@ -153,7 +229,14 @@ int main() {
   std::normal_distribution<float> nd(0, 1);
   cudaDeviceProp prop{};
   CK(cudaGetDeviceProperties(&prop, 0));
-  printf("%s\n", prop.name);
+  int clock_khz = 0;
+  CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  printf("%s, SM clock %d MHz, %d SMs, L2 %d MB\n", prop.name, clock_khz / 1000,
+         prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  print_chain<1>();
+  print_chain<2>();
+  print_chain<4>();
+  print_chain<8>();
   double sum_lt[2] = {0, 0}, sum_best[2] = {0, 0};
   for (int M : {64, 1}) {
     for (auto& s : shapes) {
