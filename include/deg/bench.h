@@ -21,8 +21,6 @@ struct BenchOptions {
   bool profile = false;  // GPU: one more run of each figure with every op timed
   // With profile: the figures to profile (prefill, fork, decode); empty: all of them.
   std::vector<std::string> profile_only;
-  // GPU: also time one decode step captured as a CUDA graph and replayed (what launching costs).
-  bool decode_graph = false;
 };
 
 // Runs the benchmark and prints its figures on stdout. Throws deg::Error for an option it does

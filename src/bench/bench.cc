@@ -301,16 +301,6 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     out["decode"] = {{"rows", R}, {"steps", steps}, {"step_ms", 1e3 * dt / double(steps)}};
     invariance_cost("decode steps", dt, steps_once);
     profile("decode", steps_once);
-    if (o.decode_graph) {
-      // Last: the replays redo one step on the rows' state, which nothing reads after them.
-      const double g =
-          cuda_graph_replay_ms([&] { bb.fork_forward(step, fs, true, true); }, int(4 * steps));
-      fmt::print(
-          "  decode step replayed as a CUDA graph: {:.3f} ms ({:.3f} ms of launches and "
-          "host work a step)\n",
-          g, 1e3 * dt / double(steps) - g);
-      out["decode"]["graph_step_ms"] = g;
-    }
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

@@ -39,10 +39,6 @@ void add_bench_command(CLI::App& app) {
                   "`ncu --profile-from-start off` sees one decode step's kernels alone")
       ->delimiter(',')
       ->check(CLI::IsMember({"prefill", "fork", "decode"}));
-  cmd->add_flag("--decode-graph", o->decode_graph,
-                "GPU: also capture one decode step as a CUDA graph and time its replays: the "
-                "step's device time without the host's launches (a measurement; decode itself "
-                "does not replay graphs yet)");
   cmd->add_option("--repeats", o->repeats, "GPU: timed runs per figure (the median is reported)")
       ->capture_default_str();
   cmd->callback([o] { bench_run(*o); });

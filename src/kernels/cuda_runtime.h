@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,12 +46,6 @@ std::vector<OpTime> cuda_profile_stop();
 // Benchmarks only: GEMMs with cuBLASLt's own algorithm choice for each M (split-K, workspace)
 // instead of the pinned one — faster for some shapes, but a row's bits then depend on its batch.
 void cuda_gemm_heuristic(bool on);
-// Benchmarks only: the device work `fn` enqueues, captured once as a CUDA graph and replayed
-// `replays` times back to back; the mean milliseconds a replay. The replays redo the captured
-// work on the same buffers (state a step updates is updated again), so only its time means
-// anything: against `fn` run directly, what the launches and the host cost. Throws deg::Error
-// when `fn` cannot be captured (it waits on the device or copies from pageable memory).
-double cuda_graph_replay_ms(const std::function<void()>& fn, int replays);
 // Tests only: config >= 0 runs our small-M product's configuration `config` for every bf16
 // product of at most 64 rows it takes, whatever the tuning chose (so that its bits can be held to
 // cuBLASLt's through the op); -1, the default, leaves the choice to the tuning.

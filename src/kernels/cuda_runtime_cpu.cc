@@ -48,9 +48,6 @@ std::vector<OpTime> cuda_profile_stop() {
 void cuda_gemm_heuristic(bool) {
   no_cuda();
 }
-double cuda_graph_replay_ms(const std::function<void()>&, int) {
-  no_cuda();
-}
 void cuda_gemm_small_config(int) {
   no_cuda();
 }

@@ -742,47 +742,6 @@ void cuda_gemm_heuristic(bool on) {
   static_cast<const CudaOps&>(profiled().inner()).set_heuristic(on);
 }
 
-double cuda_graph_replay_ms(const std::function<void()>& fn, int replays) {
-  const cudaStream_t s = cuda::stream();
-  auto fail = [](cudaError_t e, const char* what) {
-    cudaGetLastError();
-    throw Error(ErrorKind::unsupported,
-                fmt::format("CUDA graph: {}: {}", what, cudaGetErrorString(e)));
-  };
-  if (cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess) fail(e, "synchronize");
-  if (cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed); e != cudaSuccess)
-    fail(e, "begin capture");
-  cudaGraph_t graph = nullptr;
-  try {
-    fn();
-  } catch (...) {
-    cudaStreamEndCapture(s, &graph);
-    if (graph) cudaGraphDestroy(graph);
-    cudaGetLastError();
-    throw;
-  }
-  if (cudaError_t e = cudaStreamEndCapture(s, &graph); e != cudaSuccess) fail(e, "capture");
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-  cudaGraphDestroy(graph);
-  if (inst != cudaSuccess) fail(inst, "instantiate");
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  float ms = 0;
-  cudaError_t e = cudaEventCreate(&e0);
-  if (e == cudaSuccess) e = cudaEventCreate(&e1);
-  if (e == cudaSuccess) e = cudaGraphLaunch(exec, s);  // warm-up
-  if (e == cudaSuccess) e = cudaEventRecord(e0, s);
-  for (int i = 0; i < replays && e == cudaSuccess; ++i) e = cudaGraphLaunch(exec, s);
-  if (e == cudaSuccess) e = cudaEventRecord(e1, s);
-  if (e == cudaSuccess) e = cudaEventSynchronize(e1);
-  if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, e0, e1);
-  if (e0) cudaEventDestroy(e0);
-  if (e1) cudaEventDestroy(e1);
-  cudaGraphExecDestroy(exec);
-  if (e != cudaSuccess) fail(e, "replay");
-  return double(ms) / std::max(replays, 1);
-}
-
 void cuda_gemm_small_config(int config) {
   static_cast<const CudaOps&>(profiled().inner()).set_small_config(config);
 }
