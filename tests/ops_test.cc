@@ -1919,6 +1919,39 @@ TEST_P(OpsTable, BatchInvariant) {
   }
 }
 
+#if DEG_HAVE_CUDA
+// The tensor-core attention's two forms (attention_mma.cu: the plain one, a warp per 16 query
+// rows, and the team form, four) give the same bits, in a batch, reordered and alone: a launch
+// takes one or the other by its CTA count, so a row's bits must not depend on which.
+TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
+  struct Restore {
+    ~Restore() { cuda::attention_team_form(-1); }
+  } restore;
+  for (const Backend& b : backends_under_test()) {
+    if (std::string(b.name) != "cuda") continue;
+    int cases = 0;
+    for (const OpCase& c : op_cases()) {
+      if (c.name.rfind("attention_bf16", 0) != 0) continue;
+      ++cases;
+      const RunFn run = c.make();
+      for (const std::vector<int>& order : {kInOrder, kReordered, std::vector<int>{4}}) {
+        cuda::attention_team_form(0);
+        const Batch plain = run(*b.ops, order);
+        cuda::attention_team_form(1);
+        const Batch team = run(*b.ops, order);
+        ASSERT_EQ(plain.size(), team.size());
+        for (size_t u = 0; u < plain.size(); ++u)
+          for (size_t r = 0; r < plain[u].size(); ++r)
+            EXPECT_TRUE(bitwise_equal(plain[u][r].v, team[u][r].v))
+                << c.name << " " << plain[u][r].name << " of entry " << u << " of " << order.size()
+                << ": the team form differs from the plain one";
+      }
+    }
+    EXPECT_GE(cases, 6);
+  }
+}
+#endif
+
 // The oracle itself, on values worked out by hand from each contract in kernels/ops.h.
 TEST(OpsReference, HandComputedValues) {
   const Ops& ref = reference_ops();

@@ -69,6 +69,9 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 // The floats of scratch launch_attention needs for `a` (its rows, K/V and shapes; the workspace
 // fields are not read). 0: none.
 int64_t attention_workspace_floats(const AttentionLaunch& a);
+// Tests only: which form bf16 launches (attention_mma.cu) take: 1 the team form, 0 the plain one,
+// -1 (the default) the one that suits the launch's CTA count. The bits are the same either way.
+void attention_team_form(int mode);
 
 // ---- delta_rule.cu: DeltaRuleOpArgs of kernels/ops.h for the rows of one chunk ----
 struct DeltaRuleLaunch {
