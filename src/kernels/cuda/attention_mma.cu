@@ -48,6 +48,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda::att {
 
@@ -66,6 +67,7 @@ static_assert(sizeof(AttentionLaunch) + sizeof(Plan) + sizeof(KvCopy) + sizeof(G
 // (dims / 8) vectors of the regions' concatenation.
 __global__ void __launch_bounds__(kCopyThreads)
     kv_copy_kernel(const __grid_constant__ KvCopy c, int64_t kv_heads, int64_t head_dim) {
+  pdl_enter();
   const int parts = c.dims / 8, per_cta = kCopyThreads / parts;
   const int64_t vector = int64_t(blockIdx.x) * per_cta + threadIdx.x / parts;
   const int part = int(threadIdx.x) % parts;
@@ -224,6 +226,7 @@ template <int kSteps, int kWarps>
 __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
     attention_mma_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const __grid_constant__ KvCopy c, const Geometry g) {
+  pdl_enter();
   constexpr int kDims = 16 * kSteps, kPitch = kDims + kTilePad;
   constexpr int kThreadsCta = kMmaThreads * kWarps;
   constexpr int kValueTiles = 2 * kSteps / kWarps;  // a warp's 8-column tiles of the values
@@ -508,7 +511,8 @@ cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c,
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
-  kernel<<<unsigned(p.block_ctas), dim3(kMmaThreads * kWarps), bytes, stream>>>(a, p, c, g);
+  (void)pdl_launch(kernel, unsigned(p.block_ctas), dim3(kMmaThreads * kWarps), bytes, stream, a, p,
+                   c, g);
   return cudaGetLastError();
 }
 
@@ -530,8 +534,8 @@ cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCop
   if (c.regions > 0) {
     const int64_t per_cta = kCopyThreads / (c.dims / 8);
     const int64_t vectors = c.vectors_end[c.regions - 1];
-    kv_copy_kernel<<<unsigned(ceil_div(vectors, per_cta)), dim3(kCopyThreads), 0, stream>>>(
-        c, a.kv_heads, a.head_dim);
+    (void)pdl_launch(kv_copy_kernel, unsigned(ceil_div(vectors, per_cta)), dim3(kCopyThreads), 0,
+                     stream, c, a.kv_heads, a.head_dim);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
