@@ -621,7 +621,8 @@ enum class Tail { separate, in_place, none };  // tail_out: own buffer, = tail_i
 const std::vector<int64_t> kShortLengths = {3, 1, 0, 16, 2, 5, 1};
 
 OpCase conv_case(std::string name, int64_t channels, int64_t kernel, bool silu, Tail tail,
-                 Tolerance tol, const std::vector<int64_t>& lengths = kRowLengths) {
+                 Tolerance tol, const std::vector<int64_t>& lengths = kRowLengths,
+                 L2Heads l2 = {}) {
   return {name, tol, [=] {
             std::mt19937 rng(707);
             const int64_t C = channels, K = kernel, ldx = C + 20, ldy = C + 1, ldt = C + 3;
@@ -658,7 +659,8 @@ OpCase conv_case(std::string name, int64_t channels, int64_t kernel, bool silu, 
                                .kernel = K,
                                .w = w->data(),
                                .ldt = ldt,
-                               .silu = silu});
+                               .silu = silu,
+                               .l2 = l2});
               Batch res;
               add(res, "y", take(lay, y, ldy, span_cols(C)));
               add(res, "pad:y", take(lay, y, ldy, span_cols(C), true));
@@ -1674,6 +1676,15 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(conv_case("conv_short_rows_tail_in_place", 300, 4, true, Tail::in_place, conv,
                           kShortLengths));
     c.push_back(conv_case("conv_short_rows", 48, 3, false, Tail::separate, conv, kShortLengths));
+    // Then L2-normalised heads (Qwen3.5's q and k): on CUDA in the conv's pass where the channels
+    // are whole 256-thread blocks and a head whole warps (768 channels, heads of 128; rows of
+    // one tile and of several), else in a pass after it (300 channels, heads of 40).
+    const L2Heads qk{.heads = 4, .dim = 128, .post_scale = 0.125f, .unscaled_heads = 2};
+    c.push_back(conv_case("conv_l2_heads", 768, 4, true, Tail::separate, conv, kRowLengths, qk));
+    c.push_back(conv_case("conv_l2_heads_short_rows", 768, 4, true, Tail::in_place, conv,
+                          kShortLengths, qk));
+    c.push_back(conv_case("conv_l2_heads_of_40", 300, 4, true, Tail::separate, conv, kRowLengths,
+                          {.heads = 3, .dim = 40, .post_scale = 0.5f, .unscaled_heads = 1}));
 
     // sigmoid / softplus in f32 (cpu: 6e-8, 2e-15).
     c.push_back(delta_gates_case("delta_gates", 6, {1e-6, 1e-13}));

@@ -321,12 +321,19 @@ __global__ void kv_write_kernel(KvWriteLaunch a) {
 constexpr int kConvTokens = 16;
 constexpr int kConvWindow = 8;  // K at most this; launch_causal_conv checks
 
+// With kL2 (a.l2_heads > 0; the launcher checks that the channels are whole blocks and a head's
+// l2_dim channels whole warps of one) the tile's outputs of channels below l2_heads l2_dim are
+// L2-normalised per (token, head) before they are stored: each warp sums its lanes' squares by a
+// butterfly, then every thread adds its head's warps in order (l2_norm's arithmetic, not its
+// order of sums).
+template <bool kL2>
 __global__ void conv_kernel(ConvLaunch a) {
   pdl_enter();
+  __shared__ float head_sums[kL2 ? kConvTokens : 1][kThreads / 32];
   const int i = blockIdx.z;
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int C = int(a.channels), K = int(a.kernel);
-  if (c >= C) return;
+  if (c >= C) return;  // never with kL2: every thread of its blocks has a channel
   const int n = int(a.rows.length[i]);
   const int t0 = int(blockIdx.y) * kConvTokens;
   const int64_t L = a.rows.tokens, row0 = (a.rows.first + i) * L;
@@ -358,23 +365,49 @@ __global__ void conv_kernel(ConvLaunch a) {
     const int t = t0 + u;
     in[u] = t < t_end && t < n ? x[int64_t(t) * a.ldx] : 0.0f;
   }
+  float out[kConvTokens];  // the tile's outputs (zeros past the row's real tokens)
 #pragma unroll
   for (int u = 0; u < kConvTokens; ++u) {
     const int t = t0 + u;
-    if (t >= t_end) break;
-    if (t >= n) {
-      y[int64_t(t) * a.ldy] = 0.0f;
-      continue;
-    }
+    out[u] = 0.0f;
+    if (t >= t_end || t >= n) continue;
     window[kConvWindow - 1] = in[u];
     float acc = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < kConvWindow; ++jj) {
       if (jj >= kConvWindow - K) acc += w[jj] * window[jj];  // tap jj - (kConvWindow - K)
     }
-    y[int64_t(t) * a.ldy] = a.silu ? silu(acc) : acc;
+    out[u] = a.silu ? silu(acc) : acc;
 #pragma unroll
     for (int d = 0; d < kConvWindow - 1; ++d) window[d] = window[d + 1];
+  }
+  if constexpr (kL2) {
+    const int warp = int(threadIdx.x) / 32, per_head = int(a.l2_dim) / 32;
+#pragma unroll
+    for (int u = 0; u < kConvTokens; ++u) {
+      float ss = out[u] * out[u];
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+      if (threadIdx.x % 32 == 0) head_sums[u][warp] = ss;
+    }
+    __syncthreads();
+    const int64_t head = c / a.l2_dim;
+    if (head < a.l2_heads) {
+      const int first = warp - warp % per_head;
+      const float scale = head < a.l2_heads - a.l2_unscaled ? a.l2_post_scale : 1.0f;
+#pragma unroll
+      for (int u = 0; u < kConvTokens; ++u) {
+        float ss = 0.0f;
+        for (int q = 0; q < per_head; ++q) ss += head_sums[u][first + q];
+        out[u] = (out[u] * (1.0f / sqrtf(ss + a.l2_eps))) * scale;
+      }
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kConvTokens; ++u) {
+    const int t = t0 + u;
+    if (t >= t_end) break;
+    y[int64_t(t) * a.ldy] = out[u];
   }
   // One tile per row (short rows, decode): the row's new tail is the window's last K - 1
   // inputs, window[kConvWindow - K + j] = input n - (K - 1) + j; this thread alone read the
@@ -649,15 +682,33 @@ cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   if (a.kernel < 1 || a.kernel > kConvWindow) return cudaErrorInvalidValue;
   const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
-  (void)pdl_launch(conv_kernel, dim3(channel_blocks, tiles, unsigned(a.rows.count)), kThreads, 0,
-                   stream, a);
-  if (cudaError_t e = launched(); e != cudaSuccess || tiles == 1) return e;  // tails written
+  // The L2 normalisation in the conv's pass where a head's channels are whole warps of a block
+  // (Qwen3.5's q and k: heads of 128 from channel 0), else in a pass of its own after it.
+  const bool l2 = a.l2_heads > 0, fused = l2 && a.channels % kThreads == 0 && a.l2_dim % 32 == 0 &&
+                                          kThreads % a.l2_dim == 0 &&
+                                          a.l2_heads * a.l2_dim <= a.channels;
+  const dim3 grid(channel_blocks, tiles, unsigned(a.rows.count));
+  (void)(fused ? pdl_launch(conv_kernel<true>, grid, kThreads, 0, stream, a)
+               : pdl_launch(conv_kernel<false>, grid, kThreads, 0, stream, a));
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
   bool tails = false;  // fork rows that are not kept write none
   for (int i = 0; i < a.rows.count; ++i) tails = tails || a.state[i].tail_out;
-  if (!tails) return cudaSuccess;
-  (void)pdl_launch(conv_tail_kernel, dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads,
-                   0, stream, a);
-  return launched();
+  if (tails && tiles > 1) {  // (a row of one tile wrote its tail)
+    (void)pdl_launch(conv_tail_kernel, dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads,
+                     0, stream, a);
+    if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  }
+  if (!l2 || fused) return cudaSuccess;
+  // Every token row of the chunk's rows (padded ones are zeros and stay zeros).
+  return launch_l2_norm({.x = a.y + a.rows.first * a.rows.tokens * a.ldy,
+                         .ldx = a.ldy,
+                         .rows = a.rows.count * a.rows.tokens,
+                         .heads = a.l2_heads,
+                         .dim = a.l2_dim,
+                         .eps = a.l2_eps,
+                         .post_scale = a.l2_post_scale,
+                         .unscaled_heads = a.l2_unscaled},
+                        stream);
 }
 
 cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {

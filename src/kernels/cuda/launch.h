@@ -160,6 +160,9 @@ struct ConvLaunch {
   const float* w;  // [channels, kernel]
   int64_t ldt;
   bool silu;
+  // ConvArgs::l2 (l2_heads 0: none).
+  int64_t l2_heads = 0, l2_dim = 0, l2_unscaled = 0;
+  float l2_eps = 0, l2_post_scale = 1;
 };
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream);
 
