@@ -1961,6 +1961,38 @@ TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
     EXPECT_GE(cases, 6);
   }
 }
+
+// The conv's L2-normalised heads in the conv kernel's own pass (cuda::conv_fused_l2 forces it;
+// the default runs them in a pass after the conv): within the case's tolerance of the reference,
+// and a row alone gives the bits it gets in the batch.
+TEST(OpsConvL2, FusedPassMatchesTheReferenceAndIsBatchInvariant) {
+  struct Restore {
+    ~Restore() { cuda::conv_fused_l2(-1); }
+  } restore;
+  for (const Backend& b : backends_under_test()) {
+    if (std::string(b.name) != "cuda") continue;
+    cuda::conv_fused_l2(1);
+    int cases = 0;
+    for (const OpCase& c : op_cases()) {
+      if (c.name.rfind("conv_l2_heads", 0) != 0) continue;
+      ++cases;
+      const RunFn run = c.make();
+      const Batch ref = run(reference_ops(), kInOrder);
+      const Batch got = run(*b.ops, kInOrder);
+      ASSERT_EQ(ref.size(), got.size());
+      for (size_t u = 0; u < ref.size(); ++u)
+        for (size_t r = 0; r < ref[u].size(); ++r) {
+          if (ref[u][r].name.rfind("pad:", 0) == 0) continue;
+          const Score sc = score(got[u][r].v, ref[u][r].v);
+          EXPECT_LE(sc.max_err, c.tol.max_err) << c.name << " " << ref[u][r].name << " unit " << u;
+          const Batch alone = run(*b.ops, {int(u)});
+          EXPECT_TRUE(bitwise_equal(alone[0][r].v, got[u][r].v))
+              << c.name << " " << ref[u][r].name << " of unit " << u << ": alone != in the batch";
+        }
+    }
+    EXPECT_EQ(cases, 3);
+  }
+}
 #endif
 
 // The oracle itself, on values worked out by hand from each contract in kernels/ops.h.

@@ -521,9 +521,13 @@ std::atomic<int> team_form{-1};
 template <int kSteps>
 cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c, const Geometry& g,
                        cudaStream_t stream) {
-  // The plain form fits two CTAs an SM: with fewer CTAs than that, teams use the idle warps.
+  // The plain form fits two CTAs an SM: with fewer CTAs than that, teams would use the idle
+  // warps. Until the team form has run on a GPU (it was written in a session that got no device
+  // time) only tests force it; kTeamsBelowTwoPerSm turns the choice on.
+  constexpr bool kTeamsBelowTwoPerSm = false;
   const int forced = team_form.load(std::memory_order_relaxed);
-  const bool team = forced >= 0 ? forced == 1 : p.block_ctas < 2 * sm_count();
+  const bool team =
+      forced >= 0 ? forced == 1 : kTeamsBelowTwoPerSm && p.block_ctas < 2 * sm_count();
   return team ? launch_mma<kSteps, kTeam>(a, p, c, g, stream)
               : launch_mma<kSteps, 1>(a, p, c, g, stream);
 }

@@ -5,6 +5,7 @@
 // Batch invariance: every output element is computed by one thread, or (norms) one warp per
 // vector with a reduction whose shape depends on the vector's length only, so no result depends
 // on how many rows a call has.
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
@@ -677,14 +678,23 @@ cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream) {
   return launched();
 }
 
+std::atomic<int> conv_l2_form{-1};
+
+void conv_fused_l2(int mode) {
+  conv_l2_form.store(mode, std::memory_order_relaxed);
+}
+
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   if (a.rows.count == 0 || a.channels == 0 || a.rows.tokens == 0) return cudaSuccess;
   if (a.kernel < 1 || a.kernel > kConvWindow) return cudaErrorInvalidValue;
   const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
   // The L2 normalisation in the conv's pass where a head's channels are whole warps of a block
-  // (Qwen3.5's q and k: heads of 128 from channel 0), else in a pass of its own after it.
-  const bool l2 = a.l2_heads > 0, fused = l2 && a.channels % kThreads == 0 && a.l2_dim % 32 == 0 &&
+  // (Qwen3.5's q and k: heads of 128 from channel 0), else in a pass of its own after it. The
+  // fused form is only taken when forced (tests) until it has run on a GPU (it was written in a
+  // session that got no device time).
+  const bool l2 = a.l2_heads > 0, fused = conv_l2_form.load(std::memory_order_relaxed) == 1 && l2 &&
+                                          a.channels % kThreads == 0 && a.l2_dim % 32 == 0 &&
                                           kThreads % a.l2_dim == 0 &&
                                           a.l2_heads * a.l2_dim <= a.channels;
   const dim3 grid(channel_blocks, tiles, unsigned(a.rows.count));

@@ -165,6 +165,9 @@ struct ConvLaunch {
   float l2_eps = 0, l2_post_scale = 1;
 };
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream);
+// Tests only: 1 runs ConvLaunch::l2 in the conv kernel's pass wherever it fits, else (-1, the
+// default, or 0) in a pass after it.
+void conv_fused_l2(int mode);
 
 struct DeltaGatesLaunch {
   Rows rows;

@@ -8,8 +8,11 @@
 // launch, then waits until the kernel before this one has completed and its memory is visible
 // (griddepcontrol.wait), so nothing is read early; and since every such kernel waits before it
 // completes, a kernel that depends on one two back is also safe. Kernels launched otherwise
-// (cuBLASLt's, plain <<< >>>) are ordered as usual by the stream. DEG_CUDA_PDL=0 launches every
-// kernel plainly (pdl_enter is then a no-op).
+// (cuBLASLt's, plain <<< >>>) are ordered as usual by the stream.
+//
+// Off by default until it has run on a GPU (written in a session that got no device time):
+// DEG_CUDA_PDL=1 turns it on; otherwise every kernel launches plainly (pdl_enter is then a
+// no-op).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,7 +31,7 @@ __device__ __forceinline__ void pdl_enter() {
 inline bool pdl_on() {
   static const bool on = [] {
     const char* v = std::getenv("DEG_CUDA_PDL");
-    return !(v && std::strcmp(v, "0") == 0);
+    return v && std::strcmp(v, "1") == 0;
   }();
   return on;
 }
