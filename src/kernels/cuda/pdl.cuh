@@ -36,8 +36,9 @@ inline bool pdl_on() {
   return on;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization allowed;
-// the launch's error (cudaSuccess when it was queued).
+// kernel<<<grid, block, smem, stream>>>(args...), with programmatic stream serialization allowed
+// when pdl_on(); the launch's error (cudaSuccess when it was queued), also the runtime's last
+// error (what the launchers' launched() reads).
 template <class... Params, class... Args>
 cudaError_t pdl_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                        cudaStream_t stream, Args&&... args) {
