@@ -1932,11 +1932,11 @@ TEST_P(OpsTable, BatchInvariant) {
 
 #if DEG_HAVE_CUDA
 // The tensor-core attention's two forms (attention_mma.cu: the plain one, a warp per 16 query
-// rows, and the team form, four) give the same bits, in a batch, reordered and alone: a launch
-// takes one or the other by its CTA count, so a row's bits must not depend on which.
+// rows, and the team form, four) give the same bits, in a batch, reordered and alone: a launch of
+// few CTAs is to take the team form, so a row's bits must not depend on which.
 TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
   struct Restore {
-    ~Restore() { cuda::attention_team_form(-1); }
+    ~Restore() { cuda::attention_team_form(false); }
   } restore;
   for (const Backend& b : backends_under_test()) {
     if (std::string(b.name) != "cuda") continue;
@@ -1946,9 +1946,9 @@ TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
       ++cases;
       const RunFn run = c.make();
       for (const std::vector<int>& order : {kInOrder, kReordered, std::vector<int>{4}}) {
-        cuda::attention_team_form(0);
+        cuda::attention_team_form(false);
         const Batch plain = run(*b.ops, order);
-        cuda::attention_team_form(1);
+        cuda::attention_team_form(true);
         const Batch team = run(*b.ops, order);
         ASSERT_EQ(plain.size(), team.size());
         for (size_t u = 0; u < plain.size(); ++u)
@@ -1967,11 +1967,11 @@ TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
 // and a row alone gives the bits it gets in the batch.
 TEST(OpsConvL2, FusedPassMatchesTheReferenceAndIsBatchInvariant) {
   struct Restore {
-    ~Restore() { cuda::conv_fused_l2(-1); }
+    ~Restore() { cuda::conv_fused_l2(false); }
   } restore;
   for (const Backend& b : backends_under_test()) {
     if (std::string(b.name) != "cuda") continue;
-    cuda::conv_fused_l2(1);
+    cuda::conv_fused_l2(true);
     int cases = 0;
     for (const OpCase& c : op_cases()) {
       if (c.name.rfind("conv_l2_heads", 0) != 0) continue;
@@ -1980,15 +1980,16 @@ TEST(OpsConvL2, FusedPassMatchesTheReferenceAndIsBatchInvariant) {
       const Batch ref = run(reference_ops(), kInOrder);
       const Batch got = run(*b.ops, kInOrder);
       ASSERT_EQ(ref.size(), got.size());
-      for (size_t u = 0; u < ref.size(); ++u)
+      for (size_t u = 0; u < ref.size(); ++u) {
+        const Batch alone = run(*b.ops, {int(u)});
         for (size_t r = 0; r < ref[u].size(); ++r) {
           if (ref[u][r].name.rfind("pad:", 0) == 0) continue;
           const Score sc = score(got[u][r].v, ref[u][r].v);
           EXPECT_LE(sc.max_err, c.tol.max_err) << c.name << " " << ref[u][r].name << " unit " << u;
-          const Batch alone = run(*b.ops, {int(u)});
           EXPECT_TRUE(bitwise_equal(alone[0][r].v, got[u][r].v))
               << c.name << " " << ref[u][r].name << " of unit " << u << ": alone != in the batch";
         }
+      }
     }
     EXPECT_EQ(cases, 3);
   }

@@ -41,7 +41,8 @@
 // as above on them (so each holds the row's probabilities, sums and splits, the same bits), and
 // takes value columns [D p / 4, D (p + 1) / 4) of the product and the split ends. Each product
 // element is the same chain as in the plain form, so the bits are the same in either form, and
-// which one a launch takes (run_mma_kernels) changes nothing but the time.
+// which one a launch takes (launch_mma: only tests take the team form yet) changes nothing but
+// the time.
 #include <cuda_bf16.h>
 
 #include <atomic>
@@ -516,20 +517,16 @@ cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c,
   return cudaGetLastError();
 }
 
-std::atomic<int> team_form{-1};
+// The team form only where a test turns it on: it is meant for launches of fewer CTAs than the
+// plain form fits (two an SM), once it has run on a GPU and been timed there (it was written in a
+// session that got no device time).
+std::atomic<bool> team_form{false};
 
 template <int kSteps>
 cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c, const Geometry& g,
                        cudaStream_t stream) {
-  // The plain form fits two CTAs an SM: with fewer CTAs than that, teams would use the idle
-  // warps. Until the team form has run on a GPU (it was written in a session that got no device
-  // time) only tests force it; kTeamsBelowTwoPerSm turns the choice on.
-  constexpr bool kTeamsBelowTwoPerSm = false;
-  const int forced = team_form.load(std::memory_order_relaxed);
-  const bool team =
-      forced >= 0 ? forced == 1 : kTeamsBelowTwoPerSm && p.block_ctas < 2 * sm_count();
-  return team ? launch_mma<kSteps, kTeam>(a, p, c, g, stream)
-              : launch_mma<kSteps, 1>(a, p, c, g, stream);
+  return team_form.load(std::memory_order_relaxed) ? launch_mma<kSteps, kTeam>(a, p, c, g, stream)
+                                                   : launch_mma<kSteps, 1>(a, p, c, g, stream);
 }
 
 cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c,
@@ -554,8 +551,8 @@ cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCop
 
 namespace deg::cuda {
 
-void attention_team_form(int mode) {
-  att::team_form.store(mode, std::memory_order_relaxed);
+void attention_team_form(bool on) {
+  att::team_form.store(on, std::memory_order_relaxed);
 }
 
 }  // namespace deg::cuda

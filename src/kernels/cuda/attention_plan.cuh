@@ -161,7 +161,6 @@ cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCop
 // ---- the host side (attention_plan.cu) ----
 
 bool aligned16(const void* p);
-int sm_count();  // the current GPU's SMs (132 when it cannot be asked)
 // The launch is within what the kernels handle (head dim, group, KV heads, rows).
 bool valid_launch(const AttentionLaunch& a);
 // Floats per workspace record: acc [D rounded up to 4], m, l, 2 spare.

@@ -678,10 +678,18 @@ cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream) {
   return launched();
 }
 
-std::atomic<int> conv_l2_form{-1};
+// Only where a test turns it on, until the fused pass has run on a GPU (it was written in a
+// session that got no device time).
+std::atomic<bool> conv_l2_fused{false};
 
-void conv_fused_l2(int mode) {
-  conv_l2_form.store(mode, std::memory_order_relaxed);
+void conv_fused_l2(bool on) {
+  conv_l2_fused.store(on, std::memory_order_relaxed);
+}
+
+bool conv_fuses_l2(int64_t channels, int64_t l2_heads, int64_t l2_dim) {
+  return conv_l2_fused.load(std::memory_order_relaxed) && l2_heads > 0 &&
+         channels % kThreads == 0 && l2_dim % 32 == 0 && kThreads % l2_dim == 0 &&
+         l2_heads * l2_dim <= channels;
 }
 
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
@@ -689,36 +697,18 @@ cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   if (a.kernel < 1 || a.kernel > kConvWindow) return cudaErrorInvalidValue;
   const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
-  // The L2 normalisation in the conv's pass where a head's channels are whole warps of a block
-  // (Qwen3.5's q and k: heads of 128 from channel 0), else in a pass of its own after it. The
-  // fused form is only taken when forced (tests) until it has run on a GPU (it was written in a
-  // session that got no device time).
-  const bool l2 = a.l2_heads > 0, fused = conv_l2_form.load(std::memory_order_relaxed) == 1 && l2 &&
-                                          a.channels % kThreads == 0 && a.l2_dim % 32 == 0 &&
-                                          kThreads % a.l2_dim == 0 &&
-                                          a.l2_heads * a.l2_dim <= a.channels;
+  if (a.l2_heads > 0 && !conv_fuses_l2(a.channels, a.l2_heads, a.l2_dim))
+    return cudaErrorInvalidValue;
   const dim3 grid(channel_blocks, tiles, unsigned(a.rows.count));
-  (void)(fused ? pdl_launch(conv_kernel<true>, grid, kThreads, 0, stream, a)
-               : pdl_launch(conv_kernel<false>, grid, kThreads, 0, stream, a));
-  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  (void)(a.l2_heads > 0 ? pdl_launch(conv_kernel<true>, grid, kThreads, 0, stream, a)
+                        : pdl_launch(conv_kernel<false>, grid, kThreads, 0, stream, a));
+  if (cudaError_t e = launched(); e != cudaSuccess || tiles == 1) return e;  // tails written
   bool tails = false;  // fork rows that are not kept write none
   for (int i = 0; i < a.rows.count; ++i) tails = tails || a.state[i].tail_out;
-  if (tails && tiles > 1) {  // (a row of one tile wrote its tail)
-    (void)pdl_launch(conv_tail_kernel, dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads,
-                     0, stream, a);
-    if (cudaError_t e = launched(); e != cudaSuccess) return e;
-  }
-  if (!l2 || fused) return cudaSuccess;
-  // Every token row of the chunk's rows (padded ones are zeros and stay zeros).
-  return launch_l2_norm({.x = a.y + a.rows.first * a.rows.tokens * a.ldy,
-                         .ldx = a.ldy,
-                         .rows = a.rows.count * a.rows.tokens,
-                         .heads = a.l2_heads,
-                         .dim = a.l2_dim,
-                         .eps = a.l2_eps,
-                         .post_scale = a.l2_post_scale,
-                         .unscaled_heads = a.l2_unscaled},
-                        stream);
+  if (!tails) return cudaSuccess;
+  (void)pdl_launch(conv_tail_kernel, dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads,
+                   0, stream, a);
+  return launched();
 }
 
 cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
