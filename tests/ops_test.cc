@@ -621,8 +621,7 @@ enum class Tail { separate, in_place, none };  // tail_out: own buffer, = tail_i
 const std::vector<int64_t> kShortLengths = {3, 1, 0, 16, 2, 5, 1};
 
 OpCase conv_case(std::string name, int64_t channels, int64_t kernel, bool silu, Tail tail,
-                 Tolerance tol, const std::vector<int64_t>& lengths = kRowLengths,
-                 L2Heads l2 = {}) {
+                 Tolerance tol, const std::vector<int64_t>& lengths = kRowLengths) {
   return {name, tol, [=] {
             std::mt19937 rng(707);
             const int64_t C = channels, K = kernel, ldx = C + 20, ldy = C + 1, ldt = C + 3;
@@ -659,8 +658,7 @@ OpCase conv_case(std::string name, int64_t channels, int64_t kernel, bool silu, 
                                .kernel = K,
                                .w = w->data(),
                                .ldt = ldt,
-                               .silu = silu,
-                               .l2 = l2});
+                               .silu = silu});
               Batch res;
               add(res, "y", take(lay, y, ldy, span_cols(C)));
               add(res, "pad:y", take(lay, y, ldy, span_cols(C), true));
@@ -1676,15 +1674,6 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(conv_case("conv_short_rows_tail_in_place", 300, 4, true, Tail::in_place, conv,
                           kShortLengths));
     c.push_back(conv_case("conv_short_rows", 48, 3, false, Tail::separate, conv, kShortLengths));
-    // Then L2-normalised heads (Qwen3.5's q and k): on CUDA in the conv's pass where the channels
-    // are whole 256-thread blocks and a head whole warps (768 channels, heads of 128; rows of
-    // one tile and of several), else in a pass after it (300 channels, heads of 40).
-    const L2Heads qk{.heads = 4, .dim = 128, .post_scale = 0.125f, .unscaled_heads = 2};
-    c.push_back(conv_case("conv_l2_heads", 768, 4, true, Tail::separate, conv, kRowLengths, qk));
-    c.push_back(conv_case("conv_l2_heads_short_rows", 768, 4, true, Tail::in_place, conv,
-                          kShortLengths, qk));
-    c.push_back(conv_case("conv_l2_heads_of_40", 300, 4, true, Tail::separate, conv, kRowLengths,
-                          {.heads = 3, .dim = 40, .post_scale = 0.5f, .unscaled_heads = 1}));
 
     // sigmoid / softplus in f32 (cpu: 6e-8, 2e-15).
     c.push_back(delta_gates_case("delta_gates", 6, {1e-6, 1e-13}));
@@ -1929,72 +1918,6 @@ TEST_P(OpsTable, BatchInvariant) {
     }
   }
 }
-
-#if DEG_HAVE_CUDA
-// The tensor-core attention's two forms (attention_mma.cu: the plain one, a warp per 16 query
-// rows, and the team form, four) give the same bits, in a batch, reordered and alone: a launch of
-// few CTAs is to take the team form, so a row's bits must not depend on which.
-TEST(OpsAttentionForms, TeamFormGivesThePlainBits) {
-  struct Restore {
-    ~Restore() { cuda::attention_team_form(false); }
-  } restore;
-  for (const Backend& b : backends_under_test()) {
-    if (std::string(b.name) != "cuda") continue;
-    int cases = 0;
-    for (const OpCase& c : op_cases()) {
-      if (c.name.rfind("attention_bf16", 0) != 0) continue;
-      ++cases;
-      const RunFn run = c.make();
-      for (const std::vector<int>& order : {kInOrder, kReordered, std::vector<int>{4}}) {
-        cuda::attention_team_form(false);
-        const Batch plain = run(*b.ops, order);
-        cuda::attention_team_form(true);
-        const Batch team = run(*b.ops, order);
-        ASSERT_EQ(plain.size(), team.size());
-        for (size_t u = 0; u < plain.size(); ++u)
-          for (size_t r = 0; r < plain[u].size(); ++r)
-            EXPECT_TRUE(bitwise_equal(plain[u][r].v, team[u][r].v))
-                << c.name << " " << plain[u][r].name << " of entry " << u << " of " << order.size()
-                << ": the team form differs from the plain one";
-      }
-    }
-    EXPECT_GE(cases, 6);
-  }
-}
-
-// The conv's L2-normalised heads in the conv kernel's own pass (cuda::conv_fused_l2 forces it;
-// the default runs them in a pass after the conv): within the case's tolerance of the reference,
-// and a row alone gives the bits it gets in the batch.
-TEST(OpsConvL2, FusedPassMatchesTheReferenceAndIsBatchInvariant) {
-  struct Restore {
-    ~Restore() { cuda::conv_fused_l2(false); }
-  } restore;
-  for (const Backend& b : backends_under_test()) {
-    if (std::string(b.name) != "cuda") continue;
-    cuda::conv_fused_l2(true);
-    int cases = 0;
-    for (const OpCase& c : op_cases()) {
-      if (c.name.rfind("conv_l2_heads", 0) != 0) continue;
-      ++cases;
-      const RunFn run = c.make();
-      const Batch ref = run(reference_ops(), kInOrder);
-      const Batch got = run(*b.ops, kInOrder);
-      ASSERT_EQ(ref.size(), got.size());
-      for (size_t u = 0; u < ref.size(); ++u) {
-        const Batch alone = run(*b.ops, {int(u)});
-        for (size_t r = 0; r < ref[u].size(); ++r) {
-          if (ref[u][r].name.rfind("pad:", 0) == 0) continue;
-          const Score sc = score(got[u][r].v, ref[u][r].v);
-          EXPECT_LE(sc.max_err, c.tol.max_err) << c.name << " " << ref[u][r].name << " unit " << u;
-          EXPECT_TRUE(bitwise_equal(alone[0][r].v, got[u][r].v))
-              << c.name << " " << ref[u][r].name << " of unit " << u << ": alone != in the batch";
-        }
-      }
-    }
-    EXPECT_EQ(cases, 3);
-  }
-}
-#endif
 
 // The oracle itself, on values worked out by hand from each contract in kernels/ops.h.
 TEST(OpsReference, HandComputedValues) {

@@ -185,21 +185,9 @@ struct AttendArgs {
   bool bf16 = false;
 };
 
-// The L2 normalisation a conv's outputs may get in the same pass (ConvArgs::l2): in each token
-// row, `heads` vectors of `dim` from channel 0, each as l2_norm does it (x / sqrt(Σ x² + eps),
-// the first heads - unscaled_heads then times post_scale). heads 0: none.
-struct L2Heads {
-  int64_t heads = 0;
-  int64_t dim = 0;
-  float eps = 1e-6f;
-  float post_scale = 1.0f;
-  int64_t unscaled_heads = 0;
-};
-
 // Depthwise causal conv over each row's real tokens, carrying the row's conv tail (views'
-// tail_in / tail_out, [K-1, channels] at stride ldt): y = conv(x) (then SiLU when `silu`), then
-// `l2` over y's token rows (a delta rule's q and k). Padded positions of y are zeroed. x and y
-// must not alias.
+// tail_in / tail_out, [K-1, channels] at stride ldt): y = conv(x) (then SiLU when `silu`).
+// Padded positions of y are zeroed. x and y must not alias.
 struct ConvArgs {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -212,20 +200,7 @@ struct ConvArgs {
   const float* w = nullptr;  // [channels, K]
   int64_t ldt = 0;           // tail row stride (0: channels)
   bool silu = false;
-  L2Heads l2;
 };
-
-// ConvArgs::l2 as l2_norm's arguments over y's B x L token rows (the host backends' second pass).
-inline L2NormArgs conv_l2_args(const ConvArgs& a) {
-  return {.x = a.y,
-          .ldx = a.ldy,
-          .rows = a.rows.rows * a.rows.tokens,
-          .heads = a.l2.heads,
-          .dim = a.l2.dim,
-          .eps = a.l2.eps,
-          .post_scale = a.l2.post_scale,
-          .unscaled_heads = a.l2.unscaled_heads};
-}
 
 // Gated DeltaNet gates in place over [N, heads] at ldx: beta = sigmoid(b), g = neg_decay[h] *
 // softplus(a + dt_bias[h]); padded positions get beta = 0, g = 0 (they write no state).

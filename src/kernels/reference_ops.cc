@@ -223,7 +223,6 @@ class ReferenceOps final : public Ops {
         for (int64_t e = 0; e < K - 1; ++e)
           for (int64_t c = 0; c < C; ++c) v.tail_out[e * ldt + c] = ext[size_t((n + e) * C + c)];
     }
-    if (a.l2.heads > 0) l2_norm(conv_l2_args(a));
   }
 
   void delta_gates(const DeltaGatesArgs& a) const override {

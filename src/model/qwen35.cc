@@ -192,13 +192,16 @@ class Qwen35 final : public Family {
                        .channels = Cc,
                        .kernel = cfg_.conv_kernel,
                        .w = w.conv.data<float>(),
-                       .silu = true,
-                       // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's
-                       // use_qk_l2norm_in_kernel; k's heads follow q's, in the conv's pass.
-                       .l2 = {.heads = 2 * Hk,
-                              .dim = Dk,
-                              .post_scale = 1.0f / std::sqrt(float(Dk)),
-                              .unscaled_heads = Hk}});
+                       .silu = true});
+    // q, k: L2-normalised per head (q also scaled by Dk^-0.5), as HF's use_qk_l2norm_in_kernel;
+    // k's heads follow q's, so one call does both.
+    x.ops.l2_norm({.x = conv,
+                   .ldx = Cc,
+                   .rows = N,
+                   .heads = 2 * Hk,
+                   .dim = Dk,
+                   .post_scale = 1.0f / std::sqrt(float(Dk)),
+                   .unscaled_heads = Hk});
     float* core = x.arena.floats(N * VD);
     x.ops.delta_rule({.rows = c.rows,
                       .views = c.views,

@@ -271,7 +271,6 @@ class CpuOps final : public Ops {
       for (int64_t t = n; t < L; ++t)
         std::memset(a.y + (b * L + t) * a.ldy + c0, 0, size_t(width) * sizeof(float));
     });
-    if (a.l2.heads > 0) l2_norm(conv_l2_args(a));
   }
 
   void delta_gates(const DeltaGatesArgs& a) const override {

@@ -90,7 +90,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda {
 
@@ -127,7 +126,6 @@ __device__ __forceinline__ void accumulate_values(float (&acc)[8][8], const floa
 __global__ void __launch_bounds__(kThreads, 1)
     attention_block_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
-  pdl_enter();
   extern __shared__ float4 shared[];
   float* const q_tile = reinterpret_cast<float*>(shared);     // [64 query rows][pitch]
   float* const k_tile = q_tile + kBlockQueries * g.pitch;     // [64 keys][pitch]
@@ -314,7 +312,6 @@ template <int kCols, int kQ>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_few_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const Geometry g) {
-  pdl_enter();
   constexpr bool kWide = kCols > 1;
   constexpr int kScoreQuads = kThreads / kKeyBlock;                     // 4 quads of rows at once
   constexpr int kQuadSteps = (kQ / 4 + kScoreQuads - 1) / kScoreQuads;  // 1 (kQ = 8) or 2 (32)
@@ -465,7 +462,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 __global__ void __launch_bounds__(kThreads)
     attention_merge_kernel(const __grid_constant__ AttentionLaunch a,
                            const __grid_constant__ Plan p, const Geometry g) {
-  pdl_enter();
   const int row = int(blockIdx.y);
   if (p.row_records[row] < 0 || p.row_local[row]) return;
   const int64_t G = a.group, HG = a.kv_heads * G;
@@ -498,7 +494,6 @@ __global__ void __launch_bounds__(kThreads)
 // ---- padded tokens: out = 0 for every head ----
 
 __global__ void zero_padding_kernel(const __grid_constant__ AttentionLaunch a, int64_t width) {
-  pdl_enter();
   const int row = int(blockIdx.y);
   const int64_t L = a.rows.tokens, token0 = (a.rows.first + row) * L;
   for (int64_t t = a.rows.length[row] + blockIdx.x; t < L; t += gridDim.x) {
@@ -521,7 +516,7 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
-    (void)pdl_launch(kernel, unsigned(p.block_ctas), threads, bytes, stream, a, p, g);
+    kernel<<<unsigned(p.block_ctas), threads, bytes, stream>>>(a, p, g);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -533,13 +528,13 @@ cudaError_t run_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
     if (e != cudaSuccess) return e;
-    (void)pdl_launch(kernel, unsigned(p.few_ctas), threads, bytes, stream, a, p, g);
+    kernel<<<unsigned(p.few_ctas), threads, bytes, stream>>>(a, p, g);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
   if (p.merge_rows > 0) {
     const dim3 grid(unsigned(ceil_div(p.merge_queries, kMergeWarps)), unsigned(a.rows.count));
-    (void)pdl_launch(attention_merge_kernel, grid, threads, 0, stream, a, p, g);
+    attention_merge_kernel<<<grid, threads, 0, stream>>>(a, p, g);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -589,8 +584,7 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream) {
   if (shortest < r.tokens) {
     const int64_t padded = r.tokens - shortest;
     const dim3 grid(unsigned(padded < 1024 ? padded : 1024), unsigned(r.count));
-    (void)pdl_launch(zero_padding_kernel, grid, dim3(kThreads), 0, stream, a,
-                     a.kv_heads * a.group * a.head_dim);
+    zero_padding_kernel<<<grid, dim3(kThreads), 0, stream>>>(a, a.kv_heads * a.group * a.head_dim);
     return cudaGetLastError();
   }
   return cudaSuccess;

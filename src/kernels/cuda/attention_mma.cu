@@ -32,31 +32,16 @@
 // bytes at D = 256, two CTAs (8 warps) per SM. (Q fragments held in registers instead would
 // spill at D = 256: the accumulator alone is 128 registers.) K of block b + 1 loads during the
 // softmax and values of b, V of b + 1 during the scores of b + 1.
-//
-// Teams. A launch of few CTAs (a decode step: 64 fork rows' queries over one long prefix make
-// 32 CTAs that each walk a whole split of 16 blocks) leaves most SMs idle and each warp's block
-// step a long chain (256 mma.sync at D = 256). The team form gives each 16 query rows 4 warps
-// (512 threads a CTA): warp p of a team computes the scores of keys 16 p .. 16 p + 15 and puts
-// them in shared memory, every warp of the team then reads all 64 and runs the same softmax step
-// as above on them (so each holds the row's probabilities, sums and splits, the same bits), and
-// takes value columns [D p / 4, D (p + 1) / 4) of the product and the split ends. Each product
-// element is the same chain as in the plain form, so the bits are the same in either form, and
-// which one a launch takes (launch_mma: only tests take the team form yet) changes nothing but
-// the time.
 #include <cuda_bf16.h>
 
-#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda::att {
 
-constexpr int kMmaThreads = 128;  // 4 warps x 16 query rows = kBlockQueries (a team of 1)
+constexpr int kMmaThreads = 128;  // 4 warps x 16 query rows = kBlockQueries
 constexpr int kTilePad = 8;       // bf16 per tile row past the dims
-constexpr int kTeam = 4;          // warps per 16 query rows in the team form
-constexpr int kScorePitch = 72;   // floats per query row of the team form's scores
 constexpr int kCopyThreads = 256;
 static_assert(kMmaThreads / 32 * 16 == kBlockQueries, "a warp per 16 of a CTA's query rows");
 static_assert(sizeof(AttentionLaunch) + sizeof(Plan) + sizeof(KvCopy) + sizeof(Geometry) <= 32000,
@@ -68,7 +53,6 @@ static_assert(sizeof(AttentionLaunch) + sizeof(Plan) + sizeof(KvCopy) + sizeof(G
 // (dims / 8) vectors of the regions' concatenation.
 __global__ void __launch_bounds__(kCopyThreads)
     kv_copy_kernel(const __grid_constant__ KvCopy c, int64_t kv_heads, int64_t head_dim) {
-  pdl_enter();
   const int parts = c.dims / 8, per_cta = kCopyThreads / parts;
   const int64_t vector = int64_t(blockIdx.x) * per_cta + threadIdx.x / parts;
   const int part = int(threadIdx.x) % parts;
@@ -222,35 +206,24 @@ __device__ __forceinline__ void store_split_checked(float (&acc)[kTiles][4], int
 
 // ---- the kernel ----
 
-// kWarps: warps per 16 query rows (1, or kTeam for the team form).
-template <int kSteps, int kWarps>
-__global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
+template <int kSteps>
+__global__ void __launch_bounds__(kMmaThreads, 2)
     attention_mma_kernel(const __grid_constant__ AttentionLaunch a, const __grid_constant__ Plan p,
                          const __grid_constant__ KvCopy c, const Geometry g) {
-  pdl_enter();
-  constexpr int kDims = 16 * kSteps, kPitch = kDims + kTilePad;
-  constexpr int kThreadsCta = kMmaThreads * kWarps;
-  constexpr int kValueTiles = 2 * kSteps / kWarps;  // a warp's 8-column tiles of the values
-  constexpr int kParts = kDims / 8;                 // 16-byte parts of a key vector
-  static_assert(kSteps % kWarps == 0, "a team's warps split the value columns evenly");
+  constexpr int kDims = 16 * kSteps, kPitch = kDims + kTilePad, kValueTiles = 2 * kSteps;
+  constexpr int kParts = kDims / 8;  // 16-byte parts of a key vector
   extern __shared__ float4 shared[];
   __nv_bfloat16* const k_tile = reinterpret_cast<__nv_bfloat16*>(shared);  // [64 keys][kPitch]
   __nv_bfloat16* const v_tile = k_tile + kKeyBlock * kPitch;               // [64 keys][kPitch]
   __nv_bfloat16* const q_tile = v_tile + kKeyBlock * kPitch;  // [64 query rows][kPitch]
   MmaQuery* const queries = reinterpret_cast<MmaQuery*>(q_tile + kBlockQueries * kPitch);
-  // The team form's scores: [64 query rows][kScorePitch].
-  float* const score_tile = reinterpret_cast<float*>(queries + kBlockQueries);
 
   const Job& job = find_job(p, 0, p.block_jobs, int(blockIdx.x));
   const Task task = task_of(a, p, job, int(blockIdx.x), kBlockQueries);
   if (task.first_block > task.last_block) return;
   const int64_t head = task.head, G = a.group, D = g.head_dim;
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, t4 = lane % 4;
-  const int tile = warp / kWarps, part = warp % kWarps;  // its 16 query rows, its place in them
-  const int row0 = 16 * tile + lane / 4;                 // the lane's query rows: row0, row0 + 8
-  const bool busy = 16 * tile < task.live;               // some of the warp's rows are queries
-  // The team form's value columns of this warp (from column `shift`).
-  const int shift = part * (kDims / kWarps);
+  const int row0 = 16 * warp + lane / 4;  // the lane's query rows: row0 and row0 + 8
 
   if (threadIdx.x < kBlockQueries) {
     MmaQuery q;
@@ -268,20 +241,19 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
   const int64_t prefix_len = a.kv[key_row].prefix_len;
   const int64_t prefix_k = c.prefix_base[key_row] + head * c.prefix_head[key_row];
   const int64_t own_k = c.own_base[key_row] + head * c.own_head[key_row];
-  // A thread copies 16 bytes (piece) of keys v0, v0 + kStride, ... of a block: pointer steps
+  // A thread copies 16 bytes (part) of keys v0, v0 + kStride, ... of a block: pointer steps
   // from the block's first such key in the prefix and in own, the two limits as block offsets.
-  constexpr int kStride = kThreadsCta / kParts;
-  static_assert(kKeyBlock % kStride == 0, "whole key rows a thread");
-  const int v0 = int(threadIdx.x) / kParts, piece = int(threadIdx.x) % kParts;
+  constexpr int kStride = kMmaThreads / kParts;
+  const int v0 = int(threadIdx.x) / kParts, part = int(threadIdx.x) % kParts;
   auto stage = [&](__nv_bfloat16* tile, int64_t block, bool values) {
     const int64_t first = block * kKeyBlock + v0;
     const __nv_bfloat16* const from_prefix =
-        data + (prefix_k + (values ? c.prefix_v[key_row] : 0) + first * kDims + 8 * piece);
+        data + (prefix_k + (values ? c.prefix_v[key_row] : 0) + first * kDims + 8 * part);
     const __nv_bfloat16* const from_own =
-        data + (own_k + (values ? c.own_v[key_row] : 0) + (first - prefix_len) * kDims + 8 * piece);
+        data + (own_k + (values ? c.own_v[key_row] : 0) + (first - prefix_len) * kDims + 8 * part);
     auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
     const int in_prefix = clamp(prefix_len - first), valid = clamp(task.last_key - first + 1);
-    __nv_bfloat16* const dst = tile + v0 * kPitch + 8 * piece;
+    __nv_bfloat16* const dst = tile + v0 * kPitch + 8 * part;
     if (valid >= kKeyBlock && (in_prefix <= 0 || in_prefix >= kKeyBlock)) {  // one buffer
       const __nv_bfloat16* const src = in_prefix <= 0 ? from_own : from_prefix;
 #pragma unroll
@@ -305,7 +277,7 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
   __syncthreads();  // the query rows
 
   // The Q tile, rounded to bf16 once (zeros past D and past the job's query rows).
-  for (int e = int(threadIdx.x); e < kBlockQueries * kParts; e += kThreadsCta) {
+  for (int e = int(threadIdx.x); e < kBlockQueries * kParts; e += kMmaThreads) {
     const int v = e / kParts, d0 = 8 * (e % kParts);
     const int2 q = queries[v].query;
     const float* src = q.x < 0 ? nullptr
@@ -337,7 +309,7 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
   // of n-tiles 2 np and 2 np + 1, dims of a k step's halves) and V (keys of a k step's halves,
   // value tiles 2 j and 2 j + 1).
   const __nv_bfloat16* const q_rows =
-      q_tile + (16 * tile + ((lane / 8) % 2) * 8 + lane % 8) * kPitch + (lane / 16) * 8;
+      q_tile + (16 * warp + ((lane / 8) % 2) * 8 + lane % 8) * kPitch + (lane / 16) * 8;
   const int k_key = (lane / 16) * 8 + lane % 8, k_dim = ((lane / 8) % 2) * 8;
   const int v_key = ((lane / 8) % 2) * 8 + lane % 8, v_dim = (lane / 16) * 8;
 
@@ -345,54 +317,29 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
     wait_copies<1>();  // this block's K
     __syncthreads();   // (and, the first time, the Q tile)
 
-    // Scores: all 64 keys (a team's warp: keys 16 part .. + 15, then all from the team's).
     float s[8][4] = {};
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
-      if (!busy) break;
       uint32_t qf[4];
       load_matrices(qf, q_rows + 16 * k);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        if (kWarps > 1 && np != part) continue;
         uint32_t b[4];
         load_matrices(b, k_tile + (16 * np + k_key) * kPitch + 16 * k + k_dim);
         mma_bf16(s[2 * np], qf, b[0], b[1]);
         mma_bf16(s[2 * np + 1], qf, b[2], b[3]);
       }
     }
-    if constexpr (kWarps > 1) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (busy && n / 2 == part)
-            *reinterpret_cast<float2*>(score_tile + (row0 + 8 * h) * kScorePitch + 8 * n + 2 * t4) =
-                make_float2(s[n][2 * h], s[n][2 * h + 1]);
-    }
     __syncthreads();  // every warp's scores: the K tile is free
-    if constexpr (kWarps > 1) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          if (busy) {
-            const float2 x = *reinterpret_cast<const float2*>(
-                score_tile + (row0 + 8 * h) * kScorePitch + 8 * n + 2 * t4);
-            s[n][2 * h] = x.x;
-            s[n][2 * h + 1] = x.y;
-          }
-    }
 
     if (block < last_block) stage(k_tile, block + 1, false);
     commit_copies();
 
     // The softmax step of the lane's two rows.
     const int64_t key0 = block * kKeyBlock;
-    float alpha[2] = {1.0f, 1.0f};
+    float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (!busy) break;
       const Reach r = queries[row0 + 8 * h].reach;
       auto clamp = [](int64_t x) { return int(x < -1 ? -1 : x > kKeyBlock ? kKeyBlock : x); };
       const int lo = clamp(r.lo - key0), hi = clamp(r.hi - key0);  // the seen keys of the block
@@ -459,14 +406,13 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
       for (int e = 0; e < 4; ++e) acc[j][e] = __fmul_rn(acc[j][e], alpha[e / 2]);
 #pragma unroll
     for (int k = 0; k < kKeyBlock / 16; ++k) {
-      if (!busy) break;
       const uint32_t pa[4] = {
           pack_bf16(s[2 * k][0], s[2 * k][1]), pack_bf16(s[2 * k][2], s[2 * k][3]),
           pack_bf16(s[2 * k + 1][0], s[2 * k + 1][1]), pack_bf16(s[2 * k + 1][2], s[2 * k + 1][3])};
 #pragma unroll
-      for (int jp = 0; jp < kValueTiles / 2; ++jp) {
+      for (int jp = 0; jp < kSteps; ++jp) {
         uint32_t b[4];
-        load_matrices_transposed(b, v_tile + (16 * k + v_key) * kPitch + shift + 16 * jp + v_dim);
+        load_matrices_transposed(b, v_tile + (16 * k + v_key) * kPitch + 16 * jp + v_dim);
         mma_bf16(acc[2 * jp], pa, b[0], b[1]);
         mma_bf16(acc[2 * jp + 1], pa, b[2], b[3]);
       }
@@ -476,14 +422,12 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const MmaQuery& q = queries[row0 + 8 * h];
-      if (!busy || split_end(q.split, block, last_block) == kGoOn) continue;
-      RowEnd e = row_end(run[h], fold[h], g, q.at, q.split, q.local != 0, block, last_block,
-                         t4 == 0 && part == 0);
-      e.dest += shift;  // this warp's value columns
-      if (e.fold) e.fold += shift;
+      if (split_end(q.split, block, last_block) == kGoOn) continue;
+      const RowEnd e =
+          row_end(run[h], fold[h], g, q.at, q.split, q.local != 0, block, last_block, t4 == 0);
       const bool output = e.end == kOutput || e.end == kFoldOutput;
       if (D != kDims || (output && !g.out_wide)) {
-        store_split_checked(acc, h, t4, e, int(D) - shift, !output || g.out_wide);
+        store_split_checked(acc, h, t4, e, int(D), !output || g.out_wide);
       } else if (e.end == kOutput) {
         store_split<kValueTiles, false, true>(acc, h, t4, e);
       } else if (e.end == kFold) {
@@ -501,32 +445,18 @@ __global__ void __launch_bounds__(kMmaThreads* kWarps, kWarps == 1 ? 2 : 1)
   }
 }
 
-template <int kSteps, int kWarps>
+template <int kSteps>
 cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c, const Geometry& g,
                        cudaStream_t stream) {
   const size_t bytes =
       sizeof(__nv_bfloat16) * (2 * kKeyBlock + kBlockQueries) * (16 * kSteps + kTilePad) +
-      sizeof(MmaQuery) * kBlockQueries +
-      (kWarps > 1 ? sizeof(float) * kBlockQueries * kScorePitch : 0);
-  auto* kernel = attention_mma_kernel<kSteps, kWarps>;
+      sizeof(MmaQuery) * kBlockQueries;
+  auto* kernel = attention_mma_kernel<kSteps>;
   const cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
   if (e != cudaSuccess) return e;
-  (void)pdl_launch(kernel, unsigned(p.block_ctas), dim3(kMmaThreads * kWarps), bytes, stream, a, p,
-                   c, g);
+  kernel<<<unsigned(p.block_ctas), dim3(kMmaThreads), bytes, stream>>>(a, p, c, g);
   return cudaGetLastError();
-}
-
-// The team form only where a test turns it on: it is meant for launches of fewer CTAs than the
-// plain form fits (two an SM), once it has run on a GPU and been timed there (it was written in a
-// session that got no device time).
-std::atomic<bool> team_form{false};
-
-template <int kSteps>
-cudaError_t launch_mma(const AttentionLaunch& a, const Plan& p, const KvCopy& c, const Geometry& g,
-                       cudaStream_t stream) {
-  return team_form.load(std::memory_order_relaxed) ? launch_mma<kSteps, kTeam>(a, p, c, g, stream)
-                                                   : launch_mma<kSteps, 1>(a, p, c, g, stream);
 }
 
 cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCopy& c,
@@ -535,8 +465,8 @@ cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCop
   if (c.regions > 0) {
     const int64_t per_cta = kCopyThreads / (c.dims / 8);
     const int64_t vectors = c.vectors_end[c.regions - 1];
-    (void)pdl_launch(kv_copy_kernel, unsigned(ceil_div(vectors, per_cta)), dim3(kCopyThreads), 0,
-                     stream, c, a.kv_heads, a.head_dim);
+    kv_copy_kernel<<<unsigned(ceil_div(vectors, per_cta)), dim3(kCopyThreads), 0, stream>>>(
+        c, a.kv_heads, a.head_dim);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return e;
   }
@@ -548,11 +478,3 @@ cudaError_t run_mma_kernels(const AttentionLaunch& a, const Plan& p, const KvCop
 }
 
 }  // namespace deg::cuda::att
-
-namespace deg::cuda {
-
-void attention_team_form(bool on) {
-  att::team_form.store(on, std::memory_order_relaxed);
-}
-
-}  // namespace deg::cuda

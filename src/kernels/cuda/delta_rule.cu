@@ -52,7 +52,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/delta_rule_common.cuh"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda {
 namespace dr {
@@ -187,7 +186,6 @@ __device__ __forceinline__ void lower_product(const float* t, const float* b, in
 __global__ void __launch_bounds__(kThreads, 2)
     prep_kernel(const DeltaRuleLaunch a, const RowList list, const Plan p, const Segment seg,
                 float* ws) {
-  pdl_enter();
   extern __shared__ float4 smem4[];
   PrepSmem sm;
   prep_smem_floats(p, reinterpret_cast<float*>(smem4), &sm);
@@ -426,7 +424,6 @@ __host__ __device__ inline int state_smem_floats(const Plan& p, float* base, Sta
 __global__ void __launch_bounds__(kThreads, 1)
     state_kernel(const DeltaRuleLaunch a, const RowList list, const Plan p, const Segment seg,
                  float* ws) {
-  pdl_enter();
   extern __shared__ float4 smem4[];
   StateSmem sm;
   state_smem_floats(p, reinterpret_cast<float*>(smem4), &sm);
@@ -595,7 +592,6 @@ __host__ __device__ inline int out_smem_floats(const Plan& p) {
 __global__ void __launch_bounds__(kThreads, 2)
     out_kernel(const DeltaRuleLaunch a, const RowList list, const Plan p, const Segment seg,
                const float* ws) {
-  pdl_enter();
   extern __shared__ float4 smem4[];
   float* q = reinterpret_cast<float*>(smem4);  // [64][ldk]
   float* s = q + kChunk * p.ldk;               // [dkp][kOutLd]
@@ -746,12 +742,11 @@ cudaError_t launch_chunked(const DeltaRuleLaunch& a, const RowList& rows, int mo
   for (int first = 0; first < most; first += per_segment) {
     const Segment seg{first, per_segment};
     const unsigned units = heads * static_cast<unsigned>(per_segment);
-    (void)pdl_launch(prep_kernel, units, kThreads, prep_bytes, stream, a, rows, p, seg,
-                     a.workspace);
-    (void)pdl_launch(state_kernel, heads * static_cast<unsigned>(p.col_blocks), kThreads,
-                     state_bytes, stream, a, rows, p, seg, a.workspace);
-    (void)pdl_launch(out_kernel, units * static_cast<unsigned>(p.out_blocks), kThreads, out_bytes,
-                     stream, a, rows, p, seg, a.workspace);
+    prep_kernel<<<units, kThreads, prep_bytes, stream>>>(a, rows, p, seg, a.workspace);
+    state_kernel<<<heads* static_cast<unsigned>(p.col_blocks), kThreads, state_bytes, stream>>>(
+        a, rows, p, seg, a.workspace);
+    out_kernel<<<units* static_cast<unsigned>(p.out_blocks), kThreads, out_bytes, stream>>>(
+        a, rows, p, seg, a.workspace);
     if ((err = cudaGetLastError()) != cudaSuccess) return err;
   }
   return cudaSuccess;

@@ -5,7 +5,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/delta_rule_common.cuh"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda::dr {
 
@@ -30,7 +29,6 @@ __host__ __device__ inline int recur_smem_floats(const RecurPlan& p) {
 template <int R>
 __global__ void __launch_bounds__(kRecThreads)
     recur_kernel(const DeltaRuleLaunch a, const RowList list, const RecurPlan p) {
-  pdl_enter();
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [tmax][dkr]
   float* ks = qs + p.tmax * p.dkr;              // [tmax][dkr]
@@ -174,7 +172,7 @@ cudaError_t launch_recur_r(const DeltaRuleLaunch& a, const RowList& rows, const 
     if (err != cudaSuccess) return err;
   }
   const unsigned grid = static_cast<unsigned>(p.col_blocks * a.v_heads * rows.count);
-  (void)pdl_launch(recur_kernel<R>, grid, kRecThreads, bytes, stream, a, rows, p);
+  recur_kernel<R><<<grid, kRecThreads, bytes, stream>>>(a, rows, p);
   return cudaGetLastError();
 }
 

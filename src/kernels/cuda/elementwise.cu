@@ -5,11 +5,9 @@
 // Batch invariance: every output element is computed by one thread, or (norms) one warp per
 // vector with a reduction whose shape depends on the vector's length only, so no result depends
 // on how many rows a call has.
-#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda {
 
@@ -164,7 +162,6 @@ __device__ void rms_norm_put(const NormLaunch& a, NormVec vec, int64_t r, int64_
 // A warp per vector of at most 128 kChunks elements.
 template <int kChunks>
 __global__ void rms_norm_warp_kernel(NormLaunch a, NormVec vec) {
-  pdl_enter();
   const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
   const int lane = int(threadIdx.x % 32), dim = int(a.dim);
@@ -189,7 +186,6 @@ __global__ void rms_norm_warp_kernel(NormLaunch a, NormVec vec) {
 // A block of kChunks warps per vector, warp k holding every lane's chunk k.
 template <int kChunks>
 __global__ void rms_norm_split_kernel(NormLaunch a, NormVec vec) {
-  pdl_enter();
   __shared__ float sums[kChunks][32];
   __shared__ float inv_of;
   const int64_t v = blockIdx.x, r = v / a.heads, h = v % a.heads;
@@ -212,7 +208,6 @@ __global__ void rms_norm_split_kernel(NormLaunch a, NormVec vec) {
 
 // A block per vector (dims past kWarpNormDim).
 __global__ void rms_norm_block_kernel(NormLaunch a) {
-  pdl_enter();
   const int64_t v = int64_t(blockIdx.x);
   const int lane = int(threadIdx.x), dim = int(a.dim);
   const int64_t r = v / a.heads, h = v % a.heads;
@@ -246,7 +241,6 @@ __global__ void rms_norm_block_kernel(NormLaunch a) {
 // A warp per vector of at most 128 kChunks elements, in place, the rms_norm warp form's order.
 template <int kChunks>
 __global__ void l2_norm_kernel(L2NormLaunch a, bool vec) {
-  pdl_enter();
   const int64_t v = int64_t(blockIdx.x) * kNormWarps + threadIdx.x / 32;
   if (v >= a.rows * a.heads) return;
   const int lane = int(threadIdx.x % 32), dim = int(a.dim);
@@ -285,7 +279,6 @@ bool aligned16(const void* p) {
 // ---- per-row ops (one chunk of rows; blockIdx.y = row of the chunk) ----
 
 __global__ void rope_kernel(RopeLaunch a) {
-  pdl_enter();
   const int i = blockIdx.y;
   const int64_t n = a.rows.length[i], per_token = a.heads * a.half;
   const int64_t row0 = (a.rows.first + i) * a.rows.tokens;
@@ -301,7 +294,6 @@ __global__ void rope_kernel(RopeLaunch a) {
 }
 
 __global__ void kv_write_kernel(KvWriteLaunch a) {
-  pdl_enter();
   const int i = blockIdx.y;
   const int64_t n = a.rows.length[i], width = a.k_dim > a.v_dim ? a.k_dim : a.v_dim;
   const int64_t per_token = a.kv_heads * width;
@@ -322,19 +314,11 @@ __global__ void kv_write_kernel(KvWriteLaunch a) {
 constexpr int kConvTokens = 16;
 constexpr int kConvWindow = 8;  // K at most this; launch_causal_conv checks
 
-// With kL2 (a.l2_heads > 0; the launcher checks that the channels are whole blocks and a head's
-// l2_dim channels whole warps of one) the tile's outputs of channels below l2_heads l2_dim are
-// L2-normalised per (token, head) before they are stored: each warp sums its lanes' squares by a
-// butterfly, then every thread adds its head's warps in order (l2_norm's arithmetic, not its
-// order of sums).
-template <bool kL2>
 __global__ void conv_kernel(ConvLaunch a) {
-  pdl_enter();
-  __shared__ float head_sums[kL2 ? kConvTokens : 1][kThreads / 32];
   const int i = blockIdx.z;
   const int c = int(blockIdx.x) * kThreads + int(threadIdx.x);
   const int C = int(a.channels), K = int(a.kernel);
-  if (c >= C) return;  // never with kL2: every thread of its blocks has a channel
+  if (c >= C) return;
   const int n = int(a.rows.length[i]);
   const int t0 = int(blockIdx.y) * kConvTokens;
   const int64_t L = a.rows.tokens, row0 = (a.rows.first + i) * L;
@@ -366,49 +350,23 @@ __global__ void conv_kernel(ConvLaunch a) {
     const int t = t0 + u;
     in[u] = t < t_end && t < n ? x[int64_t(t) * a.ldx] : 0.0f;
   }
-  float out[kConvTokens];  // the tile's outputs (zeros past the row's real tokens)
 #pragma unroll
   for (int u = 0; u < kConvTokens; ++u) {
     const int t = t0 + u;
-    out[u] = 0.0f;
-    if (t >= t_end || t >= n) continue;
+    if (t >= t_end) break;
+    if (t >= n) {
+      y[int64_t(t) * a.ldy] = 0.0f;
+      continue;
+    }
     window[kConvWindow - 1] = in[u];
     float acc = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < kConvWindow; ++jj) {
       if (jj >= kConvWindow - K) acc += w[jj] * window[jj];  // tap jj - (kConvWindow - K)
     }
-    out[u] = a.silu ? silu(acc) : acc;
+    y[int64_t(t) * a.ldy] = a.silu ? silu(acc) : acc;
 #pragma unroll
     for (int d = 0; d < kConvWindow - 1; ++d) window[d] = window[d + 1];
-  }
-  if constexpr (kL2) {
-    const int warp = int(threadIdx.x) / 32, per_head = int(a.l2_dim) / 32;
-#pragma unroll
-    for (int u = 0; u < kConvTokens; ++u) {
-      float ss = out[u] * out[u];
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-      if (threadIdx.x % 32 == 0) head_sums[u][warp] = ss;
-    }
-    __syncthreads();
-    const int64_t head = c / a.l2_dim;
-    if (head < a.l2_heads) {
-      const int first = warp - warp % per_head;
-      const float scale = head < a.l2_heads - a.l2_unscaled ? a.l2_post_scale : 1.0f;
-#pragma unroll
-      for (int u = 0; u < kConvTokens; ++u) {
-        float ss = 0.0f;
-        for (int q = 0; q < per_head; ++q) ss += head_sums[u][first + q];
-        out[u] = (out[u] * (1.0f / sqrtf(ss + a.l2_eps))) * scale;
-      }
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < kConvTokens; ++u) {
-    const int t = t0 + u;
-    if (t >= t_end) break;
-    y[int64_t(t) * a.ldy] = out[u];
   }
   // One tile per row (short rows, decode): the row's new tail is the window's last K - 1
   // inputs, window[kConvWindow - K + j] = input n - (K - 1) + j; this thread alone read the
@@ -424,7 +382,6 @@ __global__ void conv_kernel(ConvLaunch a) {
 // The new tail: the last K - 1 inputs of [tail_in, the row's real x]; one thread per channel
 // reads them all before writing (tail_out may be tail_in).
 __global__ void conv_tail_kernel(ConvLaunch a) {
-  pdl_enter();
   const int i = blockIdx.y;
   const StateRow st = a.state[i];
   if (!st.tail_out) return;
@@ -442,7 +399,6 @@ __global__ void conv_tail_kernel(ConvLaunch a) {
 }
 
 __global__ void delta_gates_kernel(DeltaGatesLaunch a) {
-  pdl_enter();
   const int i = blockIdx.y;
   const int64_t n = a.rows.length[i], H = a.heads, L = a.rows.tokens;
   const int64_t row0 = (a.rows.first + i) * L;
@@ -467,7 +423,6 @@ __device__ __forceinline__ float glu_one(const GluLaunch& a, float g, float up) 
 // Columns in fours (kVector: every row start and n 16-byte aligned, float4 accesses).
 template <bool kVector>
 __global__ void glu_kernel(GluLaunch a) {
-  pdl_enter();
   const int64_t n4 = kVector ? a.n / 4 : a.n;
   DEG_ROW_LOOP(r, j, a.rows, n4) {
     float* out = a.out + r * a.ldo;
@@ -499,7 +454,6 @@ bool aligned4(const void* p, int64_t ld) {
 }
 
 __global__ void binary_kernel(BinaryLaunch a) {
-  pdl_enter();
   DEG_ROW_LOOP(r, j, a.rows, a.n) {
     float* y = a.y + r * a.ldy + j;
     if (!a.a) {
@@ -512,13 +466,11 @@ __global__ void binary_kernel(BinaryLaunch a) {
 }
 
 __global__ void softcap_kernel(float* y, int64_t n, float cap) {
-  pdl_enter();
   DEG_GRID_LOOP(i, n) y[i] = tanhf(y[i] / cap) * cap;
 }
 
 __global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                                  int64_t n) {
-  pdl_enter();
   DEG_ROW_LOOP(r, j, rows, n) {
     y[r * ldy + j] = x[r * ldx + j];
   }
@@ -526,7 +478,6 @@ __global__ void copy_rows_kernel(const float* x, int64_t ldx, float* y, int64_t 
 
 __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* index, float* y,
                                    int64_t ldy, int64_t rows, int64_t n) {
-  pdl_enter();
   DEG_ROW_LOOP(r, j, rows, n) {
     y[r * ldy + j] = x[int64_t(index[r]) * ldx + j];
   }
@@ -539,7 +490,6 @@ constexpr int kTransposeTile = 32, kTransposeRows = 8;
 
 __global__ void transpose_kernel(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                                  int64_t cols) {
-  pdl_enter();
   __shared__ float tile[kTransposeTile][kTransposeTile + 1];
   const int64_t i0 = int64_t(blockIdx.y) * kTransposeTile,
                 j0 = int64_t(blockIdx.x) * kTransposeTile;
@@ -559,7 +509,6 @@ __device__ float bf16_bits_to_f32(uint16_t b) {
 }
 
 __global__ void gather_kernel(GatherLaunch a) {
-  pdl_enter();
   const int64_t C = a.cols;
   DEG_GRID_LOOP(e, a.n * C) {
     const int64_t i = e / C, c = e % C;
@@ -586,7 +535,6 @@ __global__ void gather_kernel(GatherLaunch a) {
 template <bool kVector>
 __global__ void to_bf16_kernel(const float* x, int64_t ldx, int64_t rows, int64_t n,
                                uint16_t* out) {
-  pdl_enter();
   DEG_ROW_LOOP(r, j, rows, kVector ? n / 4 : n) {
     if constexpr (kVector) {
       reinterpret_cast<uint2*>(out + r * n)[j] =
@@ -598,7 +546,6 @@ __global__ void to_bf16_kernel(const float* x, int64_t ldx, int64_t rows, int64_
 }
 
 __global__ void widen_bf16_kernel(const uint16_t* in, int64_t count, float* out) {
-  pdl_enter();
   DEG_GRID_LOOP(i, count) out[i] = bf16_bits_to_f32(in[i]);
 }
 
@@ -612,7 +559,7 @@ cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
   const int64_t vectors = a.rows * a.heads;
   if (a.dim > kWarpNormDim) {
-    (void)pdl_launch(rms_norm_block_kernel, unsigned(vectors), kThreads, 0, stream, a);
+    rms_norm_block_kernel<<<unsigned(vectors), kThreads, 0, stream>>>(a);
     return launched();
   }
   const bool dim4 = a.dim % 4 == 0;
@@ -625,19 +572,19 @@ cudaError_t launch_rms_norm(const NormLaunch& a, cudaStream_t stream) {
   if (chunks >= 4 && vectors < 4 * 132) {
     const unsigned grid = unsigned(vectors);
     switch (chunks) {
-      case 4: (void)pdl_launch(rms_norm_split_kernel<4>, grid, 4 * 32, 0, stream, a, vec); break;
-      case 8: (void)pdl_launch(rms_norm_split_kernel<8>, grid, 8 * 32, 0, stream, a, vec); break;
-      default: (void)pdl_launch(rms_norm_split_kernel<16>, grid, 16 * 32, 0, stream, a, vec); break;
+      case 4: rms_norm_split_kernel<4><<<grid, 4 * 32, 0, stream>>>(a, vec); break;
+      case 8: rms_norm_split_kernel<8><<<grid, 8 * 32, 0, stream>>>(a, vec); break;
+      default: rms_norm_split_kernel<16><<<grid, 16 * 32, 0, stream>>>(a, vec); break;
     }
     return launched();
   }
   const unsigned grid = unsigned((vectors + kNormWarps - 1) / kNormWarps);
   switch (chunks) {
-    case 1: (void)pdl_launch(rms_norm_warp_kernel<1>, grid, kThreads, 0, stream, a, vec); break;
-    case 2: (void)pdl_launch(rms_norm_warp_kernel<2>, grid, kThreads, 0, stream, a, vec); break;
-    case 4: (void)pdl_launch(rms_norm_warp_kernel<4>, grid, kThreads, 0, stream, a, vec); break;
-    case 8: (void)pdl_launch(rms_norm_warp_kernel<8>, grid, kThreads, 0, stream, a, vec); break;
-    default: (void)pdl_launch(rms_norm_warp_kernel<16>, grid, kThreads, 0, stream, a, vec); break;
+    case 1: rms_norm_warp_kernel<1><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 2: rms_norm_warp_kernel<2><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 4: rms_norm_warp_kernel<4><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 8: rms_norm_warp_kernel<8><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    default: rms_norm_warp_kernel<16><<<grid, kThreads, 0, stream>>>(a, vec); break;
   }
   return launched();
 }
@@ -648,11 +595,11 @@ cudaError_t launch_l2_norm(const L2NormLaunch& a, cudaStream_t stream) {
   const bool vec = a.dim % 4 == 0 && aligned16(a.x) && a.ldx % 4 == 0;
   const unsigned grid = unsigned((a.rows * a.heads + kNormWarps - 1) / kNormWarps);
   switch (norm_chunks(a.dim)) {
-    case 1: (void)pdl_launch(l2_norm_kernel<1>, grid, kThreads, 0, stream, a, vec); break;
-    case 2: (void)pdl_launch(l2_norm_kernel<2>, grid, kThreads, 0, stream, a, vec); break;
-    case 4: (void)pdl_launch(l2_norm_kernel<4>, grid, kThreads, 0, stream, a, vec); break;
-    case 8: (void)pdl_launch(l2_norm_kernel<8>, grid, kThreads, 0, stream, a, vec); break;
-    default: (void)pdl_launch(l2_norm_kernel<16>, grid, kThreads, 0, stream, a, vec); break;
+    case 1: l2_norm_kernel<1><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 2: l2_norm_kernel<2><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 4: l2_norm_kernel<4><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    case 8: l2_norm_kernel<8><<<grid, kThreads, 0, stream>>>(a, vec); break;
+    default: l2_norm_kernel<16><<<grid, kThreads, 0, stream>>>(a, vec); break;
   }
   return launched();
 }
@@ -662,8 +609,8 @@ cudaError_t launch_rope(const RopeLaunch& a, cudaStream_t stream) {
   int64_t most = 0;
   for (int i = 0; i < a.rows.count; ++i) most = a.rows.length[i] > most ? a.rows.length[i] : most;
   if (most == 0) return cudaSuccess;
-  (void)pdl_launch(rope_kernel, dim3(grid_for(most * a.heads * a.half), unsigned(a.rows.count)),
-                   kThreads, 0, stream, a);
+  rope_kernel<<<dim3(grid_for(most * a.heads * a.half), unsigned(a.rows.count)), kThreads, 0,
+                stream>>>(a);
   return launched();
 }
 
@@ -672,24 +619,9 @@ cudaError_t launch_kv_write(const KvWriteLaunch& a, cudaStream_t stream) {
   for (int i = 0; i < a.rows.count; ++i) most = a.rows.length[i] > most ? a.rows.length[i] : most;
   if (most == 0) return cudaSuccess;
   const int64_t width = a.k_dim > a.v_dim ? a.k_dim : a.v_dim;
-  (void)pdl_launch(kv_write_kernel,
-                   dim3(grid_for(most * a.kv_heads * width), unsigned(a.rows.count)), kThreads, 0,
-                   stream, a);
+  kv_write_kernel<<<dim3(grid_for(most * a.kv_heads * width), unsigned(a.rows.count)), kThreads, 0,
+                    stream>>>(a);
   return launched();
-}
-
-// Only where a test turns it on, until the fused pass has run on a GPU (it was written in a
-// session that got no device time).
-std::atomic<bool> conv_l2_fused{false};
-
-void conv_fused_l2(bool on) {
-  conv_l2_fused.store(on, std::memory_order_relaxed);
-}
-
-bool conv_fuses_l2(int64_t channels, int64_t l2_heads, int64_t l2_dim) {
-  return conv_l2_fused.load(std::memory_order_relaxed) && l2_heads > 0 &&
-         channels % kThreads == 0 && l2_dim % 32 == 0 && kThreads % l2_dim == 0 &&
-         l2_heads * l2_dim <= channels;
 }
 
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
@@ -697,25 +629,19 @@ cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream) {
   if (a.kernel < 1 || a.kernel > kConvWindow) return cudaErrorInvalidValue;
   const unsigned channel_blocks = unsigned((a.channels + kThreads - 1) / kThreads);
   const unsigned tiles = unsigned((a.rows.tokens + kConvTokens - 1) / kConvTokens);
-  if (a.l2_heads > 0 && !conv_fuses_l2(a.channels, a.l2_heads, a.l2_dim))
-    return cudaErrorInvalidValue;
-  const dim3 grid(channel_blocks, tiles, unsigned(a.rows.count));
-  (void)(a.l2_heads > 0 ? pdl_launch(conv_kernel<true>, grid, kThreads, 0, stream, a)
-                        : pdl_launch(conv_kernel<false>, grid, kThreads, 0, stream, a));
+  conv_kernel<<<dim3(channel_blocks, tiles, unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess || tiles == 1) return e;  // tails written
   bool tails = false;  // fork rows that are not kept write none
   for (int i = 0; i < a.rows.count; ++i) tails = tails || a.state[i].tail_out;
   if (!tails) return cudaSuccess;
-  (void)pdl_launch(conv_tail_kernel, dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads,
-                   0, stream, a);
+  conv_tail_kernel<<<dim3(grid_for(a.channels), unsigned(a.rows.count)), kThreads, 0, stream>>>(a);
   return launched();
 }
 
 cudaError_t launch_delta_gates(const DeltaGatesLaunch& a, cudaStream_t stream) {
   if (a.rows.count == 0 || a.rows.tokens == 0) return cudaSuccess;
-  (void)pdl_launch(delta_gates_kernel,
-                   dim3(grid_for(a.rows.tokens * a.heads), unsigned(a.rows.count)), kThreads, 0,
-                   stream, a);
+  delta_gates_kernel<<<dim3(grid_for(a.rows.tokens * a.heads), unsigned(a.rows.count)), kThreads, 0,
+                       stream>>>(a);
   return launched();
 }
 
@@ -727,38 +653,36 @@ cudaError_t launch_glu(const GluLaunch& a, cudaStream_t stream) {
   const bool vector = a.n % 4 == 0 && aligned4(a.gate, a.ldg) && out_vector &&
                       (a.up ? aligned4(a.up, a.ldu) : aligned4(a.out, a.ldo));
   if (vector) {
-    (void)pdl_launch(glu_kernel<true>, row_grid(a.rows, a.n / 4), kThreads, 0, stream, a);
+    glu_kernel<true><<<row_grid(a.rows, a.n / 4), kThreads, 0, stream>>>(a);
   } else {
-    (void)pdl_launch(glu_kernel<false>, row_grid(a.rows, a.n), kThreads, 0, stream, a);
+    glu_kernel<false><<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
   }
   return launched();
 }
 
 cudaError_t launch_binary(const BinaryLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  (void)pdl_launch(binary_kernel, row_grid(a.rows, a.n), kThreads, 0, stream, a);
+  binary_kernel<<<row_grid(a.rows, a.n), kThreads, 0, stream>>>(a);
   return launched();
 }
 
 cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  (void)pdl_launch(softcap_kernel, grid_for(n), kThreads, 0, stream, y, n, cap);
+  softcap_kernel<<<grid_for(n), kThreads, 0, stream>>>(y, n, cap);
   return launched();
 }
 
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
-  (void)pdl_launch(copy_rows_kernel, row_grid(rows, n), kThreads, 0, stream, x, ldx, y, ldy, rows,
-                   n);
+  copy_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
   return launched();
 }
 
 cudaError_t launch_gather_rows(const float* x, int64_t ldx, const int32_t* index, float* y,
                                int64_t ldy, int64_t rows, int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
-  (void)pdl_launch(gather_rows_kernel, row_grid(rows, n), kThreads, 0, stream, x, ldx, index, y,
-                   ldy, rows, n);
+  gather_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, index, y, ldy, rows, n);
   return launched();
 }
 
@@ -767,14 +691,14 @@ cudaError_t launch_transpose(const float* x, int64_t ldx, float* y, int64_t ldy,
   if (rows * cols == 0) return cudaSuccess;
   const dim3 grid(unsigned((cols + kTransposeTile - 1) / kTransposeTile),
                   unsigned((rows + kTransposeTile - 1) / kTransposeTile));
-  (void)pdl_launch(transpose_kernel, grid, dim3(kTransposeTile, kTransposeRows), 0, stream, x, ldx,
-                   y, ldy, rows, cols);
+  transpose_kernel<<<grid, dim3(kTransposeTile, kTransposeRows), 0, stream>>>(x, ldx, y, ldy, rows,
+                                                                              cols);
   return launched();
 }
 
 cudaError_t launch_gather(const GatherLaunch& a, cudaStream_t stream) {
   if (a.n * a.cols == 0) return cudaSuccess;
-  (void)pdl_launch(gather_kernel, grid_for(a.n * a.cols), kThreads, 0, stream, a);
+  gather_kernel<<<grid_for(a.n * a.cols), kThreads, 0, stream>>>(a);
   return launched();
 }
 
@@ -783,19 +707,17 @@ cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n,
   if (rows * n == 0) return cudaSuccess;
   uint16_t* o = static_cast<uint16_t*>(out);
   if (n % 4 == 0 && aligned4(x, ldx) && reinterpret_cast<uintptr_t>(out) % 8 == 0) {
-    (void)pdl_launch(to_bf16_kernel<true>, row_grid(rows, n / 4), kThreads, 0, stream, x, ldx, rows,
-                     n, o);
+    to_bf16_kernel<true><<<row_grid(rows, n / 4), kThreads, 0, stream>>>(x, ldx, rows, n, o);
   } else {
-    (void)pdl_launch(to_bf16_kernel<false>, row_grid(rows, n), kThreads, 0, stream, x, ldx, rows, n,
-                     o);
+    to_bf16_kernel<false><<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, rows, n, o);
   }
   return launched();
 }
 
 cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
-  (void)pdl_launch(widen_bf16_kernel, grid_for(count), kThreads, 0, stream,
-                   static_cast<const uint16_t*>(in), count, out);
+  widen_bf16_kernel<<<grid_for(count), kThreads, 0, stream>>>(static_cast<const uint16_t*>(in),
+                                                              count, out);
   return launched();
 }
 

@@ -19,7 +19,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda {
 
@@ -47,7 +46,6 @@ __device__ __forceinline__ uint32_t lds32(const uint16_t* p) {
 
 template <int MT, int NW, int CW, int kStages>
 __global__ void __launch_bounds__(NW * 32) small_gemm_kernel(const SmallGemmLaunch a) {
-  pdl_enter();
   constexpr int kRowsCta = 16 * MT, kColsCta = NW * CW, kTilesN = CW / 8;
   constexpr int kPieces = kStageK / 8;  // 16-byte pieces of a staged row
   extern __shared__ __align__(16) unsigned char smem[];
@@ -160,8 +158,8 @@ cudaError_t launch_config(const SmallGemmLaunch& a, cudaStream_t stream) {
   }
   const int64_t m_blocks = (a.m + kRowsCta - 1) / kRowsCta;
   const int64_t n_blocks = (a.n + kColsCta - 1) / kColsCta;
-  (void)pdl_launch(small_gemm_kernel<MT, NW, CW, kStages>,
-                   static_cast<unsigned>(m_blocks * n_blocks), NW * 32, bytes, stream, a);
+  small_gemm_kernel<MT, NW, CW, kStages>
+      <<<static_cast<unsigned>(m_blocks * n_blocks), NW * 32, bytes, stream>>>(a);
   return cudaGetLastError();
 }
 

@@ -69,9 +69,6 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 // The floats of scratch launch_attention needs for `a` (its rows, K/V and shapes; the workspace
 // fields are not read). 0: none.
 int64_t attention_workspace_floats(const AttentionLaunch& a);
-// Tests only: bf16 launches (attention_mma.cu) in the team form (on) or the plain one (off, the
-// default). The bits are the same either way.
-void attention_team_form(bool on);
 
 // ---- delta_rule.cu: DeltaRuleOpArgs of kernels/ops.h for the rows of one chunk ----
 struct DeltaRuleLaunch {
@@ -160,17 +157,8 @@ struct ConvLaunch {
   const float* w;  // [channels, kernel]
   int64_t ldt;
   bool silu;
-  // ConvArgs::l2 in the conv kernel's pass (l2_heads 0: none; else conv_fuses_l2 must hold).
-  int64_t l2_heads = 0, l2_dim = 0, l2_unscaled = 0;
-  float l2_eps = 0, l2_post_scale = 1;
 };
 cudaError_t launch_causal_conv(const ConvLaunch& a, cudaStream_t stream);
-// Whether the conv kernel normalises these heads in its own pass (the channels whole 256-thread
-// blocks, a head whole warps of one; and the fused pass turned on). Otherwise the caller runs
-// l2_norm after the conv.
-bool conv_fuses_l2(int64_t channels, int64_t l2_heads, int64_t l2_dim);
-// Tests only: the fused pass where it fits (on), or never (off, the default).
-void conv_fused_l2(bool on);
 
 struct DeltaGatesLaunch {
   Rows rows;

@@ -231,8 +231,6 @@ void CudaOps::attention(const AttendArgs& a) const {
 }
 
 void CudaOps::causal_conv(const ConvArgs& a) const {
-  if (a.l2.heads > 0) scaled_heads(conv_l2_args(a));  // checks unscaled_heads
-  const bool fused = cuda::conv_fuses_l2(a.channels, a.l2.heads, a.l2.dim);
   for_row_chunks(a.rows, [&](const cuda::Rows& r, int64_t first) {
     cuda::ConvLaunch l{.rows = r,
                        .x = a.x,
@@ -243,16 +241,10 @@ void CudaOps::causal_conv(const ConvArgs& a) const {
                        .kernel = a.kernel,
                        .w = a.w,
                        .ldt = a.ldt ? a.ldt : a.channels,
-                       .silu = a.silu,
-                       .l2_heads = fused ? a.l2.heads : 0,
-                       .l2_dim = a.l2.dim,
-                       .l2_unscaled = a.l2.unscaled_heads,
-                       .l2_eps = a.l2.eps,
-                       .l2_post_scale = a.l2.post_scale};
+                       .silu = a.silu};
     for (int i = 0; i < r.count; ++i) l.state[i] = state_row(a.views[first + i]);
     check(cuda::launch_causal_conv(l, stream_), "causal_conv");
   });
-  if (a.l2.heads > 0 && !fused) l2_norm(conv_l2_args(a));  // as the host backends do
 }
 
 void CudaOps::delta_gates(const DeltaGatesArgs& a) const {

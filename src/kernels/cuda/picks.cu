@@ -13,7 +13,6 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
-#include "kernels/cuda/pdl.cuh"
 
 namespace deg::cuda {
 
@@ -58,7 +57,6 @@ struct Part {
 
 // Block (p, r) reads columns [p kPickChunk, (p + 1) kPickChunk) of row r.
 __global__ void logit_parts_kernel(const LogitPicksLaunch a, Part* parts, int nparts) {
-  pdl_enter();
   __shared__ Top2 tops[kPickThreads];
   __shared__ double red[kPickThreads];
   __shared__ int bads[kPickThreads];
@@ -107,7 +105,6 @@ __global__ void logit_parts_kernel(const LogitPicksLaunch a, Part* parts, int np
 // A thread per row meets its parts in part order: the best two of all, the row's maximum, and
 // Σ_p sum_p exp(max_p - max) in f64.
 __global__ void logit_merge_kernel(const LogitPicksLaunch a, const Part* parts, int nparts) {
-  pdl_enter();
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < a.rows;
        r += int64_t(gridDim.x) * blockDim.x) {
     const Part* pr = parts + r * nparts;
@@ -149,10 +146,10 @@ cudaError_t launch_logit_picks(const LogitPicksLaunch& a, void* workspace, cudaS
   const int nparts = parts_of(a.n);
   auto* parts = static_cast<Part*>(workspace);
   const dim3 grid(unsigned(nparts), block_per_item(a.rows));
-  (void)pdl_launch(logit_parts_kernel, grid, kPickThreads, 0, stream, a, parts, nparts);
+  logit_parts_kernel<<<grid, kPickThreads, 0, stream>>>(a, parts, nparts);
   constexpr int kRowsPerBlock = 128;
-  (void)pdl_launch(logit_merge_kernel, block_per_item((a.rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                   kRowsPerBlock, 0, stream, a, parts, nparts);
+  logit_merge_kernel<<<block_per_item((a.rows + kRowsPerBlock - 1) / kRowsPerBlock), kRowsPerBlock,
+                       0, stream>>>(a, parts, nparts);
   return launched();
 }
 
