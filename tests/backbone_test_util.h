@@ -94,6 +94,23 @@ inline std::vector<float> row_slice(const Tensor& device_tensor, int64_t row, in
   return std::vector<float>(p, p + std::min(per, count));
 }
 
+// What fork row `row` keeps of recurrent layer `layer`'s state: its own rec, or where it carries
+// the state as history (ForkState::hist_cap), the kept history entries (k, d, g of its own_len
+// tokens, head by head).
+inline std::vector<float> kept_rec(const ForkState& fs, size_t layer, int64_t row) {
+  const LayerState& l = fs.own[layer];
+  if (!l.hist_k.defined() || fs.rec_owned[size_t(row)]) return row_slice(l.rec, row, INT64_MAX);
+  std::vector<float> out;
+  const int64_t len = fs.own_len[size_t(row)], cap = fs.hist_cap;
+  for (const Tensor* t : {&l.hist_k, &l.hist_d, &l.hist_g}) {
+    const std::vector<float> all = row_slice(*t, row, INT64_MAX);
+    const int64_t heads = t->dim(1), width = t->rank() == 4 ? t->dim(3) : 1;
+    for (int64_t h = 0; h < heads; ++h)
+      out.insert(out.end(), all.begin() + h * cap * width, all.begin() + (h * cap + len) * width);
+  }
+  return out;
+}
+
 inline std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));

@@ -718,6 +718,10 @@ struct DeltaShape {
   int64_t k_heads = 2, v_heads = 4, dk = 16, dv = 24;
   std::vector<int64_t> lengths = kRowLengths;
   bool state_in_place = false;  // rec_out = rec_in
+  // Per unit (when not empty): -1, or a history of that many tokens over rec_in
+  // (DeltaRuleHistory), to which the unit's tokens are appended where `append` says so.
+  std::vector<int64_t> hist = {};
+  std::vector<int> append = {};
 };
 
 OpCase delta_rule_case(std::string name, DeltaShape s, Tolerance tol) {
@@ -749,6 +753,36 @@ OpCase delta_rule_case(std::string name, DeltaShape s, Tolerance tol) {
               gb->push_back(std::move(both));
               state->push_back(randn(size_t(Hv * Dk * Dv), rng, 0.3f));
             }
+            // Histories: unit-norm k, d like a state's updates, g as above; the slots past a
+            // history are garbage (read, it shows).
+            struct Hist {
+              int64_t len = -1, cap = 0;
+              Floats k, d, g;
+            };
+            auto hists = std::make_shared<std::vector<Hist>>(size_t(kUnits));
+            for (size_t u = 0; u < s.hist.size(); ++u) {
+              Hist& h = (*hists)[u];
+              h.len = s.hist[u];
+              if (h.len < 0) continue;
+              h.cap = h.len + s.lengths[u] + 2;
+              h.k = junk(size_t(Hk * h.cap * Dk), rng);
+              h.d = junk(size_t(Hv * h.cap * Dv), rng);
+              h.g = junk(size_t(Hv * h.cap), rng);
+              for (int64_t j = 0; j < h.len; ++j) {
+                for (int64_t kh = 0; kh < Hk; ++kh) {
+                  Floats k = randn(size_t(Dk), rng);
+                  double ss = 0;
+                  for (float x : k) ss += double(x) * x;
+                  for (int64_t i = 0; i < Dk; ++i)
+                    h.k[size_t((kh * h.cap + j) * Dk + i)] = float(k[size_t(i)] / std::sqrt(ss));
+                }
+                for (int64_t hv = 0; hv < Hv; ++hv) {
+                  const Floats d = randn(size_t(Dv), rng, 0.3f);
+                  std::copy(d.begin(), d.end(), h.d.begin() + (hv * h.cap + j) * Dv);
+                  h.g[size_t(hv * h.cap + j)] = uniform(1, rng, -0.4f, 0.0f)[0];
+                }
+              }
+            }
             return RunFn([=](const Ops& ops, const std::vector<int>& order) {
               std::mt19937 jr = junk_rng(order);
               const Layout lay = padded(s.lengths, order);
@@ -774,9 +808,24 @@ OpCase delta_rule_case(std::string name, DeltaShape s, Tolerance tol) {
                 sout.push_back(junk(sin.back().size(), jr));
               }
               std::vector<RowView> views;
-              for (size_t j = 0; j < order.size(); ++j)
+              std::vector<Hist> hs;
+              for (size_t j = 0; j < order.size(); ++j) {
                 views.push_back({.rec_in = sin[j].data(),
                                  .rec_out = s.state_in_place ? sin[j].data() : sout[j].data()});
+                hs.push_back((*hists)[size_t(order[j])]);
+              }
+              for (size_t j = 0; j < order.size(); ++j) {
+                Hist& h = hs[j];
+                if (h.len < 0) continue;
+                const bool append = s.append[size_t(order[j])] != 0;
+                views[j].hist = {.k = h.k.data(),
+                                 .d = h.d.data(),
+                                 .g = h.g.data(),
+                                 .len = h.len,
+                                 .cap = h.cap,
+                                 .append = append};
+                views[j].rec_scratch = append;
+              }
               ops.delta_rule({.rows = lay.table(),
                               .views = views.data(),
                               .q = x.data(),
@@ -795,7 +844,24 @@ OpCase delta_rule_case(std::string name, DeltaShape s, Tolerance tol) {
               Batch res;
               add(res, "out", take(lay, out, ldo, span_cols(Hv * Dv)));
               add(res, "pad:out", take(lay, out, ldo, span_cols(Hv * Dv), true));
-              add(res, "state", s.state_in_place ? sin : sout);
+              // A row that appended: the entries it wrote (its state is its history).
+              std::vector<Floats> state = s.state_in_place ? sin : sout;
+              for (size_t j = 0; j < order.size(); ++j) {
+                const Hist& h = hs[j];
+                if (h.len < 0 || !s.append[size_t(order[j])]) continue;
+                const int64_t n = lay.real[j];
+                Floats kept;
+                auto entries = [&](const Floats& a, int64_t heads, int64_t width) {
+                  for (int64_t hh = 0; hh < heads; ++hh)
+                    kept.insert(kept.end(), a.begin() + (hh * h.cap + h.len) * width,
+                                a.begin() + (hh * h.cap + h.len + n) * width);
+                };
+                entries(h.d, Hv, Dv);
+                entries(h.k, Hk, Dk);
+                entries(h.g, Hv, 1);
+                state[j] = std::move(kept);
+              }
+              add(res, "state", std::move(state));
               return res;
             });
           }};
@@ -1693,6 +1759,39 @@ const std::vector<OpCase>& op_cases() {
                                 {.k_heads = 1, .v_heads = 2, .dk = 128, .dv = 128}, delta));
     c.push_back(delta_rule_case("delta_rule_dk160",
                                 {.k_heads = 1, .v_heads = 2, .dk = 160, .dv = 48}, delta));
+    // Rows carrying their state as a history (DeltaRuleHistory): none, appending (a decode
+    // step, an idle row, short passes), read only (one step; 70 tokens, whose chunked form reads
+    // the history folded first).
+    const std::vector<int64_t> hist_lengths = {1, 1, 0, 5, 70, 1, 12};
+    const std::vector<int64_t> hist = {-1, 10, 7, 20, 9, 30, 40};
+    const std::vector<int> append = {0, 1, 1, 1, 0, 0, 1};
+    c.push_back(delta_rule_case("delta_rule_history",
+                                {.k_heads = 1,
+                                 .v_heads = 2,
+                                 .dk = 32,
+                                 .dv = 40,
+                                 .lengths = hist_lengths,
+                                 .hist = hist,
+                                 .append = append},
+                                delta));
+    c.push_back(delta_rule_case("delta_rule_history_dims_128",
+                                {.k_heads = 1,
+                                 .v_heads = 2,
+                                 .dk = 128,
+                                 .dv = 128,
+                                 .lengths = hist_lengths,
+                                 .hist = hist,
+                                 .append = append},
+                                delta));
+    c.push_back(delta_rule_case("delta_rule_history_unaligned",
+                                {.k_heads = 2,
+                                 .v_heads = 2,
+                                 .dk = 18,
+                                 .dv = 22,
+                                 .lengths = hist_lengths,
+                                 .hist = hist,
+                                 .append = append},
+                                delta));
 
     // One f32 activation and product per element (cpu: 9e-8, 3e-15).
     const Tolerance act{1e-6, 1e-13};

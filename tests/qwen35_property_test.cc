@@ -25,6 +25,7 @@ using testing::bitwise_equal;
 using testing::concat;
 using testing::Doc;
 using testing::full_hidden;
+using testing::kept_rec;
 using testing::random_ids;
 using testing::rel_max_error;
 using testing::row_of;
@@ -149,8 +150,7 @@ TEST_P(Qwen35Property, PaddingWritesNoState) {
         return std::vector<float>(p, p + std::min(per, count));
       };
       if (specs[i].kind == LayerKind::recurrent) {
-        EXPECT_TRUE(bitwise_equal(slice(all.own[i].rec, int64_t(r), INT64_MAX),
-                                  slice(one.own[i].rec, 0, INT64_MAX)))
+        EXPECT_TRUE(bitwise_equal(kept_rec(all, i, int64_t(r)), kept_rec(one, i, 0)))
             << "rec layer " << i << " row " << r;
         EXPECT_TRUE(bitwise_equal(slice(all.own[i].tail, int64_t(r), INT64_MAX),
                                   slice(one.own[i].tail, 0, INT64_MAX)))
@@ -278,15 +278,59 @@ TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
   bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1]}), fs, true);
   const int64_t before = fs.own_len[1];
   TokenBatch step{.ids = {3, 0}, .rows = 2, .tokens = 1, .lengths = {1, 0}};
-  const Tensor before_t = host_copy(fs.own[0].rec);
-  std::vector<float> rec_before(before_t.data<float>() + before_t.numel() / 2,
-                                before_t.data<float>() + before_t.numel());
+  const std::vector<float> rec_before = kept_rec(fs, 0, 1);
   bb_->fork_forward(step, fs, true, true);
   EXPECT_EQ(fs.own_len[1], before);
-  const Tensor after_t = host_copy(fs.own[0].rec);
-  std::vector<float> rec_after(after_t.data<float>() + after_t.numel() / 2,
-                               after_t.data<float>() + after_t.numel());
-  EXPECT_TRUE(bitwise_equal(rec_before, rec_after));
+  EXPECT_TRUE(bitwise_equal(rec_before, kept_rec(fs, 0, 1)));
+}
+
+// Fork rows that carry their delta-rule states as history (ForkState::hist_cap, where the backend
+// prefers it: CUDA) give bitwise what rows with states of their own give: kept passes that append,
+// decode steps with an idle row, a pass not kept, passes past the history (the fold: over a
+// 40-token pass, before a 70-token one's chunked form, at one token) and steps after them.
+TEST_P(Qwen35Property, ForkHistoryGivesTheStateFormsBits) {
+  const BackboneOptions o = bb_->options();
+  const int64_t V = bb_->spec().vocab;
+  const std::vector<int32_t> forty = random_ids(40, V, 7), seventy = random_ids(70, V, 8),
+                             fortyfive = random_ids(45, V, 9);
+  auto run = [&](bool history) {
+    BackboneOptions h = o;
+    h.fork_history = history;
+    bb_->set_options(h);
+    std::vector<std::vector<float>> outs;
+    auto keep = [&](const Tensor& t) {
+      outs.emplace_back(t.data<float>(), t.data<float>() + t.numel());
+    };
+    ForkState fs = bb_->fork(prefixes(), {0, 1, 2}, 160);
+    if (history && std::get<1>(GetParam()) == Device::cuda) {
+      EXPECT_GT(fs.hist_cap, 0);
+    }
+    if (!history) {
+      EXPECT_EQ(fs.hist_cap, 0);
+    }
+    auto steps = [&](int count, int idle) {
+      for (int t = 0; t < count; ++t) {
+        TokenBatch step{.ids = {int32_t(3 + t), int32_t(7 + t), int32_t(11 + t)},
+                        .rows = 3,
+                        .tokens = 1,
+                        .lengths = {1, t == idle ? 0 : 1, 1}};
+        keep(bb_->fork_forward(step, fs, true, true));
+      }
+    };
+    keep(bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1], rows_[2]}), fs, true));
+    steps(4, 2);  // own tokens 28, 8, 21
+    keep(bb_->fork_forward(TokenBatch::padded({rows_[3], rows_[4], rows_[5]}), fs, false));
+    keep(bb_->fork_forward(TokenBatch::padded({forty, seventy, {5}}), fs, true));  // 68, 78, 22
+    steps(2, -1);
+    keep(bb_->fork_forward(TokenBatch::padded({{1}, {2}, fortyfive}), fs, true));  // 71, 81, 69
+    steps(2, 0);
+    bb_->set_options(o);
+    return outs;
+  };
+  const std::vector<std::vector<float>> state = run(false), history = run(true);
+  ASSERT_EQ(state.size(), history.size());
+  for (size_t i = 0; i < state.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(state[i], history[i])) << "pass " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Precision, Qwen35Property,

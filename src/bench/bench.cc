@@ -155,10 +155,15 @@ BenchModel bench_model(const BenchOptions& o) {
 
 // The median of `repeats` timed runs of fn (after one untimed warm-up run), in seconds. The
 // backbone's calls return host results, so each run has finished on the device when it returns.
-double median_seconds(int64_t repeats, const std::function<void()>& fn) {
+// The median wall time of `repeats` runs of fn after one untimed run; setup (untimed) before
+// each.
+double median_seconds(int64_t repeats, const std::function<void()>& fn,
+                      const std::function<void()>& setup = {}) {
+  if (setup) setup();
   fn();
   std::vector<double> t;
   for (int64_t i = 0; i < std::max<int64_t>(repeats, 1); ++i) {
+    if (setup) setup();
     auto t0 = Clock::now();
     fn();
     t.push_back(seconds_since(t0));
@@ -205,11 +210,13 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     out["gemm_8192_tflops"] = tflops;
   }
   // --profile: one more run of a figure with every op's device time taken (CUDA events).
-  auto profile = [&](const char* figure, const std::function<void()>& fn) {
+  auto profile = [&](const char* figure, const std::function<void()>& fn,
+                     const std::function<void()>& setup = {}) {
     if (!o.profile) return;
     if (!o.profile_only.empty() &&
         std::find(o.profile_only.begin(), o.profile_only.end(), figure) == o.profile_only.end())
       return;
+    if (setup) setup();
     cuda_profile_start();
     auto p0 = Clock::now();
     fn();
@@ -228,9 +235,10 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
   };
   // The same figure with cuBLASLt's per-shape GEMM choice (batch-variant): what the pinned
   // algorithms cost.
-  auto invariance_cost = [&](const char* figure, double pinned, const std::function<void()>& fn) {
+  auto invariance_cost = [&](const char* figure, double pinned, const std::function<void()>& fn,
+                             const std::function<void()>& setup = {}) {
     cuda_gemm_heuristic(true);
-    const double h = median_seconds(o.repeats, fn);
+    const double h = median_seconds(o.repeats, fn, setup);
     cuda_gemm_heuristic(false);
     fmt::print("  {} with cuBLASLt's heuristic GEMMs: {:.2f} ms; batch invariance costs {:+.1f}%\n",
                figure, 1e3 * h, 100 * (pinned / h - 1));
@@ -281,13 +289,19 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     profile("fork", once);
   }
   {
-    // A decode step of `forks` rows (each kept after a short header).
+    // A decode step of `forks` rows, each kept after a short header: every timed run starts
+    // from rows that hold the header alone (the cost of a step may grow with the rows' own
+    // tokens: CUDA's fork rows carry their recurrent states as a history of them).
     const int64_t R = o.forks, steps = o.decode_steps;
-    ForkState fs = bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(R), 0),
-                           8 + steps * (2 * o.repeats + 3) + 1);
     std::vector<std::vector<int32_t>> header;
     for (int64_t r = 0; r < R; ++r) header.push_back(random_ids(8, vocab, uint32_t(200 + r)));
-    bb.fork_forward(TokenBatch::padded(header), fs, true);
+    ForkState fs;
+    auto fresh = [&] {
+      fs =
+          bb.fork({{.state = &trunk, .row = 0}}, std::vector<int64_t>(size_t(R), 0), 8 + steps + 1);
+      bb.fork_forward(TokenBatch::padded(header), fs, true);
+      ops.synchronize();
+    };
     TokenBatch step{.ids = std::vector<int32_t>(size_t(R), 1),
                     .rows = R,
                     .tokens = 1,
@@ -295,12 +309,25 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     auto steps_once = [&] {
       for (int64_t i = 0; i < steps; ++i) bb.fork_forward(step, fs, true, true);
     };
-    const double dt = median_seconds(o.repeats, steps_once);
+    const double dt = median_seconds(o.repeats, steps_once, fresh);
     fmt::print("decode step, {} rows over {} + 8 tokens: {:.3f} ms (backbone, no LM head)\n", R,
                o.fork_prefix, 1e3 * dt / double(steps));
     out["decode"] = {{"rows", R}, {"steps", steps}, {"step_ms", 1e3 * dt / double(steps)}};
-    invariance_cost("decode steps", dt, steps_once);
-    profile("decode", steps_once);
+    invariance_cost("decode steps", dt, steps_once, fresh);
+    if (ops.prefers_delta_history()) {  // the same steps with rows that keep states of their own
+      BackboneOptions own = bb.options();
+      own.fork_history = false;
+      bb.set_options(own);
+      const double st = median_seconds(o.repeats, steps_once, fresh);
+      own.fork_history = true;
+      bb.set_options(own);
+      fmt::print(
+          "  decode steps with a state of each row's own: {:.3f} ms; the rows' histories "
+          "save {:.1f}%\n",
+          1e3 * st / double(steps), 100 * (1 - dt / st));
+      out["decode"]["own_state_step_ms"] = 1e3 * st / double(steps);
+    }
+    profile("decode", steps_once, fresh);
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);

@@ -25,11 +25,20 @@ struct DeltaRuleArgs {
   float* state = nullptr;  // [dk, dv] initial state in, final state out
   float* out = nullptr;    // [n, dv] at token stride ldo
   int64_t ldo = 0;
+  // delta_rule_recurrent only: each token's update d_t = beta_t (v_t - Sᵀ k_t) (after the decay)
+  // at token stride ldd, or null.
+  float* delta = nullptr;
+  int64_t ldd = 0;
 };
 
 inline constexpr int64_t kDeltaRuleChunk = 64;
 
 void delta_rule_recurrent(const DeltaRuleArgs& a);
+// The recurrence's state steps of n earlier tokens from their kept updates (DeltaRuleHistory):
+// S <- S e^(g_j); S <- S + k_j ⊗ d_j, rounded as delta_rule_recurrent rounds them, so a state
+// carried as history is bitwise the state the recurrence would have kept.
+void delta_rule_replay(float* state, int64_t dk, int64_t dv, int64_t n, const float* k, int64_t ldk,
+                       const float* d, int64_t ldd, const float* g, int64_t ldg);
 void delta_rule_chunked(const DeltaRuleArgs& a, int64_t chunk = kDeltaRuleChunk);
 
 }  // namespace deg

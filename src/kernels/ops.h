@@ -68,6 +68,28 @@ struct RowTable {
   int64_t n() const { return rows * tokens; }
 };
 
+// A fork row's delta-rule state as the prefix's (rec_in, shared by the prefix's fork rows) plus
+// the row's own tokens since, each as the update it made: token j's log decay g_j, key k_j and
+// delta d_j = beta_j (v_j - e^(g_j) Sᵀ k_j), so the row's state is rec_in's after
+//   S <- S e^(g_j);  S <- S + k_j ⊗ d_j     for j = 0 .. len - 1
+// (the recurrence's own steps: a backend whose recurrence rounds these two steps as it replays
+// them gets the state it would have kept). A step then reads the shared state and its own
+// history instead of a state of its own (decode at many rows is bound by reading and writing
+// those states). With `append`, the call's tokens go to the history at len .. len + n - 1
+// (len + n <= cap, and a pass that appends has fewer than kDeltaHistoryMax + 1 tokens); without,
+// the history is only read. k: [k_heads, cap, dk], d: [v_heads, cap, dv], g: [v_heads, cap].
+// len 0 and no append: no history (the state is rec_in's).
+struct DeltaRuleHistory {
+  float* k = nullptr;
+  float* d = nullptr;
+  float* g = nullptr;
+  int64_t len = 0;
+  int64_t cap = 0;
+  bool append = false;
+};
+// The longest history a row keeps (Backbone forks past it keep a state of their own).
+inline constexpr int64_t kDeltaHistoryMax = 63;
+
 // What one layer sees of row b's state. Recurrent layers: start from rec_in/tail_in, write
 // rec_out (it may equal rec_in; what it holds after the call is unspecified when rec_scratch)
 // and tail_out (when non-null). Attention layers: keys are
@@ -96,6 +118,9 @@ struct RowView {
   // blocks are cut at absolute indices reads the held keys there; the results do not depend on
   // it otherwise.
   int64_t skipped = 0;
+  // Recurrent layers whose state a row carries as history (DeltaRuleHistory): the state the
+  // call starts from is rec_in's with the history's tokens replayed over it.
+  DeltaRuleHistory hist;
 };
 // What RowView::skipped is a multiple of: the CUDA attention's key block (attention_plan.cuh).
 inline constexpr int64_t kSkippedAlign = 64;
@@ -216,7 +241,8 @@ struct DeltaGatesArgs {
 
 // The gated delta rule (kernels/delta_rule.h) per (row, value head) over the row's real tokens,
 // value head h reading key head h / (v_heads / k_heads); the state starts at the view's rec_in
-// ([Hv, Dk, Dv]) and ends in rec_out. Padded positions of out are zeroed.
+// ([Hv, Dk, Dv]) with its history replayed (RowView::hist) and ends in rec_out (unless
+// rec_scratch: a row that appends to its history sets it). Padded positions of out are zeroed.
 struct DeltaRuleOpArgs {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -789,6 +815,10 @@ class Ops {
   virtual void subtract_projection(const ProjectionArgs& a) const = 0;
   // The gpt training loss and its gradient (SoftcapCrossEntropyArgs).
   virtual void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const = 0;
+
+  // Whether fork rows should keep their delta-rule state as history (DeltaRuleHistory): where a
+  // decode step is bound by reading and writing each row's state (CUDA).
+  virtual bool prefers_delta_history() const { return false; }
 
   // Training (the CPU and CUDA backends; another backend says it has none).
   virtual void matmul(const MatmulOpArgs&) const { no_training_op("matmul"); }

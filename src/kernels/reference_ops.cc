@@ -239,8 +239,8 @@ class ReferenceOps final : public Ops {
       }
   }
 
-  // The recurrence of kernels/delta_rule.h in double, token by token:
-  //   S <- S exp(g_t);  S <- S + k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
+  // The recurrence of kernels/delta_rule.h in double, token by token, from rec_in with the row's
+  // history replayed:  S <- S exp(g_t);  S <- S + k_t ⊗ beta_t (v_t - Sᵀ k_t);  o_t = Sᵀ q_t.
   void delta_rule(const DeltaRuleOpArgs& a) const override {
     const RowTable& r = a.rows;
     const int64_t Dk = a.dk, Dv = a.dv, per_key = a.v_heads / a.k_heads;
@@ -252,6 +252,15 @@ class ReferenceOps final : public Ops {
       for (int64_t h = 0; h < a.v_heads; ++h) {
         const int64_t kh = h / per_key;
         for (int64_t i = 0; i < Dk * Dv; ++i) S[size_t(i)] = view.rec_in[h * Dk * Dv + i];
+        const DeltaRuleHistory& hs = view.hist;
+        for (int64_t j = 0; j < hs.len; ++j) {  // the row's history over the shared state
+          const float* k = hs.k + (kh * hs.cap + j) * Dk;
+          const float* d = hs.d + (h * hs.cap + j) * Dv;
+          const double decay = std::exp(double(hs.g[h * hs.cap + j]));
+          for (int64_t i = 0; i < Dk; ++i)
+            for (int64_t c = 0; c < Dv; ++c)
+              S[size_t(i * Dv + c)] = S[size_t(i * Dv + c)] * decay + double(k[i]) * d[c];
+        }
         for (int64_t t = 0; t < r.lengths[b]; ++t) {
           const int64_t row = b * r.tokens + t;
           const float* q = a.q + row * a.ld + kh * Dk;
@@ -267,6 +276,12 @@ class ReferenceOps final : public Ops {
           }
           for (int64_t i = 0; i < Dk; ++i)
             for (int64_t j = 0; j < Dv; ++j) S[size_t(i * Dv + j)] += k[i] * u[size_t(j)];
+          if (hs.append) {
+            const int64_t at = hs.len + t;
+            if (h % per_key == 0) std::copy(k, k + Dk, hs.k + (kh * hs.cap + at) * Dk);
+            for (int64_t j = 0; j < Dv; ++j) hs.d[(h * hs.cap + at) * Dv + j] = float(u[size_t(j)]);
+            hs.g[h * hs.cap + at] = a.g[row * a.ldg + h];
+          }
           for (int64_t j = 0; j < Dv; ++j) {
             double o = 0;
             for (int64_t i = 0; i < Dk; ++i) o += S[size_t(i * Dv + j)] * q[i];

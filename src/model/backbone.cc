@@ -475,6 +475,10 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   fs.prow = prow;
   fs.own_len.assign(size_t(B), 0);
   fs.capacity = std::max<int64_t>(capacity, 1);
+  if (options_.fork_history && ops_->prefers_delta_history()) {
+    fs.hist_cap = std::min(fs.capacity, kDeltaHistoryMax);
+    fs.rec_owned.assign(size_t(B), 0);
+  }
   for (const LayerSpec& l : spec().layers) {
     LayerState own;
     if (owns_kv(l)) {
@@ -515,20 +519,36 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
                               b, fs.own_len[size_t(b)] + batch.lengths[size_t(b)], fs.capacity));
     }
   }
-  // Recurrent state after this pass: the rows' own (kept) buffers, or one scratch shared by
-  // every layer when nothing is kept.
-  Tensor scratch;
+  // Recurrent state after this pass: the rows' own (kept) buffers, histories (history_layer),
+  // or the fork state's scratch when nothing reads it back.
+  auto history_layer = [&](size_t i) { return fs.hist_cap > 0 && layers[i].delta_k_heads > 0; };
+  auto appends = [&](int64_t b) {  // a history row's kept pass that fits its history
+    return keep && fs.own_len[size_t(b)] + batch.lengths[size_t(b)] <= fs.hist_cap;
+  };
+  bool folds = false;  // some history row's kept pass does not fit: its state goes to own rec
+  for (int64_t b = 0; b < B && fs.hist_cap > 0; ++b)
+    folds |= keep && !fs.rec_owned[size_t(b)] && !appends(b);
   for (size_t i = 0; i < layers.size(); ++i) {
-    if (layers[i].kind != LayerKind::recurrent) continue;
+    const LayerSpec& l = layers[i];
+    if (l.kind != LayerKind::recurrent) continue;
+    LayerState& own = fs.own[i];
     if (keep && fs.fresh) {
-      fs.own[i].rec = ops_->alloc(row_shape(B, layers[i].rec_shape), DType::f32);
-      fs.own[i].tail =
-          ops_->alloc({B, layers[i].conv_kernel - 1, layers[i].conv_channels}, DType::f32);
-    } else if (!keep && !scratch.defined()) {
+      own.tail = ops_->alloc({B, l.conv_kernel - 1, l.conv_channels}, DType::f32);
+      if (!history_layer(i)) own.rec = ops_->alloc(row_shape(B, l.rec_shape), DType::f32);
+    }
+    if (history_layer(i) && keep && !own.hist_k.defined()) {
+      const int64_t Hv = l.rec_shape[0], Dk = l.rec_shape[1], Dv = l.rec_shape[2];
+      own.hist_k = ops_->alloc({B, l.delta_k_heads, fs.hist_cap, Dk}, DType::f32);
+      own.hist_d = ops_->alloc({B, Hv, fs.hist_cap, Dv}, DType::f32);
+      own.hist_g = ops_->alloc({B, Hv, fs.hist_cap}, DType::f32);
+    }
+    if (history_layer(i) && folds && !own.rec.defined())
+      own.rec = ops_->alloc(row_shape(B, l.rec_shape), DType::f32);
+    if ((!keep || history_layer(i)) && !fs.scratch.defined()) {
       int64_t most = 0;
-      for (const LayerSpec& l : layers)
-        if (l.kind == LayerKind::recurrent) most = std::max(most, shape_numel(l.rec_shape));
-      scratch = ops_->alloc({B, std::max<int64_t>(most, 1)}, DType::f32);
+      for (const LayerSpec& m : layers)
+        if (m.kind == LayerKind::recurrent) most = std::max(most, shape_numel(m.rec_shape));
+      fs.scratch = ops_->alloc({B, std::max<int64_t>(most, 1)}, DType::f32);
     }
   }
   std::vector<int64_t> pos(static_cast<size_t>(B));
@@ -542,11 +562,29 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
       const LayerState& pl = p.layers[i];
       RowView& v = views[i][size_t(b)];
       if (layers[i].kind == LayerKind::recurrent) {
-        v.rec_in = fs.fresh ? row_ptr(pl.rec, p.row) : row_ptr(fs.own[i].rec, b);
         v.tail_in = fs.fresh ? row_ptr(pl.tail, p.row) : row_ptr(fs.own[i].tail, b);
-        v.rec_out = keep ? row_ptr_mut(fs.own[i].rec, b) : row_ptr_mut(scratch, b);
-        v.rec_scratch = !keep;
         v.tail_out = keep ? row_ptr_mut(fs.own[i].tail, b) : nullptr;
+        if (history_layer(i) && !fs.rec_owned[size_t(b)]) {
+          // The prefix's state and the row's history: appended to, read, or folded into own rec.
+          const LayerState& own = fs.own[i];
+          v.rec_in = row_ptr(pl.rec, p.row);
+          if (own.hist_k.defined()) {
+            v.hist = {.k = row_ptr_mut(own.hist_k, b),
+                      .d = row_ptr_mut(own.hist_d, b),
+                      .g = row_ptr_mut(own.hist_g, b),
+                      .len = fs.own_len[size_t(b)],
+                      .cap = fs.hist_cap,
+                      .append = appends(b)};
+          }
+          const bool fold = keep && !appends(b);
+          v.rec_out = fold ? row_ptr_mut(own.rec, b) : row_ptr_mut(fs.scratch, b);
+          v.rec_scratch = !fold;
+        } else {
+          const bool from_own = history_layer(i) || !fs.fresh;
+          v.rec_in = from_own ? row_ptr(fs.own[i].rec, b) : row_ptr(pl.rec, p.row);
+          v.rec_out = keep ? row_ptr_mut(fs.own[i].rec, b) : row_ptr_mut(fs.scratch, b);
+          v.rec_scratch = !keep;
+        }
       } else if (!owns_kv(layers[i])) {
         v = views[size_t(layers[i].kv_source)][size_t(b)];
       } else {
@@ -580,6 +618,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   }
   if (keep) {
     for (int64_t b = 0; b < B; ++b) {
+      if (fs.hist_cap > 0 && !appends(b)) fs.rec_owned[size_t(b)] = 1;  // folded
       fs.own_len[size_t(b)] += batch.lengths[size_t(b)];
       if (Hn > 0) {
         history_append(hist.data() + b * Hn, Hn, batch.ids.data() + b * L,

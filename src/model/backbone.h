@@ -53,7 +53,10 @@ enum class LayerKind : uint8_t { recurrent, attention };
 // The per-row state one layer keeps, declared by the family.
 struct LayerSpec {
   LayerKind kind = LayerKind::recurrent;
-  Shape rec_shape;            // recurrent: per-row recurrent state (e.g. [Hv, Dk, Dv]); may be {}
+  Shape rec_shape;  // recurrent: per-row recurrent state (e.g. [Hv, Dk, Dv]); may be {}
+  // recurrent, a delta rule's state (rec_shape [Hv, Dk, Dv]): its key heads, so that fork rows
+  // can carry the state as history (DeltaRuleHistory); 0: not a delta rule.
+  int64_t delta_k_heads = 0;
   int64_t conv_channels = 0;  // recurrent: conv tail [K-1, conv_channels]
   int64_t conv_kernel = 0;
   int64_t kv_heads = 0;  // attention: K/V [Hkv, capacity, D]
@@ -98,6 +101,9 @@ struct LayerState {
   Tensor tail;  // f32 [B, K-1, conv_channels]
   Tensor k;     // f32 [B, Hkv, capacity, D]
   Tensor v;     // f32 [B, Hkv, capacity, D]
+  // Fork rows' delta-rule histories (ForkState::hist_cap): f32 [B, Hk, cap, Dk], [B, Hv, cap,
+  // Dv], [B, Hv, cap].
+  Tensor hist_k, hist_d, hist_g;
 };
 
 // Trunk state of B rows: row b has read lengths[b] tokens (its next position); its K/V are
@@ -135,6 +141,13 @@ struct ForkState {
   int64_t capacity = 0;          // own K/V positions per row
   std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
   bool fresh = true;             // rows still start from the prefix's rec/tail
+  // > 0 (a backend that prefers it, Ops::prefers_delta_history): each row carries its delta-rule
+  // states as the prefix's plus a history of its own tokens (own hist_*), up to hist_cap tokens;
+  // a kept pass past that folds the row's state into own rec, and the row goes on from there
+  // (rec_owned). Results are those of the state form.
+  int64_t hist_cap = 0;
+  std::vector<uint8_t> rec_owned;  // [B] (hist_cap > 0): the row's delta-rule states are own rec
+  Tensor scratch;                  // [B, the largest rec_shape]: states no one reads back
 
   std::vector<int32_t> own_history;  // [B, spec.history] once kept (fresh: the prefix's)
 
@@ -221,6 +234,9 @@ struct BackboneOptions {
   // Prefill tokens per pass through the stack (a multiple of 64); 0: the device's default, 512
   // on the CPU (scratch stays small), 8192 on a GPU (a pass fills the GPU).
   int64_t read_chunk = 0;
+  // Fork rows carry delta-rule states as history where the backend prefers it
+  // (ForkState::hist_cap); off: always a state of their own (the same results; tests compare).
+  bool fork_history = true;
 };
 
 class Backbone {

@@ -82,6 +82,7 @@ class Qwen35 final : public Family {
         l.dn.dt_bias = vector_on(ops, weight_f32(w, n("dt_bias"), {Hv}));
         l.dn.norm = vector_on(ops, weight_f32(w, n("norm.weight"), {Dv}));
         ls.rec_shape = {Hv, cfg.lin_k_dim, Dv};
+        ls.delta_k_heads = cfg.lin_k_heads;
         ls.conv_channels = Cc;
         ls.conv_kernel = cfg.conv_kernel;
       } else {

@@ -6,6 +6,7 @@
 // S <- e^(c_last) S + Σ_j e^(c_last - c_j) k_j ⊗ v'_j.
 #include "kernels/delta_rule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,9 +32,19 @@ DEG_CPU_CLONES void delta_rule_recurrent(const DeltaRuleArgs& a) {
     for (int64_t i = 0; i < dk; ++i) vec::axpy(mem.data(), k[i], S + i * dv, dv);
     for (int64_t j = 0; j < dv; ++j) delta[size_t(j)] = (v[j] - mem[size_t(j)]) * beta;
     for (int64_t i = 0; i < dk; ++i) vec::axpy(S + i * dv, k[i], delta.data(), dv);
+    if (a.delta) std::copy(delta.begin(), delta.end(), a.delta + t * a.ldd);
     float* o = a.out + t * a.ldo;
     for (int64_t j = 0; j < dv; ++j) o[j] = 0;
     for (int64_t i = 0; i < dk; ++i) vec::axpy(o, q[i], S + i * dv, dv);
+  }
+}
+
+DEG_CPU_CLONES void delta_rule_replay(float* S, int64_t dk, int64_t dv, int64_t n, const float* k,
+                                      int64_t ldk, const float* d, int64_t ldd, const float* g,
+                                      int64_t ldg) {
+  for (int64_t j = 0; j < n; ++j) {
+    vec::scale(S, std::exp(g[j * ldg]), dk * dv);
+    for (int64_t i = 0; i < dk; ++i) vec::axpy(S + i * dv, k[j * ldk + i], d + j * ldd, dv);
   }
 }
 

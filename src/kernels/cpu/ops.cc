@@ -316,7 +316,21 @@ class CpuOps final : public Ops {
                       .state = state,
                       .out = a.out + row * a.ldo + h * Dv,
                       .ldo = a.ldo};
-      if (k.n == 1) {
+      const DeltaRuleHistory& hs = v.hist;
+      if (hs.len > 0) {
+        delta_rule_replay(state, Dk, Dv, hs.len, hs.k + kh * hs.cap * Dk, Dk,
+                          hs.d + h * hs.cap * Dv, Dv, hs.g + h * hs.cap, 1);
+      }
+      if (hs.append) {  // token by token, keeping each update
+        k.delta = hs.d + (h * hs.cap + hs.len) * Dv;
+        k.ldd = Dv;
+        delta_rule_recurrent(k);
+        for (int64_t t = 0; t < k.n; ++t) {
+          if (h % (Hv / Hk) == 0)
+            std::copy_n(k.k + t * a.ld, Dk, hs.k + (kh * hs.cap + hs.len + t) * Dk);
+          hs.g[h * hs.cap + hs.len + t] = k.g[t * a.ldg];
+        }
+      } else if (k.n == 1) {
         delta_rule_recurrent(k);
       } else {
         delta_rule_chunked(k);

@@ -232,6 +232,8 @@ class CudaOps final : public Ops {
   void causal_conv(const ConvArgs& a) const override;
   void delta_gates(const DeltaGatesArgs& a) const override;
   void delta_rule(const DeltaRuleOpArgs& a) const override;
+  // A decode step's recurrence reads and writes each row's 1 MB state a layer (docs/cuda.md).
+  bool prefers_delta_history() const override { return true; }
 
   // ---- elementwise ----
 

@@ -771,22 +771,43 @@ cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream) {
   if (a.dk < 1 || a.dk > kMaxDim || a.dv < 1 || a.dv > kMaxDim || a.k_heads < 1 ||
       a.v_heads % a.k_heads != 0 || a.rows.count > kRows)
     return cudaErrorInvalidValue;
+  // A row with a history whose chunked form runs first has its history folded into rec_out
+  // first; the rest of the launch then reads it there as a row without one.
+  RowList fold{};
+  for (int i = 0; i < a.rows.count; ++i) {
+    const HistRow& h = a.hist[i];
+    const int64_t n = a.rows.length[i];
+    if (h.len < 0 || (h.append && (chunked_tokens(n) > 0 || h.len + n > h.cap))) {
+      return cudaErrorInvalidValue;
+    }
+    if (h.len > 0 && chunked_tokens(n) > 0) fold.index[fold.count++] = i;
+  }
+  DeltaRuleLaunch b = a;
+  if (fold.count > 0) {
+    const cudaError_t err = launch_recurrent(a, fold, 0, true, stream);
+    if (err != cudaSuccess) return err;
+    for (int f = 0; f < fold.count; ++f) {
+      const int i = fold.index[f];
+      b.state[i].rec_in = b.state[i].rec_out;
+      b.hist[i].len = 0;
+    }
+  }
   // The chunked form first: a row with both parts continues in recur_kernel from its rec_out.
-  const ChunkRows chunked = chunk_rows(a);
+  const ChunkRows chunked = chunk_rows(b);
   RowList recur{};
   int tmax = 0;
-  for (int i = 0; i < a.rows.count; ++i) {
-    const int64_t n = a.rows.length[i], nc = chunked_tokens(n);
+  for (int i = 0; i < b.rows.count; ++i) {
+    const int64_t n = b.rows.length[i], nc = chunked_tokens(n);
     if (n - nc > 0 || n == 0) {
       recur.index[recur.count++] = i;
       tmax = n - nc > tmax ? static_cast<int>(n - nc) : tmax;
     }
   }
   if (chunked.list.count > 0) {
-    const cudaError_t err = launch_chunked(a, chunked.list, chunked.most, stream);
+    const cudaError_t err = launch_chunked(b, chunked.list, chunked.most, stream);
     if (err != cudaSuccess) return err;
   }
-  if (recur.count > 0) return launch_recurrent(a, recur, tmax, stream);
+  if (recur.count > 0) return launch_recurrent(b, recur, tmax, false, stream);
   return cudaSuccess;
 }
 

@@ -107,8 +107,9 @@ inline bool aligned16(const void* p) {
 }
 
 // The recurrence over `rows` of the launch (delta_rule_recurrent.cu): tmax is the most tokens a
-// row hands it.
-cudaError_t launch_recurrent(const DeltaRuleLaunch& a, const RowList& rows, int tmax,
+// row hands it. fold: the rows run no tokens; each replays its history over rec_in and stores the
+// state to rec_out (for a row whose chunked form runs next).
+cudaError_t launch_recurrent(const DeltaRuleLaunch& a, const RowList& rows, int tmax, bool fold,
                              cudaStream_t stream);
 
 }  // namespace deg::cuda::dr

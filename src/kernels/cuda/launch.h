@@ -71,9 +71,17 @@ cudaError_t launch_attention(const AttentionLaunch& a, cudaStream_t stream);
 int64_t attention_workspace_floats(const AttentionLaunch& a);
 
 // ---- delta_rule.cu: DeltaRuleOpArgs of kernels/ops.h for the rows of one chunk ----
+// A row's DeltaRuleHistory (kernels/ops.h); len 0 and append 0: none.
+struct HistRow {
+  float* k;  // [Hk, cap, Dk]
+  float* d;  // [Hv, cap, Dv]
+  float* g;  // [Hv, cap]
+  int32_t len, cap, append;
+};
 struct DeltaRuleLaunch {
   Rows rows;
   StateRow state[kRows];  // rec_in / rec_out: [Hv, Dk, Dv] per row
+  HistRow hist[kRows];
   const float* q;
   const float* k;
   const float* v;

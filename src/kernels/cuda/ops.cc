@@ -279,8 +279,15 @@ void CudaOps::delta_rule(const DeltaRuleOpArgs& a) const {
                             .dv = a.dv};
     l.rec_scratch = true;
     for (int i = 0; i < r.count; ++i) {
-      l.state[i] = state_row(a.views[first + i]);
-      l.rec_scratch = l.rec_scratch && a.views[first + i].rec_scratch;
+      const RowView& v = a.views[first + i];
+      l.state[i] = state_row(v);
+      l.hist[i] = {.k = v.hist.k,
+                   .d = v.hist.d,
+                   .g = v.hist.g,
+                   .len = int32_t(v.hist.len),
+                   .cap = int32_t(v.hist.cap),
+                   .append = v.hist.append ? 1 : 0};
+      l.rec_scratch = l.rec_scratch && v.rec_scratch;
     }
     // DEG_CUDA_DELTA_RULE_WORKSPACE (floats) shrinks the chunked form's segments: tests hold
     // that segments change no bit.
