@@ -15,6 +15,7 @@ class OpsDecorator : public Ops {
   const Ops& inner() const { return inner_; }
 
   Device device() const override { return inner_.device(); }
+  bool prefers_delta_history() const override { return inner_.prefers_delta_history(); }
   const char* name() const override { return inner_.name(); }
   Tensor alloc(const Shape& s, DType t) const override { return inner_.alloc(s, t); }
   Tensor upload(const Tensor& host) const override { return inner_.upload(host); }
