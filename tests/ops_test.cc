@@ -1762,36 +1762,21 @@ const std::vector<OpCase>& op_cases() {
     // Rows carrying their state as a history (DeltaRuleHistory): none, appending (a decode
     // step, an idle row, short passes), read only (one step; 70 tokens, whose chunked form reads
     // the history folded first).
-    const std::vector<int64_t> hist_lengths = {1, 1, 0, 5, 70, 1, 12};
-    const std::vector<int64_t> hist = {-1, 10, 7, 20, 9, 30, 40};
-    const std::vector<int> append = {0, 1, 1, 1, 0, 0, 1};
-    c.push_back(delta_rule_case("delta_rule_history",
-                                {.k_heads = 1,
-                                 .v_heads = 2,
-                                 .dk = 32,
-                                 .dv = 40,
-                                 .lengths = hist_lengths,
-                                 .hist = hist,
-                                 .append = append},
-                                delta));
-    c.push_back(delta_rule_case("delta_rule_history_dims_128",
-                                {.k_heads = 1,
-                                 .v_heads = 2,
-                                 .dk = 128,
-                                 .dv = 128,
-                                 .lengths = hist_lengths,
-                                 .hist = hist,
-                                 .append = append},
-                                delta));
-    c.push_back(delta_rule_case("delta_rule_history_unaligned",
-                                {.k_heads = 2,
-                                 .v_heads = 2,
-                                 .dk = 18,
-                                 .dv = 22,
-                                 .lengths = hist_lengths,
-                                 .hist = hist,
-                                 .append = append},
-                                delta));
+    auto history_case = [&](std::string name, int64_t k_heads, int64_t v_heads, int64_t dk,
+                            int64_t dv) {
+      return delta_rule_case(std::move(name),
+                             {.k_heads = k_heads,
+                              .v_heads = v_heads,
+                              .dk = dk,
+                              .dv = dv,
+                              .lengths = {1, 1, 0, 5, 70, 1, 12},
+                              .hist = {-1, 10, 7, 20, 9, 30, 40},
+                              .append = {0, 1, 1, 1, 0, 0, 1}},
+                             delta);
+    };
+    c.push_back(history_case("delta_rule_history", 1, 2, 32, 40));
+    c.push_back(history_case("delta_rule_history_dims_128", 1, 2, 128, 128));
+    c.push_back(history_case("delta_rule_history_unaligned", 2, 2, 18, 22));
 
     // One f32 activation and product per element (cpu: 9e-8, 3e-15).
     const Tolerance act{1e-6, 1e-13};
