@@ -316,10 +316,10 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     invariance_cost("decode steps", dt, steps_once, fresh);
     if (ops.prefers_delta_history()) {  // the same steps with rows that keep states of their own
       BackboneOptions own = bb.options();
-      own.fork_history = false;
+      own.fork_history = ForkHistory::never;
       bb.set_options(own);
       const double st = median_seconds(o.repeats, steps_once, fresh);
-      own.fork_history = true;
+      own.fork_history = ForkHistory::preferred;
       bb.set_options(own);
       fmt::print(
           "  decode steps with a state of each row's own: {:.3f} ms; the rows' histories "

@@ -75,10 +75,10 @@ struct RowTable {
 // (the recurrence's own steps: a backend whose recurrence rounds these two steps as it replays
 // them gets the state it would have kept). A step then reads the shared state and its own
 // history instead of a state of its own (decode at many rows is bound by reading and writing
-// those states). With `append`, the call's tokens go to the history at len .. len + n - 1
-// (len + n <= cap, and a pass that appends has fewer than kDeltaHistoryMax + 1 tokens); without,
-// the history is only read. k: [k_heads, cap, dk], d: [v_heads, cap, dv], g: [v_heads, cap].
-// len 0 and no append: no history (the state is rec_in's).
+// those states). With `append`, the row's n tokens of the call go to the history at len ..
+// len + n - 1 (len + n <= cap, and n <= kDeltaHistoryMax: CUDA appends from its recurrence);
+// without, the history is only read. k: [k_heads, cap, dk], d: [v_heads, cap, dv], g: [v_heads,
+// cap]. len 0 and no append: no history (the state is rec_in's).
 struct DeltaRuleHistory {
   float* k = nullptr;
   float* d = nullptr;

@@ -475,7 +475,8 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   fs.prow = prow;
   fs.own_len.assign(size_t(B), 0);
   fs.capacity = std::max<int64_t>(capacity, 1);
-  if (options_.fork_history && ops_->prefers_delta_history()) {
+  const ForkHistory h = options_.fork_history;
+  if (h == ForkHistory::always || (h == ForkHistory::preferred && ops_->prefers_delta_history())) {
     fs.hist_cap = std::min(fs.capacity, kDeltaHistoryMax);
     fs.rec_owned.assign(size_t(B), 0);
   }

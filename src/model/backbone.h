@@ -222,6 +222,8 @@ class Family {
 
 using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
 
+enum class ForkHistory : uint8_t { preferred, always, never };
+
 struct BackboneOptions {
   GemmPrecision precision = GemmPrecision::exact;
   // When set and the backbone lands on a GPU: the precision there instead (the engine's
@@ -234,9 +236,11 @@ struct BackboneOptions {
   // Prefill tokens per pass through the stack (a multiple of 64); 0: the device's default, 512
   // on the CPU (scratch stays small), 8192 on a GPU (a pass fills the GPU).
   int64_t read_chunk = 0;
-  // Fork rows carry delta-rule states as history where the backend prefers it
-  // (ForkState::hist_cap); off: always a state of their own (the same results; tests compare).
-  bool fork_history = true;
+  // Whether fork rows carry their delta-rule states as history (ForkState::hist_cap): where the
+  // backend prefers it (CUDA, where the results are bitwise those of states of their own),
+  // always (on the CPU, appends run the recurrence where states of their own run the chunked
+  // form: the same results to rounding), or never.
+  ForkHistory fork_history = ForkHistory::preferred;
 };
 
 class Backbone {
