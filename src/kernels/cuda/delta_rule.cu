@@ -9,7 +9,9 @@
 // delta_rule_recurrent.cu, after the chunked form has written the state to rec_out). The choice
 // depends on n only, and a row fed in 64-aligned pieces makes the same choices, chunk by chunk, as
 // the whole row. Decode (n == 1) and short rows (fork rows) are recurrence only; an empty row
-// copies its state.
+// copies its state. A row with a history (DeltaRuleHistory) starts from rec_in with the history
+// replayed in recur_kernel; where its chunked form runs, a replay-only launch of recur_kernel
+// first stores that state to rec_out and the rest of the launch reads it there.
 //
 // The chunked form. Per chunk, with cumulative log decay c_i (double), e_i = e^(c_i),
 // f_i = e^(c_last - c_i), E = e^(c_last), Γ_ij = e^(c_i - c_j), A = diag(beta) (K Kᵀ ⊙ Γ) strictly
