@@ -285,16 +285,17 @@ TEST_P(Qwen35Property, IdleRowInADecodeBatchKeepsItsState) {
 }
 
 // Fork rows that carry their delta-rule states as history (ForkState::hist_cap) against rows with
-// states of their own, through kept passes that append, decode steps with an idle row, a pass
-// not kept, passes past the history (the fold: over a 40-token pass, before a 70-token one's
-// chunked form, at one token) and steps after them: bitwise where the backend prefers histories
-// (CUDA: its recurrence replays them with its own operations), else to rounding (the CPU appends
-// through the recurrence where a state of its own takes the chunked form).
+// states of their own, through kept passes that append, decode steps with an idle row, passes
+// not kept (one of 70 tokens over a history: its chunked form reads the history folded first),
+// passes past the history (the fold: over a 40-token pass, before a 70-token one's chunked form,
+// at one token, from a full history of 63) and steps after them: bitwise where the backend prefers
+// histories (CUDA: its recurrence replays them with its own operations), else to rounding (the CPU
+// appends through the recurrence where a state of its own takes the chunked form).
 TEST_P(Qwen35Property, ForkHistoryGivesTheStateFormsResults) {
   const BackboneOptions o = bb_->options();
   const int64_t V = bb_->spec().vocab;
   const std::vector<int32_t> forty = random_ids(40, V, 7), seventy = random_ids(70, V, 8),
-                             fortyfive = random_ids(45, V, 9);
+                             thirtynine = random_ids(39, V, 9);
   auto run = [&](ForkHistory history) {
     BackboneOptions h = o;
     h.fork_history = history;
@@ -316,11 +317,11 @@ TEST_P(Qwen35Property, ForkHistoryGivesTheStateFormsResults) {
     };
     keep(bb_->fork_forward(TokenBatch::padded({rows_[0], rows_[1], rows_[2]}), fs, true));
     steps(4, 2);  // own tokens 28, 8, 21
-    keep(bb_->fork_forward(TokenBatch::padded({rows_[3], rows_[4], rows_[5]}), fs, false));
+    keep(bb_->fork_forward(TokenBatch::padded({rows_[3], seventy, rows_[5]}), fs, false));
     keep(bb_->fork_forward(TokenBatch::padded({forty, seventy, {5}}), fs, true));  // 68, 78, 22
     steps(2, -1);
-    keep(bb_->fork_forward(TokenBatch::padded({{1}, {2}, fortyfive}), fs, true));  // 71, 81, 69
-    steps(2, 0);
+    keep(bb_->fork_forward(TokenBatch::padded({{1}, {2}, thirtynine}), fs, true));  // 71, 81, 63
+    steps(2, 0);  // row 2 folds at one token
     bb_->set_options(o);
     return outs;
   };

@@ -315,12 +315,12 @@ void run_cuda(const BenchOptions& o, const BenchModel& model, GemmPrecision prec
     out["decode"] = {{"rows", R}, {"steps", steps}, {"step_ms", 1e3 * dt / double(steps)}};
     invariance_cost("decode steps", dt, steps_once, fresh);
     if (ops.prefers_delta_history()) {  // the same steps with rows that keep states of their own
-      BackboneOptions own = bb.options();
+      const BackboneOptions before = bb.options();
+      BackboneOptions own = before;
       own.fork_history = ForkHistory::never;
       bb.set_options(own);
       const double st = median_seconds(o.repeats, steps_once, fresh);
-      own.fork_history = ForkHistory::preferred;
-      bb.set_options(own);
+      bb.set_options(before);
       fmt::print(
           "  decode steps with a state of each row's own: {:.3f} ms; the rows' histories "
           "save {:.1f}%\n",

@@ -253,6 +253,8 @@ class ReferenceOps final : public Ops {
         const int64_t kh = h / per_key;
         for (int64_t i = 0; i < Dk * Dv; ++i) S[size_t(i)] = view.rec_in[h * Dk * Dv + i];
         const DeltaRuleHistory& hs = view.hist;
+        DEG_CHECK(!hs.append || hs.len + r.lengths[b] <= hs.cap,
+                  "delta_rule: {} + {} history entries of {}", hs.len, r.lengths[b], hs.cap);
         for (int64_t j = 0; j < hs.len; ++j) {  // the row's history over the shared state
           const float* k = hs.k + (kh * hs.cap + j) * Dk;
           const float* d = hs.d + (h * hs.cap + j) * Dv;

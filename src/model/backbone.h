@@ -126,8 +126,10 @@ struct PrefixRef {
 };
 
 // B fork rows. Row b continues prefix prow[b]; the prefixes' buffers are shared (Tensor views
-// keep them alive), never copied per row. Own K/V hold the rows' own tokens; own recurrent state
-// and conv tails exist once a pass ran with keep (before that, rows read the prefix's).
+// keep them alive), never copied per row, so a prefix's state must not change (no prefill into
+// it) while fork rows read it: rows that carry their delta-rule states as history read the
+// prefix's on every pass. Own K/V hold the rows' own tokens; own recurrent state and conv tails
+// exist once a pass ran with keep (before that, rows read the prefix's).
 struct ForkState {
   struct Prefix {
     std::vector<LayerState> layers;  // views of the prefix state (all its rows)
@@ -140,11 +142,11 @@ struct ForkState {
   std::vector<int64_t> own_len;  // [B] own tokens kept so far
   int64_t capacity = 0;          // own K/V positions per row
   std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
-  bool fresh = true;             // rows still start from the prefix's rec/tail
+  bool fresh = true;             // rows still start from the prefix's tail (and rec, but hist_*)
   // > 0 (a backend that prefers it, Ops::prefers_delta_history): each row carries its delta-rule
   // states as the prefix's plus a history of its own tokens (own hist_*), up to hist_cap tokens;
   // a kept pass past that folds the row's state into own rec, and the row goes on from there
-  // (rec_owned). Results are those of the state form.
+  // (rec_owned). Results are those of the state form (bitwise where the backend prefers it).
   int64_t hist_cap = 0;
   std::vector<uint8_t> rec_owned;  // [B] (hist_cap > 0): the row's delta-rule states are own rec
   Tensor scratch;                  // [B, the largest rec_shape]: states no one reads back

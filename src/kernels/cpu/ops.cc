@@ -317,6 +317,8 @@ class CpuOps final : public Ops {
                       .out = a.out + row * a.ldo + h * Dv,
                       .ldo = a.ldo};
       const DeltaRuleHistory& hs = v.hist;
+      DEG_CHECK(!hs.append || hs.len + k.n <= hs.cap, "delta_rule: {} + {} history entries of {}",
+                hs.len, k.n, hs.cap);
       if (hs.len > 0) {
         delta_rule_replay(state, Dk, Dv, hs.len, hs.k + kh * hs.cap * Dk, Dk,
                           hs.d + h * hs.cap * Dv, Dv, hs.g + h * hs.cap, 1);

@@ -779,7 +779,8 @@ cudaError_t launch_delta_rule(const DeltaRuleLaunch& a, cudaStream_t stream) {
   for (int i = 0; i < a.rows.count; ++i) {
     const HistRow& h = a.hist[i];
     const int64_t n = a.rows.length[i];
-    if (h.len < 0 || (h.append && (chunked_tokens(n) > 0 || h.len + n > h.cap))) {
+    if (h.len < 0 || h.len > kRecurTokens ||  // histories fit shared memory beside the tokens
+        (h.append && (chunked_tokens(n) > 0 || h.len + n > h.cap))) {
       return cudaErrorInvalidValue;
     }
     if (h.len > 0 && chunked_tokens(n) > 0) fold.index[fold.count++] = i;
