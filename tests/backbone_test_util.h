@@ -99,7 +99,7 @@ inline std::vector<float> row_slice(const Tensor& device_tensor, int64_t row, in
 // tokens, head by head).
 inline std::vector<float> kept_rec(const ForkState& fs, size_t layer, int64_t row) {
   const LayerState& l = fs.own[layer];
-  if (!l.hist_k.defined() || fs.rec_owned[size_t(row)]) return row_slice(l.rec, row, INT64_MAX);
+  if (!l.hist_k.defined() || fs.owns_rec(row)) return row_slice(l.rec, row, INT64_MAX);
   std::vector<float> out;
   const int64_t len = fs.own_len[size_t(row)], cap = fs.hist_cap;
   for (const Tensor* t : {&l.hist_k, &l.hist_d, &l.hist_g}) {

@@ -153,10 +153,9 @@ BenchModel bench_model(const BenchOptions& o) {
   return m;
 }
 
-// The median of `repeats` timed runs of fn (after one untimed warm-up run), in seconds. The
-// backbone's calls return host results, so each run has finished on the device when it returns.
-// The median wall time of `repeats` runs of fn after one untimed run; setup (untimed) before
-// each.
+// The median of `repeats` timed runs of fn (after one untimed warm-up run), in seconds; setup,
+// untimed, before each run. The backbone's calls return host results, so each run has finished
+// on the device when it returns.
 double median_seconds(int64_t repeats, const std::function<void()>& fn,
                       const std::function<void()>& setup = {}) {
   if (setup) setup();

@@ -478,7 +478,6 @@ ForkState Backbone::fork(const std::vector<PrefixRef>& prefixes, const std::vect
   const ForkHistory h = options_.fork_history;
   if (h == ForkHistory::always || (h == ForkHistory::preferred && ops_->prefers_delta_history())) {
     fs.hist_cap = std::min(fs.capacity, kDeltaHistoryMax);
-    fs.rec_owned.assign(size_t(B), 0);
   }
   for (const LayerSpec& l : spec().layers) {
     LayerState own;
@@ -528,7 +527,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   };
   bool folds = false;  // some history row's kept pass does not fit: its state goes to own rec
   for (int64_t b = 0; b < B && fs.hist_cap > 0; ++b)
-    folds |= keep && !fs.rec_owned[size_t(b)] && !appends(b);
+    folds |= keep && !fs.owns_rec(b) && !appends(b);
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerSpec& l = layers[i];
     if (l.kind != LayerKind::recurrent) continue;
@@ -565,7 +564,7 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
       if (layers[i].kind == LayerKind::recurrent) {
         v.tail_in = fs.fresh ? row_ptr(pl.tail, p.row) : row_ptr(fs.own[i].tail, b);
         v.tail_out = keep ? row_ptr_mut(fs.own[i].tail, b) : nullptr;
-        if (history_layer(i) && !fs.rec_owned[size_t(b)]) {
+        if (history_layer(i) && !fs.owns_rec(b)) {
           // The prefix's state and the row's history: appended to, read, or folded into own rec.
           const LayerState& own = fs.own[i];
           v.rec_in = row_ptr(pl.rec, p.row);
@@ -619,7 +618,6 @@ Tensor Backbone::fork_forward(const TokenBatch& batch, ForkState& fs, bool keep,
   }
   if (keep) {
     for (int64_t b = 0; b < B; ++b) {
-      if (fs.hist_cap > 0 && !appends(b)) fs.rec_owned[size_t(b)] = 1;  // folded
       fs.own_len[size_t(b)] += batch.lengths[size_t(b)];
       if (Hn > 0) {
         history_append(hist.data() + b * Hn, Hn, batch.ids.data() + b * L,

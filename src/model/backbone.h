@@ -142,14 +142,17 @@ struct ForkState {
   std::vector<int64_t> own_len;  // [B] own tokens kept so far
   int64_t capacity = 0;          // own K/V positions per row
   std::vector<LayerState> own;   // rec/tail [B, ...] once kept; k/v [B, Hkv, capacity, D]
-  bool fresh = true;             // rows still start from the prefix's tail (and rec, but hist_*)
+  bool fresh = true;  // rows still start from the prefix's tail (and, without hist_cap, rec)
   // > 0 (a backend that prefers it, Ops::prefers_delta_history): each row carries its delta-rule
   // states as the prefix's plus a history of its own tokens (own hist_*), up to hist_cap tokens;
   // a kept pass past that folds the row's state into own rec, and the row goes on from there
-  // (rec_owned). Results are those of the state form (bitwise where the backend prefers it).
+  // (owns_rec). Results are those of the state form (bitwise where the backend prefers it).
   int64_t hist_cap = 0;
-  std::vector<uint8_t> rec_owned;  // [B] (hist_cap > 0): the row's delta-rule states are own rec
-  Tensor scratch;                  // [B, the largest rec_shape]: states no one reads back
+  Tensor scratch;  // [B, the largest rec_shape]: states no one reads back
+
+  // With hist_cap > 0: whether row b's delta-rule states are own rec (its kept tokens passed its
+  // history), not the prefix's plus a history.
+  bool owns_rec(int64_t b) const { return own_len[size_t(b)] > hist_cap; }
 
   std::vector<int32_t> own_history;  // [B, spec.history] once kept (fresh: the prefix's)
 

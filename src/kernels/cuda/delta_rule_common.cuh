@@ -98,7 +98,7 @@ __device__ __forceinline__ void store_cols(float* p, int col, int dv, bool vec, 
   if (col + 3 < dv) p[3] = x.w;
 }
 
-inline int round_up(int x, int m) {
+__host__ __device__ inline int round_up(int x, int m) {
   return (x + m - 1) / m * m;
 }
 

@@ -31,12 +31,8 @@ struct RecurPlan {
   int vec_out;
 };
 
-__host__ __device__ inline int round4(int n) {
-  return (n + 3) / 4 * 4;
-}
-
 __host__ __device__ inline int recur_smem_floats(const RecurPlan& p) {
-  return (2 * p.tmax + p.hmax) * p.dkr + round4(p.hmax + p.tmax) + round4(p.tmax) +
+  return (2 * p.tmax + p.hmax) * p.dkr + round_up(p.hmax + p.tmax, 4) + round_up(p.tmax, 4) +
          p.hmax * kRecCols;
 }
 
@@ -47,11 +43,11 @@ __global__ void __launch_bounds__(kRecThreads)
     recur_kernel(const DeltaRuleLaunch a, const RowList list, const RecurPlan p) {
   extern __shared__ float4 smem4[];
   // History entries first, then the call's tokens: ks, gs [hist + tokens], ds [hist].
-  float* qs = reinterpret_cast<float*>(smem4);  // [tmax][dkr]
-  float* ks = qs + p.tmax * p.dkr;              // [hmax + tmax][dkr]
-  float* gs = ks + (p.hmax + p.tmax) * p.dkr;   // [hmax + tmax]
-  float* bs = gs + round4(p.hmax + p.tmax);     // [tmax]
-  float* ds = bs + round4(p.tmax);              // [hmax][kRecCols]
+  float* qs = reinterpret_cast<float*>(smem4);    // [tmax][dkr]
+  float* ks = qs + p.tmax * p.dkr;                // [hmax + tmax][dkr]
+  float* gs = ks + (p.hmax + p.tmax) * p.dkr;     // [hmax + tmax]
+  float* bs = gs + round_up(p.hmax + p.tmax, 4);  // [tmax]
+  float* ds = bs + round_up(p.tmax, 4);           // [hmax][kRecCols]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = lane & 3, rg = lane >> 2;
