@@ -4,7 +4,6 @@
 // fused loss). Internal to src/kernels/cuda.
 #pragma once
 
-#include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/stream.h"
 #include "kernels/cuda_runtime.h"
@@ -60,9 +60,9 @@ inline int alignment_of(std::initializer_list<uint64_t> values) {
 struct Layout {
   cublasLtMatrixLayout_t h = nullptr;
   Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
-    check_blas(cublasLtMatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
+    check_blas(cuda::cublaslt().MatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
   }
-  ~Layout() { cublasLtMatrixLayoutDestroy(h); }
+  ~Layout() { cuda::cublaslt().MatrixLayoutDestroy(h); }
   Layout(const Layout&) = delete;
   Layout& operator=(const Layout&) = delete;
 };
@@ -72,21 +72,21 @@ struct Layout {
 struct PinnedPreference {
   cublasLtMatmulPreference_t h = nullptr;
   PinnedPreference(uint32_t a_align, uint32_t c_align) {
-    check_blas(cublasLtMatmulPreferenceCreate(&h), "preference");
+    check_blas(cuda::cublaslt().MatmulPreferenceCreate(&h), "preference");
     const uint64_t no_workspace = 0;
     const uint32_t no_reduction = CUBLASLT_REDUCTION_SCHEME_NONE;
-    cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &no_workspace,
-                                         sizeof(no_workspace));
-    cublasLtMatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                         &no_reduction, sizeof(no_reduction));
+    cuda::cublaslt().MatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &no_workspace, sizeof(no_workspace));
+    cuda::cublaslt().MatmulPreferenceSetAttribute(h, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &no_reduction, sizeof(no_reduction));
     for (auto attr :
          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
           CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       const uint32_t v = attr == CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES ? a_align : c_align;
-      cublasLtMatmulPreferenceSetAttribute(h, attr, &v, sizeof(v));
+      cuda::cublaslt().MatmulPreferenceSetAttribute(h, attr, &v, sizeof(v));
     }
   }
-  ~PinnedPreference() { cublasLtMatmulPreferenceDestroy(h); }
+  ~PinnedPreference() { cuda::cublaslt().MatmulPreferenceDestroy(h); }
   PinnedPreference(const PinnedPreference&) = delete;
   PinnedPreference& operator=(const PinnedPreference&) = delete;
 };
@@ -95,13 +95,16 @@ struct PinnedPreference {
 struct MatmulDesc {
   cublasLtMatmulDesc_t h = nullptr;
   MatmulDesc(cublasOperation_t ta, cublasOperation_t tb) {
-    check_blas(cublasLtMatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
-    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
-               "transa");
-    check_blas(cublasLtMatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
-               "transb");
+    check_blas(cuda::cublaslt().MatmulDescCreate(&h, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "matmul desc");
+    check_blas(
+        cuda::cublaslt().MatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)),
+        "transa");
+    check_blas(
+        cuda::cublaslt().MatmulDescSetAttribute(h, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
+        "transb");
   }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(h); }
+  ~MatmulDesc() { cuda::cublaslt().MatmulDescDestroy(h); }
   MatmulDesc(const MatmulDesc&) = delete;
   MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
@@ -201,7 +204,7 @@ class CudaOps final : public Ops {
     }
     name_ = "cuda (" + devices[0].name + ")";
     stream_ = cuda::stream();
-    check_blas(cublasLtCreate(&blas_), "create");
+    check_blas(cuda::cublaslt().Create(&blas_), "create");
   }
 
   Device device() const override { return Device::cuda; }

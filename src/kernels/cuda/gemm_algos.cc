@@ -39,15 +39,15 @@ const CudaOps::Heuristic& CudaOps::heuristic_algo(const MatmulDesc& desc, const 
   const GemmKey key = g.key(g.n, 0);
   if (auto it = heuristics_.find(key); it != heuristics_.end()) return it->second;
   cublasLtMatmulPreference_t pref = nullptr;
-  check_blas(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_blas(cuda::cublaslt().MatmulPreferenceCreate(&pref), "preference");
   const uint64_t workspace = uint64_t(64) << 20;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                       sizeof(workspace));
+  cuda::cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &workspace, sizeof(workspace));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
-                                                           pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = cuda::cublaslt().MatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h,
+                                                                    lc.h, pref, 1, &result, &found);
+  cuda::cublaslt().MatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     check_blas(CUBLAS_STATUS_NOT_SUPPORTED, "heuristic");
   return heuristics_.emplace(key, Heuristic{result.algo, result.workspaceSize}).first->second;
@@ -234,8 +234,9 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
       const Layout lb(g.bt, uint64_t(g.k), uint64_t(n), g.ldb),
           ld(CUDA_R_32F, uint64_t(g.m), uint64_t(n), g.ldd);
       const float alpha = 1.0f;
-      return cublasLtMatmul(blas_, desc.h, &alpha, weight(copy), la.h, m.b, lb.h, &beta, m.d, ld.h,
-                            m.d, ld.h, &algo, nullptr, 0, m.ts) == CUBLAS_STATUS_SUCCESS;
+      return cuda::cublaslt().Matmul(blas_, desc.h, &alpha, weight(copy), la.h, m.b, lb.h, &beta,
+                                     m.d, ld.h, m.d, ld.h, &algo, nullptr, 0,
+                                     m.ts) == CUBLAS_STATUS_SUCCESS;
     };
     // Our small-M kernel (configuration `config`) at n <= 64 columns.
     auto run_own = [&](int config, int64_t n, float beta, int copy) {
@@ -254,8 +255,8 @@ std::optional<CudaOps::Tuned> CudaOps::tune(const MatmulDesc& desc, const LtGemm
         ld_large(CUDA_R_32F, uint64_t(g.m), uint64_t(kLargeN), g.ldd);
     auto runs_large = [&](const cublasLtMatmulAlgo_t& algo) {
       cublasLtMatmulHeuristicResult_t r{};
-      return cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb_large.h, ld_large.h, ld_large.h, &algo,
-                                     &r) == CUBLAS_STATUS_SUCCESS;
+      return cuda::cublaslt().MatmulAlgoCheck(blas_, desc.h, la.h, lb_large.h, ld_large.h,
+                                              ld_large.h, &algo, &r) == CUBLAS_STATUS_SUCCESS;
     };
     // Bits: D from C, then D (+)= A B (call(beta)) at the first `columns` columns, read back.
     auto result = [&](const std::function<bool(float)>& call, int64_t columns, float beta,
@@ -383,8 +384,8 @@ std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, co
                               uint32_t(align));
   cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
-  const cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(blas_, desc.h, la.h, lb.h, lc.h, lc.h,
-                                                          pref.h, 8, results, &found);
+  const cublasStatus_t s = cuda::cublaslt().MatmulAlgoGetHeuristic(
+      blas_, desc.h, la.h, lb.h, lc.h, lc.h, pref.h, 8, results, &found);
   Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
       lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
   std::vector<cublasLtMatmulAlgo_t> out;
@@ -397,8 +398,8 @@ std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, co
       continue;
     }
     cublasLtMatmulHeuristicResult_t r{};
-    if (cublasLtMatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo, &r) ==
-            CUBLAS_STATUS_SUCCESS &&
+    if (cuda::cublaslt().MatmulAlgoCheck(blas_, desc.h, la.h, lb1.h, lc1.h, lc1.h, &results[i].algo,
+                                         &r) == CUBLAS_STATUS_SUCCESS &&
         r.workspaceSize == 0)
       out.push_back(results[i].algo);
   }

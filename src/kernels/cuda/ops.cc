@@ -619,10 +619,10 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   if (heuristic_) {  // the benchmark's yardstick: cuBLASLt's own choice for this very M
     const Heuristic& h = heuristic_algo(desc, la, lb, lc, g);
-    check_blas(
-        cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h, &h.algo,
-                       h.workspace ? scratch(2, h.workspace) : nullptr, h.workspace, stream_),
-        "matmul");
+    check_blas(cuda::cublaslt().Matmul(
+                   blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h, &h.algo,
+                   h.workspace ? scratch(2, h.workspace) : nullptr, h.workspace, stream_),
+               "matmul");
     return;
   }
   int own = kCublas;
@@ -643,8 +643,8 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
       return;
     }
   }
-  check_blas(cublasLtMatmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D, lc.h, &algo,
-                            nullptr, 0, stream_),
+  check_blas(cuda::cublaslt().Matmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D,
+                                     lc.h, &algo, nullptr, 0, stream_),
              "matmul");
 }
 
