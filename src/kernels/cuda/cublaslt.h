@@ -5,6 +5,8 @@
 
 #include <cublasLt.h>
 
+#include <string>
+
 namespace deg::cuda {
 
 struct CublasLt {
@@ -22,9 +24,14 @@ struct CublasLt {
   decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
 };
 
-// The library of the headers' major version (libcublasLt.so.13 for CUDA 13), by the loader's
-// search and then in the toolkit's library folder of the build; opened once. Throws deg::Error
+// Opens `library` (a path or a file name for the loader's search) and takes every entry point;
+// empty: the library of the headers' major version (libcublasLt.so.13 for CUDA 13) by the
+// loader's search, then in the toolkit's library folder of the build. Throws deg::Error
 // (unsupported) naming the library when it cannot be opened or lacks an entry point.
+CublasLt open_cublaslt(const std::string& library);
+
+// open_cublaslt($DEG_CUBLASLT, or empty when unset), once for the process (a failure is thrown
+// again at the next call).
 const CublasLt& cublaslt();
 
 }  // namespace deg::cuda
