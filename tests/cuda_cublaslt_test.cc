@@ -14,18 +14,9 @@ namespace {
 
 TEST(CublasLtLibrary, OpensWithEveryEntryPoint) {
   const CublasLt lt = open_cublaslt("");
-  EXPECT_NE(lt.Create, nullptr);
-  EXPECT_NE(lt.Matmul, nullptr);
-  EXPECT_NE(lt.MatmulAlgoCheck, nullptr);
-  EXPECT_NE(lt.MatmulAlgoGetHeuristic, nullptr);
-  EXPECT_NE(lt.MatmulDescCreate, nullptr);
-  EXPECT_NE(lt.MatmulDescDestroy, nullptr);
-  EXPECT_NE(lt.MatmulDescSetAttribute, nullptr);
-  EXPECT_NE(lt.MatmulPreferenceCreate, nullptr);
-  EXPECT_NE(lt.MatmulPreferenceDestroy, nullptr);
-  EXPECT_NE(lt.MatmulPreferenceSetAttribute, nullptr);
-  EXPECT_NE(lt.MatrixLayoutCreate, nullptr);
-  EXPECT_NE(lt.MatrixLayoutDestroy, nullptr);
+#define DEG_CUBLASLT_CHECK(name) EXPECT_NE(lt.name, nullptr) << "cublasLt" #name;
+  DEG_CUBLASLT_ENTRY_POINTS(DEG_CUBLASLT_CHECK)
+#undef DEG_CUBLASLT_CHECK
   // The entry points are the library's: a descriptor made and released through them.
   cublasLtMatmulDesc_t desc = nullptr;
   ASSERT_EQ(lt.MatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);

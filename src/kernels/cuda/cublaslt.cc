@@ -35,18 +35,9 @@ CublasLt open_cublaslt(const std::string& library) {
     throw Error(ErrorKind::unsupported, fmt::format("{} has no {}", name, symbol));
   };
   CublasLt lt{};
-  take(lt.Create, "cublasLtCreate");
-  take(lt.Matmul, "cublasLtMatmul");
-  take(lt.MatmulAlgoCheck, "cublasLtMatmulAlgoCheck");
-  take(lt.MatmulAlgoGetHeuristic, "cublasLtMatmulAlgoGetHeuristic");
-  take(lt.MatmulDescCreate, "cublasLtMatmulDescCreate");
-  take(lt.MatmulDescDestroy, "cublasLtMatmulDescDestroy");
-  take(lt.MatmulDescSetAttribute, "cublasLtMatmulDescSetAttribute");
-  take(lt.MatmulPreferenceCreate, "cublasLtMatmulPreferenceCreate");
-  take(lt.MatmulPreferenceDestroy, "cublasLtMatmulPreferenceDestroy");
-  take(lt.MatmulPreferenceSetAttribute, "cublasLtMatmulPreferenceSetAttribute");
-  take(lt.MatrixLayoutCreate, "cublasLtMatrixLayoutCreate");
-  take(lt.MatrixLayoutDestroy, "cublasLtMatrixLayoutDestroy");
+#define DEG_CUBLASLT_TAKE(name) take(lt.name, "cublasLt" #name);
+  DEG_CUBLASLT_ENTRY_POINTS(DEG_CUBLASLT_TAKE)
+#undef DEG_CUBLASLT_TAKE
   return lt;  // the library stays open for the process
 }
 

@@ -9,19 +9,26 @@
 
 namespace deg::cuda {
 
+// The entry points deg calls, each as X(name) for cublasLt<name>: the struct's members, what
+// open_cublaslt takes from the library and what the tests check come from this one list.
+#define DEG_CUBLASLT_ENTRY_POINTS(X) \
+  X(Create)                          \
+  X(Matmul)                          \
+  X(MatmulAlgoCheck)                 \
+  X(MatmulAlgoGetHeuristic)          \
+  X(MatmulDescCreate)                \
+  X(MatmulDescDestroy)               \
+  X(MatmulDescSetAttribute)          \
+  X(MatmulPreferenceCreate)          \
+  X(MatmulPreferenceDestroy)         \
+  X(MatmulPreferenceSetAttribute)    \
+  X(MatrixLayoutCreate)              \
+  X(MatrixLayoutDestroy)
+
 struct CublasLt {
-  decltype(&::cublasLtCreate) Create;
-  decltype(&::cublasLtMatmul) Matmul;
-  decltype(&::cublasLtMatmulAlgoCheck) MatmulAlgoCheck;
-  decltype(&::cublasLtMatmulAlgoGetHeuristic) MatmulAlgoGetHeuristic;
-  decltype(&::cublasLtMatmulDescCreate) MatmulDescCreate;
-  decltype(&::cublasLtMatmulDescDestroy) MatmulDescDestroy;
-  decltype(&::cublasLtMatmulDescSetAttribute) MatmulDescSetAttribute;
-  decltype(&::cublasLtMatmulPreferenceCreate) MatmulPreferenceCreate;
-  decltype(&::cublasLtMatmulPreferenceDestroy) MatmulPreferenceDestroy;
-  decltype(&::cublasLtMatmulPreferenceSetAttribute) MatmulPreferenceSetAttribute;
-  decltype(&::cublasLtMatrixLayoutCreate) MatrixLayoutCreate;
-  decltype(&::cublasLtMatrixLayoutDestroy) MatrixLayoutDestroy;
+#define DEG_CUBLASLT_MEMBER(name) decltype(&::cublasLt##name) name = nullptr;
+  DEG_CUBLASLT_ENTRY_POINTS(DEG_CUBLASLT_MEMBER)
+#undef DEG_CUBLASLT_MEMBER
 };
 
 // Opens `library` (a path or a file name for the loader's search) and takes every entry point;
