@@ -2578,15 +2578,10 @@ TEST(OpsGemmRows, SmallRowKernelGivesThePinnedBits) {
   struct SmallConfig {  // the tuning's choice again, whatever way the test ends
     ~SmallConfig() { cuda_gemm_small_config(-1); }
   };
-  struct Unsplit {  // the pinned chain over all of k (no k-split product), then the rule again
-    Unsplit() { cuda_gemm_k_splits(1); }
-    ~Unsplit() { cuda_gemm_k_splits(0); }
-  };
   const int64_t rows = 2100;
   const int64_t calls[][2] = {{0, 1}, {37, 64}, {100, 37}, {2099, 1}, {500, 17}};
   for (const Backend& b : backends_under_test()) {
     if (std::string(b.name) != "cuda") continue;
-    const Unsplit unsplit;
     for (const Shape& s :
          {Shape{1024, 2048}, Shape{96, 3584}, Shape{520, 1024}, Shape{264, 272}, Shape{64, 48}}) {
       const std::vector<float> xv = randn_seeded(size_t(rows * s.k), 61);
@@ -2682,66 +2677,6 @@ TEST(OpsGemmRows, SmallRowKernelGivesThePinnedBits) {
       l.x = xs.data() + bad.x_offset;
       EXPECT_FALSE(cuda::small_gemm_fits(l)) << bad.why;
       EXPECT_EQ(cuda::launch_small_gemm(l, 0, nullptr), cudaErrorInvalidValue) << bad.why;
-    }
-  }
-}
-// k-split products (CudaOps::run_split_gemm: the pinned product over S slices of k into partials,
-// summed in slice order): a row's bits do not depend on the call's row count (calls of 1, 64, 65,
-// 700 rows == the same rows of one call of 2100, which runs its columns in two chunks for
-// [1024, 2048] in 8 slices), written and accumulated; and the sums stay within f32 rounding of
-// the unsplit product's (a slice misplaced in A, B or the partials would be far off).
-TEST(OpsGemmRows, KSplitProductsKeepEachRowsBits) {
-  struct Splits {  // the backend's rule again, whatever way the test ends
-    ~Splits() { cuda_gemm_k_splits(0); }
-  };
-  struct Shape {
-    int64_t n, k;
-    int splits;
-  };
-  const int64_t rows = 2100;
-  const int64_t calls[][2] = {{0, 1}, {37, 64}, {100, 65}, {1400, 700}, {2099, 1}};
-  for (const Backend& b : backends_under_test()) {
-    if (std::string(b.name) != "cuda") continue;
-    const Splits restore;
-    for (const Shape& s : {Shape{1024, 2048, 8}, Shape{96, 3584, 7}, Shape{520, 1024, 4}}) {
-      const std::vector<float> xv = randn_seeded(size_t(rows * s.k), 64);
-      const std::vector<float> y0 = randn_seeded(size_t(rows * s.n), 65);
-      std::vector<bf16> wb;
-      for (float v : randn_seeded(size_t(s.n * s.k), 66, 0.05f)) wb.push_back(f32_to_bf16(v));
-      const Tensor w = b.ops->upload(Tensor::from_vector(wb, {s.n, s.k}));
-      for (bool acc : {false, true}) {
-        Floats x(xv.begin(), xv.end());
-        auto product = [&](int64_t first, int64_t m) {
-          Floats y(y0.begin() + first * s.n, y0.begin() + (first + m) * s.n);
-          const GemmOutput go{.w = &w, .y = y.data(), .ldy = s.n, .accumulate = acc};
-          b.ops->gemm({.x = x.data() + first * s.k,
-                       .m = m,
-                       .k = s.k,
-                       .ldx = s.k,
-                       .outputs = {&go, 1},
-                       .precision = GemmPrecision::bf16});
-          b.ops->synchronize();
-          return y;
-        };
-        cuda_gemm_k_splits(1);
-        const Floats plain = product(0, rows);
-        cuda_gemm_k_splits(s.splits);
-        const Floats all = product(0, rows);
-        const std::string what =
-            fmt::format("[{}, {}] in {} slices{}", s.n, s.k, s.splits, acc ? ", accumulating" : "");
-        double scale = 0, worst = 0;
-        for (size_t i = 0; i < all.size(); ++i) {
-          scale = std::max(scale, std::abs(double(plain[i])));
-          worst = std::max(worst, std::abs(double(all[i]) - double(plain[i])));
-        }
-        EXPECT_LE(worst, 1e-5 * scale) << what << ": against the unsplit product";
-        for (const auto& [first, m] : calls) {
-          const Floats part = product(first, m);
-          EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * s.n))
-              << what << ": rows " << first << " .. " << first + m - 1 << " in a call of " << m
-              << " != in a call of " << rows;
-        }
-      }
     }
   }
 }

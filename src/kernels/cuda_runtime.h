@@ -50,10 +50,6 @@ void cuda_gemm_heuristic(bool on);
 // product of at most 64 rows it takes, whatever the tuning chose (so that its bits can be held to
 // cuBLASLt's through the op); -1, the default, leaves the choice to the tuning.
 void cuda_gemm_small_config(int config);
-// Tests only: splits >= 1 runs every bf16 product of a contiguous weight whose k splits into that
-// many slices of a multiple of 16 as a k-split product (1: none); 0, the default: the backend's
-// rule (CudaOps::k_splits).
-void cuda_gemm_k_splits(int splits);
 
 // Memory both the host and the GPU address (the op table's buffers in tests).
 void* cuda_managed_alloc(size_t bytes);

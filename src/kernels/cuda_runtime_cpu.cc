@@ -51,9 +51,6 @@ void cuda_gemm_heuristic(bool) {
 void cuda_gemm_small_config(int) {
   no_cuda();
 }
-void cuda_gemm_k_splits(int) {
-  no_cuda();
-}
 
 }  // namespace deg
 #endif

@@ -23,8 +23,7 @@ namespace deg::cuda {
   X(MatmulPreferenceDestroy)         \
   X(MatmulPreferenceSetAttribute)    \
   X(MatrixLayoutCreate)              \
-  X(MatrixLayoutDestroy)             \
-  X(MatrixLayoutSetAttribute)
+  X(MatrixLayoutDestroy)
 
 struct CublasLt {
 #define DEG_CUBLASLT_MEMBER(name) decltype(&::cublasLt##name) name = nullptr;

@@ -56,20 +56,11 @@ inline int alignment_of(std::initializer_list<uint64_t> values) {
   return a;
 }
 
-// One cuBLASLt matrix layout, released with the object; with batch > 1, that many matrices
-// `stride` elements apart (a k-split product's slices: LtGemm::splits).
+// One cuBLASLt matrix layout, released with the object.
 struct Layout {
   cublasLtMatrixLayout_t h = nullptr;
-  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld, int batch = 1,
-         int64_t stride = 0) {
+  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
     check_blas(cuda::cublaslt().MatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
-    if (batch == 1) return;
-    check_blas(cuda::cublaslt().MatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                         &batch, sizeof(batch)),
-               "batch count");
-    check_blas(cuda::cublaslt().MatrixLayoutSetAttribute(
-                   h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
-               "batch stride");
   }
   ~Layout() { cuda::cublaslt().MatrixLayoutDestroy(h); }
   Layout(const Layout&) = delete;
@@ -124,7 +115,7 @@ struct MatmulDesc {
 enum class Pin : uint8_t { every_n, every_n_or_this_n, this_n };
 
 // What the pinned and heuristic algorithm caches are keyed by (LtGemm::key).
-using GemmKey = std::array<int64_t, 12>;
+using GemmKey = std::array<int64_t, 11>;
 
 // One GEMM in cuBLASLt's column-major terms: D [m, n] (+)= op(A) · op(B) with f32 output, A
 // stored m x k (ta N) or k x m (ta T) at lda, B k x n (tb N) or n x k (tb T) at ldb. The
@@ -134,10 +125,6 @@ struct LtGemm {
   cudaDataType at = CUDA_R_32F, bt = CUDA_R_32F;
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldd = 0;
-  // > 1: a k-split product (ta T, tb N only): k is one slice's, and the call is `splits`
-  // products over consecutive slices of k (A and B `k` elements apart) into f32 partials, D
-  // compact (ldd = m) and `m * n` apart, which cuda::launch_sum_splits sums in split order.
-  int splits = 1;
 
   int64_t a_rows() const { return ta == CUBLAS_OP_N ? m : k; }
   int64_t a_cols() const { return ta == CUBLAS_OP_N ? k : m; }
@@ -148,18 +135,7 @@ struct LtGemm {
     return at == CUDA_R_16BF && bt == CUDA_R_16BF && ta == CUBLAS_OP_T && lda == k;
   }
   GemmKey key(int64_t n_key, int align) const {
-    return {int64_t(ta), int64_t(tb), int64_t(at), int64_t(bt), m,     n_key,
-            k,           lda,         ldb,         ldd,         align, splits};
-  }
-  // Its operands' layouts at n columns of D (batched over the splits).
-  Layout a_layout() const {
-    return Layout(at, uint64_t(a_rows()), uint64_t(a_cols()), lda, splits, k);
-  }
-  Layout b_layout(int64_t cols_of_d) const {
-    return Layout(bt, uint64_t(b_rows(cols_of_d)), uint64_t(b_cols(cols_of_d)), ldb, splits, k);
-  }
-  Layout d_layout(int64_t cols_of_d) const {
-    return Layout(CUDA_R_32F, uint64_t(m), uint64_t(cols_of_d), ldd, splits, m * cols_of_d);
+    return {int64_t(ta), int64_t(tb), int64_t(at), int64_t(bt), m, n_key, k, lda, ldb, ldd, align};
   }
 };
 
@@ -348,23 +324,9 @@ class CudaOps final : public Ops {
   void matmul(const void* w, cudaDataType wt, int64_t N, const void* x, cudaDataType xt,
               int64_t ldx, int64_t M, int64_t K, const GemmOutput& o, Pin pin = Pin::every_n) const;
 
-  // D (+)= op(A) · op(B) for g (LtGemm) with a pinned algorithm (pinned_algo); as a k-split
-  // product (run_split_gemm) where k_splits says so.
+  // D (+)= op(A) · op(B) for g (LtGemm) with a pinned algorithm (pinned_algo).
   void run_gemm(const LtGemm& g, const void* A, const void* B, float* D, bool accumulate,
                 Pin pin) const;
-
-  // How many slices of k the pinned product g (Pin::every_n, splits 1) runs as: a function of
-  // its weight's shape alone, never of n, so that a row's bits stay independent of its batch.
-  // Products whose few output tiles leave most SMs idle at decode's few rows (a [1024, K]
-  // weight: 8 tiles of 128 outputs) each walking a chain of K / 16 dependent steps; docs/cuda.md
-  // ("k-split products") has the measurements behind the rule.
-  int k_splits(const LtGemm& g) const;
-
-  // D (+)= A B (g: splits 1) as `splits` products over consecutive k slices of g.k / splits into
-  // f32 partials (scratch), then summed per output in split order: (((C + p0) + p1) + ...), no C
-  // unless accumulating. Columns of D in chunks that keep the partials within 64 MiB.
-  void run_split_gemm(const LtGemm& g, int splits, const void* A, const void* B, float* D,
-                      bool accumulate, int align) const;
 
   static size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
@@ -375,8 +337,7 @@ class CudaOps final : public Ops {
   // costs host time on every GEMM of a decode step). Callers hold mu_; the cache only grows
   // here (run_gemm empties it between GEMMs when it is full, never while references are held).
   static constexpr size_t kMaxLayouts = 4096;
-  const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld, int batch = 1,
-                       int64_t stride = 0) const;
+  const Layout& layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const;
 
   struct Heuristic {
     cublasLtMatmulAlgo_t algo;
@@ -393,9 +354,6 @@ class CudaOps final : public Ops {
   void set_heuristic(bool on) const;
   // The tests' switch: our small-M configuration `config` wherever it fits, or -1: the tuning's.
   void set_small_config(int config) const;
-  // The tests' switch: every bf16 product of a contiguous weight whose k it divides into slices
-  // of 16 runs as `splits` slices (1: none), or 0: k_splits's rule.
-  void set_k_splits(int splits) const;
 
  private:
   // The algorithm of a GEMM of this shape, dtypes, strides and alignment, without workspace
@@ -455,19 +413,15 @@ class CudaOps final : public Ops {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t blas_ = nullptr;
   mutable std::array<std::unique_ptr<MatmulDesc>, 4> descs_;  // by (op(A), op(B))
-  mutable std::map<std::tuple<int, int64_t, int64_t, int64_t, int, int64_t>,
-                   std::unique_ptr<Layout>>
-      layouts_;
+  mutable std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::unique_ptr<Layout>> layouts_;
   mutable std::recursive_mutex mu_;
   mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
   mutable std::map<GemmKey, Tuned> tuned_;                                // Pin::every_n
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
-  // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work; k-split
-  // products' partials.
-  mutable std::array<Scratch, 11> scratch_;
+  // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work.
+  mutable std::array<Scratch, 10> scratch_;
   mutable bool heuristic_ = false;
   mutable int small_config_ = -1;
-  mutable int k_splits_ = 0;
   mutable std::map<GemmKey, Heuristic> heuristics_;
 };
 

@@ -549,36 +549,6 @@ __global__ void widen_bf16_kernel(const uint16_t* in, int64_t count, float* out)
   DEG_GRID_LOOP(i, count) out[i] = bf16_bits_to_f32(in[i]);
 }
 
-// y[r, j] = (((y[r, j] if accumulate) + p[0][r, j]) + p[1][r, j]) + ..., p[s] [rows, n]
-// contiguous, n * rows apart; four columns a thread with kVector.
-template <bool kVector>
-__global__ void sum_splits_kernel(const float* __restrict__ p, int splits, int64_t rows, int64_t n,
-                                  float* y, int64_t ldy, bool accumulate) {
-  const int64_t slice = rows * n;
-  DEG_ROW_LOOP(r, j, rows, kVector ? n / 4 : n) {
-    if constexpr (kVector) {
-      const float4* q = reinterpret_cast<const float4*>(p + r * n) + j;
-      float4* out = reinterpret_cast<float4*>(y + r * ldy) + j;
-      float4 t = *q;
-      if (accumulate) {
-        const float4 c = *out;
-        t = make_float4(c.x + t.x, c.y + t.y, c.z + t.z, c.w + t.w);
-      }
-      for (int s = 1; s < splits; ++s) {
-        const float4 u = *reinterpret_cast<const float4*>(reinterpret_cast<const float*>(q) +
-                                                          int64_t(s) * slice);
-        t = make_float4(t.x + u.x, t.y + u.y, t.z + u.z, t.w + u.w);
-      }
-      *out = t;
-    } else {
-      const float* q = p + r * n + j;
-      float t = accumulate ? y[r * ldy + j] + *q : *q;
-      for (int s = 1; s < splits; ++s) t += q[int64_t(s) * slice];
-      y[r * ldy + j] = t;
-    }
-  }
-}
-
 cudaError_t launched() {
   return cudaGetLastError();
 }
@@ -740,19 +710,6 @@ cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n,
     to_bf16_kernel<true><<<row_grid(rows, n / 4), kThreads, 0, stream>>>(x, ldx, rows, n, o);
   } else {
     to_bf16_kernel<false><<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, rows, n, o);
-  }
-  return launched();
-}
-
-cudaError_t launch_sum_splits(const float* partials, int splits, int64_t rows, int64_t n, float* y,
-                              int64_t ldy, bool accumulate, cudaStream_t stream) {
-  if (rows * n == 0) return cudaSuccess;
-  if (n % 4 == 0 && aligned4(y, ldy) && reinterpret_cast<uintptr_t>(partials) % 16 == 0) {
-    sum_splits_kernel<true><<<row_grid(rows, n / 4), kThreads, 0, stream>>>(partials, splits, rows,
-                                                                            n, y, ldy, accumulate);
-  } else {
-    sum_splits_kernel<false>
-        <<<row_grid(rows, n), kThreads, 0, stream>>>(partials, splits, rows, n, y, ldy, accumulate);
   }
   return launched();
 }

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -26,14 +25,11 @@ const MatmulDesc& CudaOps::desc(cublasOperation_t ta, cublasOperation_t tb) cons
   return *d;
 }
 
-const Layout& CudaOps::layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld, int batch,
-                              int64_t stride) const {
-  const auto key = std::make_tuple(int(t), rows, cols, ld, batch, stride);
+const Layout& CudaOps::layout(cudaDataType t, int64_t rows, int64_t cols, int64_t ld) const {
+  const auto key = std::make_tuple(int(t), rows, cols, ld);
   auto it = layouts_.find(key);
   if (it != layouts_.end()) return *it->second;
-  return *layouts_
-              .emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld, batch,
-                                                     stride))
+  return *layouts_.emplace(key, std::make_unique<Layout>(t, uint64_t(rows), uint64_t(cols), ld))
               .first->second;
 }
 
@@ -69,31 +65,6 @@ void CudaOps::set_small_config(int config) const {
   small_config_ = config;
 }
 
-void CudaOps::set_k_splits(int splits) const {
-  DEG_CHECK(splits >= 0, "{} k slices", splits);
-  std::lock_guard lock(mu_);
-  k_splits_ = splits;
-}
-
-int CudaOps::k_splits(const LtGemm& g) const {
-  if (g.splits != 1 || !g.small_m_operands() || g.tb != CUBLAS_OP_N || g.bt != CUDA_R_16BF)
-    return 1;
-  auto fits = [&](int s) { return s >= 1 && g.k % (16 * int64_t(s)) == 0; };
-  if (k_splits_ > 0) return fits(k_splits_) ? k_splits_ : 1;
-  // Measurement switch (session 10's device call; not kept): DEG_GEMM_SPLITS=S on products of
-  // at most DEG_GEMM_SPLIT_M outputs (default 1024) with k / S >= 128.
-  static const int env_s = [] {
-    const char* v = std::getenv("DEG_GEMM_SPLITS");
-    return v ? std::atoi(v) : 1;
-  }();
-  static const int64_t env_m = [] {
-    const char* v = std::getenv("DEG_GEMM_SPLIT_M");
-    return v ? std::atoll(v) : int64_t(1024);
-  }();
-  if (env_s > 1 && g.m <= env_m && fits(env_s) && g.k / env_s >= 128) return env_s;
-  return 1;
-}
-
 const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const LtGemm& g, int align,
                                                  Pin pin, int* own) const {
   if (own) *own = kCublas;
@@ -106,7 +77,7 @@ const cublasLtMatmulAlgo_t& CudaOps::pinned_algo(const MatmulDesc& desc, const L
       if (!a) a = first_running(desc, g, align, 1, kProbeN);
       it = algos_.emplace(every, a).first;
     }
-    if (it->second && pin == Pin::every_n && g.splits == 1) {
+    if (it->second && pin == Pin::every_n) {
       auto t = tuned_.find(every);
       if (t == tuned_.end()) {
         // Inside a stream capture (a CUDA graph being recorded) nothing may synchronize or
@@ -406,14 +377,17 @@ std::optional<cublasLtMatmulAlgo_t> CudaOps::first_running(const MatmulDesc& des
 std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, const LtGemm& g,
                                                       int align, int64_t probe,
                                                       int64_t check) const {
-  const Layout la = g.a_layout(), lb = g.b_layout(probe), lc = g.d_layout(probe);
+  Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda),
+      lb(g.bt, uint64_t(g.b_rows(probe)), uint64_t(g.b_cols(probe)), g.ldb),
+      lc(CUDA_R_32F, uint64_t(g.m), uint64_t(probe), g.ldd);
   const PinnedPreference pref(uint32_t(std::min<int>(align, int(element_bytes(g.at)) * 8)),
                               uint32_t(align));
   cublasLtMatmulHeuristicResult_t results[8] = {};
   int found = 0;
   const cublasStatus_t s = cuda::cublaslt().MatmulAlgoGetHeuristic(
       blas_, desc.h, la.h, lb.h, lc.h, lc.h, pref.h, 8, results, &found);
-  const Layout lb1 = g.b_layout(check), lc1 = g.d_layout(check);
+  Layout lb1(g.bt, uint64_t(g.b_rows(check)), uint64_t(g.b_cols(check)), g.ldb),
+      lc1(CUDA_R_32F, uint64_t(g.m), uint64_t(check), g.ldd);
   std::vector<cublasLtMatmulAlgo_t> out;
   for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS; ++i) {
     // At the probe's own n the heuristic's answer stands without AlgoCheck (which, on an H200,

@@ -565,10 +565,6 @@ cudaError_t launch_softcap_loss(const SoftcapLossLaunch& a, cudaStream_t stream)
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,
                            cudaStream_t stream);
 cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream);
-// A k-split product's end (CudaOps::run_split_gemm): y [rows, n] at ldy = (((y if accumulate) +
-// p0) + p1) + ... over the `splits` partials [rows, n], contiguous and rows * n apart.
-cudaError_t launch_sum_splits(const float* partials, int splits, int64_t rows, int64_t n, float* y,
-                              int64_t ldy, bool accumulate, cudaStream_t stream);
 
 // ---- gemm_small.cu: y [m, n] (= or +=) x [m, k] w [n, k]^T, bf16 operands, f32 y, m <= 64 ----
 // Each output summed as cuBLASLt's pinned bf16 kernels sum it (k ascending in mma.sync k16

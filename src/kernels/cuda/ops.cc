@@ -625,12 +625,6 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
                "matmul");
     return;
   }
-  if (pin == Pin::every_n) {
-    if (const int splits = k_splits(g); splits > 1) {
-      run_split_gemm(g, splits, A, B, D, accumulate, align);
-      return;
-    }
-  }
   int own = kCublas;
   const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, g, align, pin, &own);
   if (small_config_ >= 0 && g.small_m_operands()) own = small_config_;
@@ -652,36 +646,6 @@ void CudaOps::run_gemm(const LtGemm& g, const void* A, const void* B, float* D, 
   check_blas(cuda::cublaslt().Matmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D,
                                      lc.h, &algo, nullptr, 0, stream_),
              "matmul");
-}
-
-void CudaOps::run_split_gemm(const LtGemm& g, int splits, const void* A, const void* B, float* D,
-                             bool accumulate, int align) const {
-  const MatmulDesc& desc = this->desc(g.ta, g.tb);
-  LtGemm part = g;  // one slice's k, the partials compact
-  part.splits = splits;
-  part.k = g.k / splits;
-  part.ldd = g.m;
-  const int64_t per_column = int64_t(splits) * g.m;
-  const int64_t chunk = std::clamp<int64_t>((int64_t(64) << 20) / 4 / per_column, 1, g.n);
-  float* partials = static_cast<float*>(scratch(10, size_t(per_column * chunk) * sizeof(float)));
-  align =
-      std::min(align, alignment_of({uint64_t(g.m) * 4, uint64_t(part.k) * element_bytes(g.at)}));
-  const float alpha = 1.0f, beta = 0.0f;
-  for (int64_t j0 = 0; j0 < g.n; j0 += chunk) {
-    part.n = std::min(chunk, g.n - j0);
-    const cublasLtMatmulAlgo_t& algo = pinned_algo(desc, part, align, Pin::every_n);
-    const Layout &la = layout(g.at, part.a_rows(), part.a_cols(), g.lda, splits, part.k),
-                 &lb =
-                     layout(g.bt, part.b_rows(part.n), part.b_cols(part.n), g.ldb, splits, part.k),
-                 &lc = layout(CUDA_R_32F, g.m, part.n, g.m, splits, g.m * part.n);
-    const void* b = static_cast<const char*>(B) + size_t(j0 * g.ldb) * element_bytes(g.bt);
-    check_blas(cuda::cublaslt().Matmul(blas_, desc.h, &alpha, A, la.h, b, lb.h, &beta, partials,
-                                       lc.h, partials, lc.h, &algo, nullptr, 0, stream_),
-               "matmul (k slices)");
-    check(cuda::launch_sum_splits(partials, splits, part.n, g.m, D + j0 * g.ldd, g.ldd, accumulate,
-                                  stream_),
-          "sum of k slices");
-  }
 }
 
 }  // namespace cuda_backend
@@ -787,10 +751,6 @@ void cuda_gemm_heuristic(bool on) {
 
 void cuda_gemm_small_config(int config) {
   static_cast<const CudaOps&>(profiled().inner()).set_small_config(config);
-}
-
-void cuda_gemm_k_splits(int splits) {
-  static_cast<const CudaOps&>(profiled().inner()).set_k_splits(splits);
 }
 
 }  // namespace deg
