@@ -5,8 +5,11 @@
 // of our configurations (and the forms under evaluation below, not yet in the build): the time
 // per call of 30 calls back to back, each reading a different copy
 // of the weight (128 MB of copies or more, so the weight comes from memory as in a decode step),
-// and the results that differ from cuBLASLt's, written (beta 0) and accumulated (beta 1). Not
-// part of the build; on the GPU machine:
+// and the results that differ from cuBLASLt's, written (beta 0) and accumulated (beta 1). The
+// ratios are against that pinned algorithm; the backend runs what CudaOps::tune picks per class
+// of n among the algorithms with its bits, 1.5-2.6x faster at 64 rows (docs/cuda.md, session 12):
+// beat tune's times (deg --log-level debug bench prints them), not these. Not part of the build;
+// on the GPU machine:
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -I src \
 //     bench/small_gemm_probe.cu -lcublasLt -o /tmp/small_gemm_probe && /tmp/small_gemm_probe
 #include <cublasLt.h>
