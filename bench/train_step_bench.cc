@@ -7,7 +7,7 @@
 // copies. Each figure the median of `--repeats` steps after a warm-up. Not a test.
 //
 // usage: train_step_bench [--device cpu|cuda] [--config tiny|small|...] [--tokens T]
-//                         [--max-seq-len L] [--vocab V] [--repeats N]
+//                         [--max-seq-len L] [--vocab V] [--repeats N] [--precision f32|bf16]
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -43,6 +43,7 @@ double median(std::vector<double> v) {
 struct Options {
   std::string device = "cuda";
   std::string config = "tiny";
+  std::string precision = "f32";
   int64_t tokens = 4096, max_seq_len = 512, vocab = 8192;
   int repeats = 5;
 };
@@ -57,6 +58,8 @@ Options parse(int argc, char** argv) {
       o.device = v;
     } else if (a == "--config") {
       o.config = v;
+    } else if (a == "--precision") {
+      o.precision = v;
     } else if (a == "--tokens") {
       o.tokens = std::stoll(v);
     } else if (a == "--max-seq-len") {
@@ -101,11 +104,12 @@ int run(const Options& o) {
                                  .window_short = config.window_short,
                                  .window_long = config.window_long,
                                  .device = device,
-                                 .resident = &resident};
+                                 .resident = &resident,
+                                 .precision = train::train_precision(o.precision)};
   fmt::print(
       "train_step_bench: {} preset ({} parameters, vocab {}), {} tokens a step ({} a "
-      "document), {}\n",
-      o.config, config.parameter_count(), o.vocab, o.tokens, o.max_seq_len,
+      "document), {} products, {}\n",
+      o.config, config.parameter_count(), o.vocab, o.tokens, o.max_seq_len, o.precision,
       device == Device::cuda ? cuda_devices().at(0).name : std::string("the CPU"));
   train::GptActs work;
   std::vector<double> fwd, loss, bwd, step_ms, total;

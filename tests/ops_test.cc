@@ -1539,6 +1539,15 @@ const std::vector<OpCase>& op_cases() {
     c.push_back(gemm_case("gemm_stacked_f32_two_groups",
                           {{DType::f32, 32, false}, {DType::f32, 16, true}, {DType::f32, 8, true}},
                           GemmPrecision::exact, dot, true));
+    // bf16_all (the bf16 training path): f32 weights rounded too, alone, beside a bf16 one, and
+    // stacked (CUDA rounds each group's weight rows once).
+    c.push_back(
+        gemm_case("gemm_f32_bf16_all", {{DType::f32, 37, false}}, GemmPrecision::bf16_all, dot));
+    c.push_back(gemm_case("gemm_mixed_bf16_all", {{DType::f32, 16, true}, {DType::bf16, 24, false}},
+                          GemmPrecision::bf16_all, dot));
+    c.push_back(gemm_case("gemm_stacked_f32_bf16_all",
+                          {{DType::f32, 32, false}, {DType::f32, 16, false}, {DType::f32, 8, true}},
+                          GemmPrecision::bf16_all, dot, true));
 
     // One f32 sum of squares per vector, then elementwise products (cpu: 1.6e-7, 5e-15).
     const Tolerance norm{1e-6, 1e-13};

@@ -65,6 +65,8 @@ struct FineTuneOptions {
   // cpu, cuda or auto (as EngineOptions::device): where a gpt trunk that trains runs (heads and
   // their losses run on the CPU).
   std::string device = "auto";
+  // The gpt trunk's matrix products (as PretrainOptions::precision): f32 or bf16.
+  std::string precision = "f32";
   double cooldown = 0.3;   // the share of steps at the end over which the rates decay to zero
   float clip = 1.0f;       // global gradient norm (0: none)
   int64_t eval_every = 0;  // 0: only at the end
@@ -173,6 +175,11 @@ struct PretrainOptions {
   // auto takes a GPU when one is visible (on an H200 a step runs 6-12x faster than on 16 CPU
   // cores: docs/training.md, "The trainer on the GPU").
   std::string device = "auto";
+  // f32: every product in f32 (what the PyTorch gradient fixture checks). bf16: the layers' and
+  // the loss's matrix products, forward and backward, round their operands to bf16 and sum in
+  // f32 (tensor cores on a GPU); the attention, parameters, gradients and optimizer state stay
+  // as in f32 (docs/training.md, "The bf16 path").
+  std::string precision = "f32";
 };
 
 struct PretrainProgress {

@@ -36,6 +36,12 @@ void add_pretrain_command(CLI::App& app) {
                   "cpu, cuda or auto (a GPU when one is visible). The parameters, gradients "
                   "and optimizer state stay on the device for the whole run")
       ->capture_default_str();
+  cmd->add_option("--precision", o->precision,
+                  "f32 (every product in f32), or bf16: the layers' and the loss's matrix "
+                  "products round their operands to bf16 and sum in f32 (tensor cores on a GPU); "
+                  "weights, gradients and optimizer state stay f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_option("--batch-tokens", o->batch_tokens, "Tokens per step")->capture_default_str();
   cmd->add_option("--micro-batches", o->micro_batches,
                   "Read each step's batch as this many micro-batches and average their "

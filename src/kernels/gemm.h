@@ -17,11 +17,18 @@
 namespace deg {
 
 enum class GemmPrecision : uint8_t {
-  exact,  // x stays f32; bf16 weights are widened exactly (shift) and multiplied in f32
-  bf16,   // with bf16 weights: x rounded to bf16 once, then bf16 dot products with f32
-          // accumulation (AVX512_BF16 vdpbf16ps where the CPU has it, f32 FMAs over the rounded
-          // values elsewhere). f32 weights ignore this and run exact.
+  exact,     // x stays f32; bf16 weights are widened exactly (shift) and multiplied in f32
+  bf16,      // with bf16 weights: x rounded to bf16 once, then bf16 dot products with f32
+             // accumulation (AVX512_BF16 vdpbf16ps where the CPU has it, f32 FMAs over the rounded
+             // values elsewhere). f32 weights ignore this and run exact.
+  bf16_all,  // x and every weight rounded to bf16 (f32 weights too), then as bf16: the bf16
+             // training path (GptStepOptions::precision), whose master weights stay f32.
 };
+
+// The products round their operands to bf16: bf16 over bf16 weights, or bf16_all.
+inline bool rounds_to_bf16(GemmPrecision p, DType weight) {
+  return p == GemmPrecision::bf16_all || (p == GemmPrecision::bf16 && weight == DType::bf16);
+}
 
 enum class GemmIsa : uint8_t { scalar, avx2, avx512, avx512bf16 };
 

@@ -533,7 +533,8 @@ struct ProjectionArgs {
 
 // c[M, N] (+)= op(a) op(b) in f32: op(a) is a [M, K] at row stride lda, or with ta the
 // transpose of a [K, M]; op(b) is b [K, N] at ldb, or with tb the transpose of b [N, K]. Each
-// element sums its K products in one order fixed by the shape.
+// element sums its K products in one order fixed by the shape. precision bf16_all: a and b
+// rounded to bf16 first (the products then exact), f32 accumulation; other values: f32.
 struct MatmulOpArgs {
   const float* a = nullptr;
   int64_t lda = 0;
@@ -545,6 +546,7 @@ struct MatmulOpArgs {
   int64_t ldc = 0;
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;
+  GemmPrecision precision = GemmPrecision::exact;
 };
 
 // The backward of the unit-weight rms_norm (NormArgs with w null or ones, no gate): dx +=
@@ -725,9 +727,9 @@ constexpr int kMaxMtpWeights = 8;
 // Rows go in chunks of R (each chunk's [R, V] logits the only ones that exist: at most 64 MiB
 // of f32), chunk by chunk from row 0. loss[t] depends on row t's inputs only (batch invariant);
 // dxn rows likewise; dw sums the chunks' products in chunk order, so it is deterministic for a
-// given T. bf16 (with a bf16 W): a backend may round the products' operands (xn, W, dz) to bf16
-// with f32 accumulation, as GemmPrecision::bf16; the CPU computes in f32 either way (a bf16 W
-// widened exactly).
+// given T. bf16: a backend may round the products' operands (xn, W — an f32 W too — and dz) to
+// bf16 with f32 accumulation, as GemmPrecision::bf16 / bf16_all; the CPU computes in f32 either
+// way (a bf16 W widened exactly).
 struct SoftcapCrossEntropyArgs {
   const float* xn = nullptr;  // [T, C] at row stride ldx
   int64_t ldx = 0;

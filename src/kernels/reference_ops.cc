@@ -54,23 +54,22 @@ class ReferenceOps final : public Ops {
     return Tensor::zeros(shape, dtype);
   }
 
-  // y[m, n] (+)= Σ_k x[m, k] W[n, k]; with bf16 precision and a bf16 weight, x is rounded to
-  // bf16 first (the products are then exact in double, as in a bf16 dot product).
+  // y[m, n] (+)= Σ_k x[m, k] W[n, k]; with bf16 precision and a bf16 weight (bf16_all: any
+  // weight, rounded too), x is rounded to bf16 first (the products are then exact in double,
+  // as in a bf16 dot product).
   void gemm(const GemmArgs& a) const override {
     if (a.xb) return gemm_via_f32(a, [&](const GemmArgs& f) { gemm(f); });
     for (const GemmOutput& o : a.outputs) {
       const Tensor& w = *o.w;
       DEG_CHECK(w.rank() == 2 && w.dim(1) == a.k && w.is_contiguous(),
                 "reference gemm: weight {} does not match K {}", w.describe(), a.k);
-      const bool round_x = a.precision == GemmPrecision::bf16 && w.dtype() == DType::bf16;
+      const bool round = rounds_to_bf16(a.precision, w.dtype());
+      auto r = [&](float v) { return round ? double(bf16_to_f32(f32_to_bf16(v))) : double(v); };
       for (int64_t m = 0; m < a.m; ++m) {
         const float* x = a.x + m * a.ldx;
         for (int64_t n = 0; n < w.dim(0); ++n) {
           double acc = 0;
-          for (int64_t k = 0; k < a.k; ++k) {
-            const double xv = round_x ? double(bf16_to_f32(f32_to_bf16(x[k]))) : double(x[k]);
-            acc += xv * table_at(w, n * a.k + k);
-          }
+          for (int64_t k = 0; k < a.k; ++k) acc += r(x[k]) * r(float(table_at(w, n * a.k + k)));
           float* y = o.y + m * o.ldy + n;
           *y = float(o.accumulate ? double(*y) + acc : acc);
         }

@@ -636,7 +636,7 @@ std::vector<float*> GptNet::train_forward(const Exec& x, std::span<const GptTrai
                               .prefix_stride = p.own_stride});
         }
       }
-      const LayerCall lc{.h = ct.h, .rows = call.rows, .precision = GemmPrecision::exact};
+      const LayerCall lc{.h = ct.h, .rows = call.rows, .precision = call.precision};
       run_layer(x, i, lc, &ct.layers[size_t(i)], call.segment,
                 prefixes.empty() ? nullptr : prefixes.data());
     }

@@ -52,6 +52,10 @@ struct GptTrainCall {
   const int32_t* segment = nullptr;  // [B L] or null
   std::vector<int> prefix_calls;     // [B], or empty: rows without a prefix
   std::vector<int64_t> prefix_rows;  // [B] with prefix_calls
+  // exact: f32 products. bf16_all (the bf16 training path): every matrix product of the layers,
+  // forward and backward, rounds its operands to bf16 and accumulates in f32. The calls of one
+  // pass share it.
+  GemmPrecision precision = GemmPrecision::exact;
 };
 
 // What a training forward keeps for its backward (memory of the forward's arena).

@@ -19,8 +19,11 @@ namespace deg::gpt_detail {
 // Training helpers over ops, bound to a pass.
 class GradOps {
  public:
-  GradOps(const GptNet& net, const Exec& x, const GptGrads& grads)
-      : n_(net), x_(x), grads_(grads) {}
+  // precision: the forward's products' (GptTrainCall::precision), which their backward's take.
+  GradOps(const GptNet& net, const Exec& x, const GptGrads& grads, GemmPrecision precision)
+      : n_(net), x_(x), grads_(grads), precision_(precision) {}
+
+  GemmPrecision precision() const { return precision_; }
 
   float* grad(const std::string& name) const {
     auto it = grads_.find(name);
@@ -53,9 +56,9 @@ class GradOps {
     x_.ops.column_sum({.x = partial, .ldx = 1, .rows = rows, .n = 1, .s = s, .out = slot});
   }
 
-  // y = in W^T (W [O, K] f32): din (+)= dy W (ldd), dw += dy^T in.
+  // y = in W^T (W [O, K] f32) at `precision`: din (+)= dy W (ldd), dw += dy^T in.
   void linear(const float* in, int64_t ldi, int64_t N, const Tensor& w, const float* dy,
-              int64_t ldy, float* din, int64_t ldd, float* dw) const {
+              int64_t ldy, float* din, int64_t ldd, float* dw, GemmPrecision precision) const {
     const int64_t O = w.dim(0), K = w.dim(1);
     if (din)
       x_.ops.matmul({.a = dy,
@@ -67,7 +70,8 @@ class GradOps {
                      .m = N,
                      .n = K,
                      .k = O,
-                     .accumulate = true});
+                     .accumulate = true,
+                     .precision = precision});
     if (dw)
       x_.ops.matmul({.a = dy,
                      .lda = ldy,
@@ -79,7 +83,8 @@ class GradOps {
                      .m = O,
                      .n = K,
                      .k = N,
-                     .accumulate = true});
+                     .accumulate = true,
+                     .precision = precision});
   }
 
   // y (ld S) += x over rows x n: a gradient handed from a lane back to its source.
@@ -148,7 +153,7 @@ class GradOps {
   // null; dx (lddx) +=.
   void head(const HeadWeights& w, const HeadTape& t, const float* in, int64_t ldi, int64_t N,
             const float* dout, int64_t ldo, const float* ddeltas, float* dx, int64_t lddx,
-            const HeadGrads& g) const {
+            const HeadGrads& g, GemmPrecision precision) const {
     const int64_t M = w.w1.dim(0), n = w.w2.dim(0);
     float* du = x_.arena.floats(N * n);
     x_.ops.bias_scale({.x = dout, .ldx = ldo, .y = du, .ldy = n, .rows = N, .n = n, .s = w.scale});
@@ -160,13 +165,13 @@ class GradOps {
     }
     x_.ops.column_sum({.x = du, .ldx = n, .rows = N, .n = n, .out = g.b2});
     float* dact = zeros(N * M);
-    linear(t.act, M, N, w.w2, du, n, dact, M, g.w2);
+    linear(t.act, M, N, w.w2, du, n, dact, M, g.w2, precision);
     if (ddeltas) {
       const int64_t nd = w.w2g.dim(0);
       float* dd = x_.arena.floats(N * nd);
       x_.ops.bias_scale(
           {.x = ddeltas, .ldx = nd, .y = dd, .ldy = nd, .rows = N, .n = nd, .s = w.scale});
-      linear(t.act, M, N, w.w2g, dd, nd, dact, M, g.w2g);
+      linear(t.act, M, N, w.w2g, dd, nd, dact, M, g.w2g, precision);
     }
     x_.ops.activation_backward({.x = t.pre,
                                 .ldx = M,
@@ -178,7 +183,7 @@ class GradOps {
                                 .n = M,
                                 .act = Activation::gelu_erf,
                                 .accumulate = false});
-    linear(in, ldi, N, w.w1, dact, M, dx, lddx, g.w1);
+    linear(in, ldi, N, w.w1, dact, M, dx, lddx, g.w1, precision);
   }
 
   // The backward of one MLP run (relu(xn fc^T)^2 proj): dxn += from dmo [N, C].
@@ -188,7 +193,7 @@ class GradOps {
     const int64_t C = n_.cfg_.model_dim, F = n_.cfg_.mlp_hidden;
     // out = act proj_t^T with proj_t [C, F]; the checkpoint's proj is [F, C]: dproj = act^T dmo.
     float* dact = zeros(N * F);
-    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr);
+    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr, precision_);
     x_.ops.matmul({.a = act,
                    .lda = F,
                    .ta = true,
@@ -199,7 +204,8 @@ class GradOps {
                    .m = F,
                    .n = C,
                    .k = N,
-                   .accumulate = true});
+                   .accumulate = true,
+                   .precision = precision_});
     x_.ops.activation_backward({.x = pre,
                                 .ldx = F,
                                 .dy = dact,
@@ -210,7 +216,7 @@ class GradOps {
                                 .n = F,
                                 .act = Activation::relu_squared,
                                 .accumulate = false});
-    linear(xn, C, N, fc, dact, F, dxn, C, dfc);
+    linear(xn, C, N, fc, dact, F, dxn, C, dfc, precision_);
   }
 
   // The backward of a value-embedding lookup of plane `plane` by the id lane: dtable +=.
@@ -228,6 +234,7 @@ class GradOps {
   const GptNet& n_;
   const Exec& x_;
   const GptGrads& grads_;
+  GemmPrecision precision_;
 };
 
 void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInputs& in,
@@ -240,7 +247,7 @@ void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInput
   const int64_t ldp = 2 * H * dq;
   // out = y W_o^T
   float* dy = go.zeros(N * H * dv);
-  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w);
+  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w, go.precision());
   if (in.gate >= 0) {  // y_h *= gate_h
     const float* before = t.y_xsa ? t.y_xsa : t.y_att;
     const CombineTerm gt[] = {{.lane = c.h + in.gate, .ldl = S, .gl = 1}};
@@ -316,13 +323,17 @@ void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInput
                            .eps = in.eps});
   go.add_dot(dqs, ldp, t.pqk, ldp, N, ldp, g.dsa0, 1.0f);
   x.ops.scale({.y = dqs, .ldy = ldp, .rows = N, .n = ldp, .s = in.sa0});
-  go.linear(in.xn, C, N, a.qk, dqs, ldp, g.dxn, C, g.dqk);
-  go.linear(in.xn, C, N, a.v, dpv, H * dv, g.dxn, C, g.dv);
+  go.linear(in.xn, C, N, a.qk, dqs, ldp, g.dxn, C, g.dqk, go.precision());
+  go.linear(in.xn, C, N, a.v, dpv, H * dv, g.dxn, C, g.dv, go.precision());
 }
 
 void GptNet::train_backward(const Exec& x, const GptTape& tape,
                             std::span<const float* const> dfinal, const GptGrads& grads) const {
-  const GradOps go(*this, x, grads);
+  const GemmPrecision precision =
+      tape.calls.empty() ? GemmPrecision::exact : tape.calls.front().call.precision;
+  for (const CallTape& ct : tape.calls)
+    DEG_CHECK(ct.call.precision == precision, "gpt training: calls of one pass at two precisions");
+  const GradOps go(*this, x, grads, precision);
   const GptConfig& cfg = cfg_;
   const int64_t S = lanes_.width, C = cfg.model_dim, H = cfg.num_heads;
   const int L = cfg.num_layers;
@@ -371,7 +382,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
       const int64_t N = call.rows.n();
       float* d = dh[kk];
       const float* h = ct.h;
-      const LayerCall lc{.h = ct.h, .rows = call.rows, .precision = GemmPrecision::exact};
+      const LayerCall lc{.h = ct.h, .rows = call.rows, .precision = call.precision};
       auto attn_backward = [&](const float* xn, const float* aux, const float* dout, float* dxn,
                                float* daux) {
         AttnInputs in = attn_inputs(i, lc, xn, aux);
@@ -449,7 +460,8 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
                       .n = 1,
                       .k = G,
                       .accumulate = true});
-        go.head(mudd_[1], lt.post, lt.post.x, lt.post.ldx, N, dcoef, nm, ddeltas, d, S, go.mudd(1));
+        go.head(mudd_[1], lt.post, lt.post.x, lt.post.ldx, N, dcoef, nm, ddeltas, d, S, go.mudd(1),
+                go.precision());
         // The MLP with mu12 / mu13: x = mu12 x_attn + mu13 mlp(norm(x_attn)).
         {
           const MlpTape& m = lt.mlp;
@@ -526,7 +538,8 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
           go.ve_rows(cfg.value_embed_index(i), h, N, dve);
         }
         go.norm(h + late, S, d_late_xn, C, d + late, S, N);
-        go.head(mudd_[0], lt.mudd, lt.x_in, C, N, dmu, nm, nullptr, d, S, go.mudd(0));
+        go.head(mudd_[0], lt.mudd, lt.x_in, C, N, dmu, nm, nullptr, d, S, go.mudd(0),
+                go.precision());
       } else {
         if (lanes_.cache[size_t(i)] >= 0 && i > 0)  // the layer's output was saved
           go.add_rows(d + lanes_.cache[size_t(i)], S, d, S, N, C);
@@ -658,7 +671,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
       }
       if (i == cfg.post_gate_layer)
         go.head(gate_[1], lt.post_gate, lt.x_in, C, N, d + lanes_.gate[1], S, nullptr, d, S,
-                go.gate(1));
+                go.gate(1), go.precision());
     }
   }
 
@@ -677,7 +690,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
     }
     go.add_rows(d, S, d + lanes_.x0, S, N, C);
     go.head(gate_[0], ct.pre_gate, h + lanes_.x0, S, N, d + lanes_.gate[0], S, nullptr,
-            d + lanes_.x0, S, go.gate(0));
+            d + lanes_.x0, S, go.gate(0), GemmPrecision::exact);  // as its forward
     x.ops.ngram_embed_backward({.forward = {.rows = call.rows,
                                             .ids = call.ids,
                                             .prev1 = ct.prev1,

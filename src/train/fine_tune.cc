@@ -429,7 +429,8 @@ class Trainer {
     return {.window_short = params_->config().window_short,
             .window_long = params_->config().window_long,
             .device = device_,
-            .resident = &*resident_};
+            .resident = &*resident_,
+            .precision = train_precision(o_.precision)};
   }
 
   // The next examples of the shuffled stream (each epoch its own order) under the token budget.
@@ -607,6 +608,7 @@ FineTuneResult fine_tune_ranked(const FineTuneOptions& o, const Comm& comm,
     schema::plan_compile(schema::schema_load(t.schema.string()));
   }
   const Device device = pick_device(o.device);
+  train_precision(o.precision);  // an unknown name stops here, before any work
   if (o.profile_step > 0 && device != Device::cuda)
     throw Error(ErrorKind::invalid_argument, kProfileNeeds);
   if (lead) prepare_out(o);

@@ -303,6 +303,7 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   SoftcapCrossEntropyArgs args = softcap_op_args(loss_of(c, o), xn, &pass.model->lm_head(),
                                                  ids_on(b.targets), ids_on(b.prefix), T, C);
   args.loss = rows;
+  args.bf16 = o.precision == GemmPrecision::bf16_all;
   args.dxn = dfinal ? dxn.mutable_data<float>() : nullptr;
   args.dw = dlm_on_backend ? dlm : dlm ? dw.mutable_data<float>() : nullptr;
   ops.softcap_cross_entropy(args);
@@ -320,6 +321,13 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
 }
 
 }  // namespace
+
+GemmPrecision train_precision(const std::string& name) {
+  if (name == "f32") return GemmPrecision::exact;
+  if (name == "bf16") return GemmPrecision::bf16_all;
+  throw Error(ErrorKind::invalid_argument,
+              fmt::format("precision \"{}\": expected f32 or bf16", name));
+}
 
 void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs& a) {
   const GptConfig& c = p.config();
@@ -339,6 +347,7 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
   lay_out(b, o.call_tokens, pass);
   const Exec x{pass.ops, pass.arena};
   std::vector<GptTrainCall> calls = pass.calls;
+  for (GptTrainCall& c : calls) c.precision = o.precision;
   if (o.device != Device::cpu) {  // the calls' id tables where the GPU reads them
     auto upload = [&](const int32_t* host, int64_t n) -> const int32_t* {
       if (!host) return nullptr;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "train/gpt_params.h"
@@ -72,7 +73,15 @@ struct GptStepOptions {
   // padded tokens (rows x longest) plus this many (its launches); the split minimises the sum.
   // 0: a call per length.
   int64_t call_tokens = 512;
+  // exact: f32 products throughout (what the PyTorch fixture checks). bf16_all: the layers' and
+  // the loss's matrix products round their operands to bf16 with f32 accumulation (tensor cores
+  // on a GPU); parameters, gradients and optimizer state stay f32 (GptTrainCall::precision).
+  GemmPrecision precision = GemmPrecision::exact;
 };
+
+// "f32" -> exact, "bf16" -> bf16_all (PretrainOptions::precision); throws invalid_argument
+// otherwise.
+GemmPrecision train_precision(const std::string& name);
 
 // A forward kept for its backward: the model over the parameters, the pass's memory and tape.
 // Reusing one GptActs for every step reuses its memory.

@@ -49,7 +49,8 @@ double validate(const GptParams& p, GptResident& resident, const PretrainOptions
                           .window_short = p.config().window_short,
                           .window_long = p.config().window_long,
                           .device = resident.ops->device(),
-                          .resident = &resident};
+                          .resident = &resident,
+                          .precision = train_precision(o.precision)};
   const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
   double sum = 0;
   int64_t n = 0;
@@ -165,6 +166,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   // The parameters, gradients and optimizer state live on the training device for the whole run
   // (host memory on the CPU); checkpoints download them.
   const Device device = pick_device(o.device);
+  const GemmPrecision precision = train_precision(o.precision);
   const Ops& ops = ops_for(device);
   GptOptimizer opt(params, {}, ops);
   ShardLoader loader(train_files, info.bos_id);
@@ -207,7 +209,8 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
                             .window_short = params.config().window_short,
                             .window_long = params.config().window_long,
                             .device = device,
-                            .resident = &resident};
+                            .resident = &resident,
+                            .precision = precision};
     // Every rank reads every micro-batch (the loaders stay in step) and trains on its own.
     double loss = 0;
     for (int64_t m = 0; m < micro; ++m) {

@@ -74,6 +74,24 @@ void matmul_range(const MatmulOpArgs& a, int64_t i0, int64_t i1) {
   }
 }
 
+MatmulOpArgs rounded_operands(const MatmulOpArgs& a, std::vector<float>& ra,
+                              std::vector<float>& rb) {
+  if (a.precision != GemmPrecision::bf16_all) return a;
+  auto round = [](const float* x, int64_t ld, int64_t rows, int64_t cols, std::vector<float>& r) {
+    r.resize(size_t(rows * cols));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        r[size_t(i * cols + j)] = bf16_to_f32(f32_to_bf16(x[i * ld + j]));
+  };
+  MatmulOpArgs f = a;
+  round(a.a, a.lda, a.ta ? a.k : a.m, a.ta ? a.m : a.k, ra);
+  round(a.b, a.ldb, a.tb ? a.n : a.k, a.tb ? a.k : a.n, rb);
+  f.a = ra.data(), f.lda = a.ta ? a.m : a.k;
+  f.b = rb.data(), f.ldb = a.tb ? a.k : a.n;
+  f.precision = GemmPrecision::exact;
+  return f;
+}
+
 void rms_norm_backward_range(const NormBackwardArgs& a, int64_t v0, int64_t v1) {
   const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hd = a.hdx ? a.hdx : a.dim;
   for (int64_t v = v0; v < v1; ++v) {

@@ -10,7 +10,11 @@
 
 namespace deg {
 
-void matmul_range(const MatmulOpArgs& a, int64_t i0, int64_t i1);                 // rows of c
+void matmul_range(const MatmulOpArgs& a, int64_t i0, int64_t i1);  // rows of c
+// With bf16_all precision: a and b rounded into ra and rb (packed) and the args over them at
+// exact precision; otherwise a as it is.
+MatmulOpArgs rounded_operands(const MatmulOpArgs& a, std::vector<float>& ra,
+                              std::vector<float>& rb);
 void rms_norm_backward_range(const NormBackwardArgs& a, int64_t v0, int64_t v1);  // vectors
 void activation_backward_range(const ActivationBackwardArgs& a, int64_t r0, int64_t r1);
 void column_sum_range(const ColumnSumArgs& a, int64_t j0, int64_t j1);  // columns

@@ -82,14 +82,15 @@ void gemm_reference(const GemmArgs& a) {
   check_args(a);
   for (const GemmOutput& o : a.outputs) {
     const Tensor& w = *o.w;
-    const bool round_x = a.precision == GemmPrecision::bf16 && w.dtype() == DType::bf16;
+    const bool round = rounds_to_bf16(a.precision, w.dtype());
     for (int64_t m = 0; m < a.m; ++m) {
       const float* x = a.x + m * a.ldx;
       for (int64_t n = 0; n < w.dim(0); ++n) {
         float acc = 0;
         for (int64_t k = 0; k < a.k; ++k) {
-          float xv = round_x ? bf16_to_f32(f32_to_bf16(x[k])) : x[k];
-          acc += xv * weight_at(w, n * a.k + k);
+          const float wv = weight_at(w, n * a.k + k);
+          acc += (round ? bf16_to_f32(f32_to_bf16(x[k])) : x[k]) *
+                 (round ? bf16_to_f32(f32_to_bf16(wv)) : wv);
         }
         float* y = o.y + m * o.ldy + n;
         *y = o.accumulate ? *y + acc : acc;
@@ -101,6 +102,18 @@ void gemm_reference(const GemmArgs& a) {
 void gemm(const GemmArgs& a) {
   check_args(a);
   if (a.m == 0 || a.outputs.empty()) return;
+  if (a.precision == GemmPrecision::bf16_all) {  // the f32 weights rounded, then as bf16
+    std::vector<Tensor> rounded;
+    rounded.reserve(a.outputs.size());
+    std::vector<GemmOutput> outs(a.outputs.begin(), a.outputs.end());
+    for (GemmOutput& o : outs)
+      if (o.w->dtype() == DType::f32) o.w = &rounded.emplace_back(o.w->to(DType::bf16));
+    GemmArgs b = a;
+    b.outputs = outs;
+    b.precision = GemmPrecision::bf16;
+    gemm(b);
+    return;
+  }
   const GemmIsa isa = gemm_isa();
   if (isa == GemmIsa::scalar) {
     gemm_reference(a);

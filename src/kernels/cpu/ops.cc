@@ -555,8 +555,10 @@ class CpuOps final : public Ops {
   // ---- training (kernels/cpu/backward.cc) ----
 
   void matmul(const MatmulOpArgs& a) const override {
+    std::vector<float> ra, rb;
+    const MatmulOpArgs f = rounded_operands(a, ra, rb);
     parallel_for(
-        a.m, [&](int64_t b, int64_t e) { matmul_range(a, b, e); }, 1);
+        a.m, [&](int64_t b, int64_t e) { matmul_range(f, b, e); }, 1);
   }
 
   void rms_norm_backward(const NormBackwardArgs& a) const override {

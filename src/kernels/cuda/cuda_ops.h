@@ -418,8 +418,9 @@ class CudaOps final : public Ops {
   mutable std::map<GemmKey, std::optional<cublasLtMatmulAlgo_t>> algos_;  // none: no such one
   mutable std::map<GemmKey, Tuned> tuned_;                                // Pin::every_n
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
-  // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work.
-  mutable std::array<Scratch, 10> scratch_;
+  // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work; matmul's
+  // operands in bf16.
+  mutable std::array<Scratch, 12> scratch_;
   mutable bool heuristic_ = false;
   mutable int small_config_ = -1;
   mutable std::map<GemmKey, Heuristic> heuristics_;

@@ -60,10 +60,10 @@ void CudaOps::gemm(const GemmArgs& a) const {
   // bf16 dot products: x rounded to bf16 once for every output (or by the op that wrote it).
   const void* xb = a.xb;
   if (a.xb) check_bf16_rows(a);
-  bool any_bf16 = false;
-  for (const GemmOutput& o : a.outputs) any_bf16 |= o.w->dtype() == DType::bf16;
+  bool round_x = false;
+  for (const GemmOutput& o : a.outputs) round_x |= rounds_to_bf16(a.precision, o.w->dtype());
   const int64_t ldxb = a.xb ? a.ldx : a.k;
-  if (!a.xb && any_bf16 && a.precision == GemmPrecision::bf16) {
+  if (!a.xb && round_x) {
     void* buf = scratch(0, size_t(a.m * a.k) * 2);
     check(cuda::launch_to_bf16(a.x, a.ldx, a.m, a.k, buf, stream_), "to bf16");
     xb = buf;
@@ -99,7 +99,12 @@ void CudaOps::gemm(const GemmArgs& a) const {
 
 void CudaOps::gemm_one(const GemmArgs& a, const std::byte* w, DType dt, int64_t N, const void* xb,
                        int64_t ldxb, const GemmOutput& o) const {
-  if (dt == DType::f32) {
+  if (dt == DType::f32 && a.precision == GemmPrecision::bf16_all) {  // W rounded, then bf16
+    void* wb = scratch(1, size_t(N * a.k) * 2);
+    check(cuda::launch_to_bf16(reinterpret_cast<const float*>(w), a.k, N, a.k, wb, stream_),
+          "to bf16");
+    matmul(wb, CUDA_R_16BF, N, xb, CUDA_R_16BF, ldxb, a.m, a.k, o);
+  } else if (dt == DType::f32) {
     matmul(w, CUDA_R_32F, N, a.x, CUDA_R_32F, a.ldx, a.m, a.k, o);
   } else if (xb) {
     matmul(w, CUDA_R_16BF, N, xb, CUDA_R_16BF, ldxb, a.m, a.k, o);

@@ -23,18 +23,34 @@ void CudaOps::matmul(const MatmulOpArgs& a) const {
     return;
   }
   std::lock_guard lock(mu_);
+  // bf16_all: each operand rounded to bf16 as stored ([rows, cols] at its ld), packed.
+  const bool low = a.precision == GemmPrecision::bf16_all;
+  const void *pa = a.a, *pb = a.b;
+  int64_t lda = a.lda, ldb = a.ldb;
+  if (low) {
+    const int64_t ra = a.ta ? a.k : a.m, ca = a.ta ? a.m : a.k;
+    const int64_t rb = a.tb ? a.n : a.k, cb = a.tb ? a.k : a.n;
+    void* xa = scratch(10, size_t(ra * ca) * 2);
+    void* xb = scratch(11, size_t(rb * cb) * 2);
+    check(cuda::launch_to_bf16(a.a, a.lda, ra, ca, xa, stream_), "to bf16");
+    check(cuda::launch_to_bf16(a.b, a.ldb, rb, cb, xb, stream_), "to bf16");
+    pa = xa, pb = xb, lda = ca, ldb = cb;
+  }
+  const cudaDataType t = low ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major c = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: the column-major view of a
   // row-major [r, c] matrix is its transpose, so b's view (N x K, or K x N read transposed
   // when tb) multiplies a's (K x M, or M x K read transposed when ta).
   run_gemm({.ta = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
             .tb = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+            .at = t,
+            .bt = t,
             .m = a.n,
             .n = a.m,
             .k = a.k,
-            .lda = a.ldb,
-            .ldb = a.lda,
+            .lda = ldb,
+            .ldb = lda,
             .ldd = a.ldc},
-           a.b, a.a, a.c, a.accumulate, Pin::this_n);
+           pb, pa, a.c, a.accumulate, Pin::this_n);
 }
 
 void CudaOps::rms_norm_backward(const NormBackwardArgs& a) const {
@@ -309,7 +325,7 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
   const int64_t T = a.rows, V = w.dim(0), C = w.dim(1);
   if (T == 0) return;
   std::lock_guard lock(mu_);
-  const bool grad = a.dxn || a.dw, low = a.bf16 && w.dtype() == DType::bf16;
+  const bool grad = a.dxn || a.dw, low = a.bf16;
   const int64_t chunk = std::min(T, softcap_cross_entropy_chunk(V));
   const cudaDataType pt = low ? CUDA_R_16BF : CUDA_R_32F;  // the products' operand type
   const void* wp = w.raw();
@@ -317,6 +333,10 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
     float* wf = static_cast<float*>(scratch(7, size_t(V * C) * sizeof(float)));
     check(cuda::launch_widen_bf16(w.raw(), V * C, wf, stream_), "widen bf16");
     wp = wf;
+  } else if (low && w.dtype() == DType::f32) {  // W rounded to bf16 once per call
+    void* wb = scratch(7, size_t(V * C) * 2);
+    check(cuda::launch_to_bf16(w.data<float>(), C, V, C, wb, stream_), "to bf16");
+    wp = wb;
   }
   float* z = static_cast<float*>(scratch(4, size_t(chunk * V) * sizeof(float)));
   void* xb = low ? scratch(5, size_t(chunk * C) * 2) : nullptr;
