@@ -77,19 +77,24 @@ void expect_directional(const std::function<std::vector<Floats>()>& forward,
 }
 
 // The CUDA gradients against the CPU's.
-void expect_close(const Floats& got, const Floats& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
+// Returns the max error over the max |want|.
+double expect_close(const Floats& got, const Floats& want, double tol, const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  if (got.size() != want.size()) return INFINITY;
   double err = 0, scale = 1e-30;
   for (size_t i = 0; i < got.size(); ++i) {
     err = std::max(err, std::fabs(double(got[i]) - want[i]));
     scale = std::max(scale, std::fabs(double(want[i])));
   }
   EXPECT_LE(err / scale, tol) << what << ": max error " << err << " of " << scale;
+  return err / scale;
 }
 
-// Runs `body(ops)` on every backend; body returns the gradients it computed (CPU first).
-void across_backends(const std::function<std::vector<Floats>(const Ops&)>& body, double tol) {
+// Runs `body(ops)` on every backend; body returns the gradients it computed (CPU first). Returns
+// the largest relative error (expect_close's) of any other backend against the CPU.
+double across_backends(const std::function<std::vector<Floats>(const Ops&)>& body, double tol) {
   std::vector<Floats> cpu;
+  double worst = 0;
   for (const Ops* ops : backends()) {
     SCOPED_TRACE(ops->name());
     std::vector<Floats> got = body(*ops);
@@ -98,8 +103,9 @@ void across_backends(const std::function<std::vector<Floats>(const Ops&)>& body,
       continue;
     }
     for (size_t k = 0; k < cpu.size(); ++k)
-      expect_close(got[k], cpu[k], tol, "gradient " + std::to_string(k));
+      worst = std::max(worst, expect_close(got[k], cpu[k], tol, "gradient " + std::to_string(k)));
   }
+  return worst;
 }
 
 // bf16_all: the loops round a and b to bf16 first; an f32 product differs from that by ~1e-3
@@ -563,8 +569,10 @@ TEST(OpsBackward, RopePairsInverseUndoesTheRotation) {
 
 // Two fork rows over prefixes (their own, or one both read) and own keys, for the two
 // attention_f64 backward tests below: the forward and backward on every backend (CUDA against the
-// CPU within 1e-5) and the directional check of dq and of the prefixes' and own buffers' dK / dV;
-// `check` then sees the gradients (prefix K, prefix V, own K, own V).
+// CPU within 1e-5, or with bf16 within kBf16Attention) and the directional check of dq and of the
+// prefixes' and own buffers' dK / dV (of the f64 form: bf16's roundings are coarser than the
+// check's steps, so a bf16 backend is held to the CPU's f64 instead); `check` then sees the
+// gradients (prefix K, prefix V, own K, own V). Returns the largest error against the CPU.
 struct TwoRows {
   int64_t H, dq, dv, D, P, cap, L, rot;
   const int64_t* lengths;  // [2]; each row's tokens past its length are padding
@@ -574,9 +582,14 @@ struct TwoRows {
   bool paired, offset, shared;
   const int32_t* segment;  // null: no segments
   uint32_t seed;
+  bool bf16 = false;  // AttendF64Args::bf16 (the CPU computes the f64 form)
 };
 
-void check_two_rows(
+// CUDA's bf16 tensor-core attention against the CPU's f64 (outputs and gradients, max error over
+// max magnitude): q, k, v, the output gradient and the probabilities rounded to bf16.
+constexpr double kBf16Attention = 3e-2;
+
+double check_two_rows(
     const TwoRows& c,
     const std::function<void(const Floats&, const Floats&, const Floats&, const Floats&)>& check) {
   const int64_t H = c.H, D = c.D, P = c.P, cap = c.cap, L = c.L;
@@ -585,7 +598,7 @@ void check_two_rows(
   Floats ok = randn(size_t(2 * H * cap * D), rng), ov = randn(size_t(2 * H * cap * D), rng);
   Floats q = randn(size_t(2 * L * H * c.dq), rng, c.q_std);
   const Floats g = randn(size_t(2 * L * H * c.dv), rng);
-  across_backends(
+  return across_backends(
       [&](const Ops& ops) {
         auto views = [&](Floats& k1, Floats& v1, Floats& k2, Floats& v2) {
           std::vector<RowView> vs;
@@ -619,7 +632,8 @@ void check_two_rows(
                                .paired_heads = c.paired,
                                .key_offset = c.offset,
                                .offset_from = c.rot,
-                               .segment = c.segment};
+                               .segment = c.segment,
+                               .bf16 = c.bf16};
         };
         auto forward = [&] {
           const std::vector<RowView> vs = views(pk, pv, ok, ov);
@@ -643,13 +657,14 @@ void check_two_rows(
         for (int64_t b = 0; b < 2; ++b)
           for (int64_t t = c.lengths[b]; t < L; ++t)
             for (int64_t e = 0; e < H * c.dv; ++e) gm[size_t((b * L + t) * H * c.dv + e)] = 0.0f;
-        expect_directional(forward, {gm},
-                           {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng,
-                           1e-3);
+        if (!c.bf16 || ops.device() == Device::cpu)
+          expect_directional(forward, {gm},
+                             {{&q, &dqq}, {&pk, &dpk}, {&pv, &dpv}, {&ok, &dok}, {&ov, &dov}}, rng,
+                             1e-3);
         check(dpk, dpv, dok, dov);
-        return std::vector<Floats>{dqq, dpk, dpv, dok, dov};
+        return std::vector<Floats>{forward()[0], dqq, dpk, dpv, dok, dov};
       },
-      1e-5);
+      c.bf16 ? kBf16Attention : 1e-5);
 }
 
 // attention_f64 over a prefix and own keys, with a window, paired heads or the key offset, and
@@ -664,49 +679,60 @@ TEST(OpsBackward, AttentionF64PrefixOwnWindowPairedKeyOffsetSegments) {
   // segment of their own (P + 2 on).
   const Ids segment = {2, 2, 2, 0, 0, 0, int32_t(P + 2), int32_t(P + 2)};
   // A short window starts past key 0; a long one lets the queries see key 0, whose dims from
-  // `rot` on the key offset also hands to key 1 (two readers of one element).
-  for (bool paired : {false, true})
-    for (bool offset : {false, true})
-      for (bool segmented : {false, true})
-        for (bool long_window : {false, true})
-          for (bool shared : {false, true}) {
-            if (paired && offset) continue;
-            SCOPED_TRACE(std::string(paired ? "paired" : "plain") + (offset ? " key offset" : "") +
-                         (segmented ? " segments" : "") + (long_window ? " long window" : "") +
-                         (shared ? " shared prefix" : ""));
-            const TwoRows c{.H = H,
-                            .dq = 6,
-                            .dv = 5,
-                            .D = D,
-                            .P = P,
-                            .cap = cap,
-                            .L = L,
-                            .rot = 2,
-                            .lengths = lengths,
-                            .rows = &rows,
-                            .scale = 0.5f,
-                            .q_std = 1.0f,
-                            .window = long_window ? 64
-                                      : paired    ? 7
-                                                  : 4,
-                            .paired = paired,
-                            .offset = offset,
-                            .shared = shared,
-                            .segment = segmented ? segment.data() : nullptr,
-                            .seed = 11};
-            check_two_rows(c, [&](const Floats&, const Floats& dpv, const Floats&, const Floats&) {
-              // Row 0's prefix values at positions 0 and 1: inside the window, before its
-              // segment.
-              double hidden = 0;
-              for (int64_t h = 0; h < H; ++h)
-                for (int64_t e = 0; e < 2 * D; ++e) hidden += std::fabs(dpv[size_t(h * P * D + e)]);
-              if (segmented && !shared) {  // (row 1's first segment starts at 0)
-                EXPECT_EQ(hidden, 0.0);
-              } else {
-                EXPECT_GT(hidden, 0.0);
-              }
-            });
-          }
+  // `rot` on the key offset also hands to key 1 (two readers of one element). Then the same with
+  // AttendF64Args::bf16 (CUDA's tensor-core kernels).
+  double worst_bf16 = 0;
+  for (bool bf16 : {false, true})
+    for (bool paired : {false, true})
+      for (bool offset : {false, true})
+        for (bool segmented : {false, true})
+          for (bool long_window : {false, true})
+            for (bool shared : {false, true}) {
+              if (paired && offset) continue;
+              SCOPED_TRACE(std::string(paired ? "paired" : "plain") +
+                           (offset ? " key offset" : "") + (segmented ? " segments" : "") +
+                           (long_window ? " long window" : "") + (shared ? " shared prefix" : "") +
+                           (bf16 ? " bf16" : ""));
+              const TwoRows c{.H = H,
+                              .dq = 6,
+                              .dv = 5,
+                              .D = D,
+                              .P = P,
+                              .cap = cap,
+                              .L = L,
+                              .rot = 2,
+                              .lengths = lengths,
+                              .rows = &rows,
+                              .scale = 0.5f,
+                              .q_std = 1.0f,
+                              .window = long_window ? 64
+                                        : paired    ? 7
+                                                    : 4,
+                              .paired = paired,
+                              .offset = offset,
+                              .shared = shared,
+                              .segment = segmented ? segment.data() : nullptr,
+                              .seed = 11,
+                              .bf16 = bf16};
+              const double err = check_two_rows(
+                  c, [&](const Floats&, const Floats& dpv, const Floats&, const Floats&) {
+                    // Row 0's prefix values at positions 0 and 1: inside the window, before its
+                    // segment.
+                    double hidden = 0;
+                    for (int64_t h = 0; h < H; ++h)
+                      for (int64_t e = 0; e < 2 * D; ++e)
+                        hidden += std::fabs(dpv[size_t(h * P * D + e)]);
+                    if (segmented && !shared) {  // (row 1's first segment starts at 0)
+                      EXPECT_EQ(hidden, 0.0);
+                    } else {
+                      EXPECT_GT(hidden, 0.0);
+                    }
+                  });
+              if (bf16) worst_bf16 = std::max(worst_bf16, err);
+            }
+  if (backends().size() > 1)
+    std::printf("bf16 attention against the CPU's f64: largest error %.3g of the largest value\n",
+                worst_bf16);
 }
 
 // The same op at sizes past the CUDA backward's tiles (32 keys a block, 32 queries staged at
@@ -727,49 +753,57 @@ TEST(OpsBackward, AttentionF64AcrossKeyAndQueryTiles) {
   }
   // Head widths: 16 (the CUDA kernels' narrow tiles), 72 (wider query tiles, the per-key
   // kernels), 144 (the widest query tiles).
-  for (int64_t width : {16, 72, 144})
-    for (bool paired : {false, true})
-      for (bool offset : {false, true})
-        for (bool segmented : {false, true})
-          for (bool long_window : {false, true})
-            for (bool shared : {false, true}) {
-              if (paired && offset) continue;
-              const bool wide = width > 16;
-              if (wide && !(segmented && long_window && shared)) continue;
-              const int64_t dq = width, dv = wide ? width - 6 : 12, D = wide ? width : 72;
-              SCOPED_TRACE(std::string(paired ? "paired" : "plain") +
-                           (offset ? " key offset" : "") + (segmented ? " segments" : "") +
-                           (long_window ? " long window" : "") + (shared ? " shared prefix" : "") +
-                           (wide ? " width " + std::to_string(width) : ""));
-              // In virtual positions: paired heads' windows cover half as many tokens.
-              const TwoRows c{.H = H,
-                              .dq = dq,
-                              .dv = dv,
-                              .D = D,
-                              .P = P,
-                              .cap = cap,
-                              .L = L,
-                              .rot = 4,
-                              .lengths = lengths,
-                              .rows = &rows,
-                              .scale = 1.0f / std::sqrt(float(dq)),
-                              .q_std = 0.3f,
-                              .window = long_window ? 100 : 20,
-                              .paired = paired,
-                              .offset = offset,
-                              .shared = shared,
-                              .segment = segmented ? segment.data() : nullptr,
-                              .seed = 23};
-              check_two_rows(c,
-                             [&](const Floats&, const Floats&, const Floats& dok, const Floats&) {
-                               // Row 1's own keys past its length: nobody reads them.
-                               double unread = 0;
-                               for (int64_t h = 0; h < H; ++h)
-                                 for (int64_t e = lengths[1] * D; e < cap * D; ++e)
-                                   unread += std::fabs(dok[size_t((H + h) * cap * D + e)]);
-                               EXPECT_EQ(unread, 0.0);
-                             });
-            }
+  double worst_bf16 = 0;
+  for (bool bf16 : {false, true})
+    for (int64_t width : {16, 72, 144})
+      for (bool paired : {false, true})
+        for (bool offset : {false, true})
+          for (bool segmented : {false, true})
+            for (bool long_window : {false, true})
+              for (bool shared : {false, true}) {
+                if (paired && offset) continue;
+                const bool wide = width > 16;
+                if (wide && !(segmented && long_window && shared)) continue;
+                const int64_t dq = width, dv = wide ? width - 6 : 12, D = wide ? width : 72;
+                SCOPED_TRACE(
+                    std::string(paired ? "paired" : "plain") + (offset ? " key offset" : "") +
+                    (segmented ? " segments" : "") + (long_window ? " long window" : "") +
+                    (shared ? " shared prefix" : "") +
+                    (wide ? " width " + std::to_string(width) : "") + (bf16 ? " bf16" : ""));
+                // In virtual positions: paired heads' windows cover half as many tokens.
+                const TwoRows c{.H = H,
+                                .dq = dq,
+                                .dv = dv,
+                                .D = D,
+                                .P = P,
+                                .cap = cap,
+                                .L = L,
+                                .rot = 4,
+                                .lengths = lengths,
+                                .rows = &rows,
+                                .scale = 1.0f / std::sqrt(float(dq)),
+                                .q_std = 0.3f,
+                                .window = long_window ? 100 : 20,
+                                .paired = paired,
+                                .offset = offset,
+                                .shared = shared,
+                                .segment = segmented ? segment.data() : nullptr,
+                                .seed = 23,
+                                .bf16 = bf16};
+                const double err = check_two_rows(
+                    c, [&](const Floats&, const Floats&, const Floats& dok, const Floats&) {
+                      // Row 1's own keys past its length: nobody reads them.
+                      double unread = 0;
+                      for (int64_t h = 0; h < H; ++h)
+                        for (int64_t e = lengths[1] * D; e < cap * D; ++e)
+                          unread += std::fabs(dok[size_t((H + h) * cap * D + e)]);
+                      EXPECT_EQ(unread, 0.0);
+                    });
+                if (bf16) worst_bf16 = std::max(worst_bf16, err);
+              }
+  if (backends().size() > 1)
+    std::printf("bf16 attention against the CPU's f64: largest error %.3g of the largest value\n",
+                worst_bf16);
 }
 
 // One row of 4200 tokens: windows of thousands of keys, past the CUDA query tiles' score cache
@@ -779,60 +813,63 @@ TEST(OpsBackward, AttentionF64LongRowsRecomputePastTheScoreCache) {
   const int64_t H = 2, dq = 8, dv = 8, D = 8, L = 4200, rot = 3;
   const int64_t lengths[] = {L}, positions[] = {0};
   const RowTable rows{.rows = 1, .tokens = L, .lengths = lengths, .positions = positions};
-  for (bool offset : {false, true}) {
-    SCOPED_TRACE(offset ? "key offset" : "plain");
-    std::mt19937 rng(29);
-    Floats k = randn(size_t(H * L * D), rng), v = randn(size_t(H * L * D), rng);
-    Floats q = randn(size_t(L * H * dq), rng, 0.3f);
-    const Floats g = randn(size_t(L * H * dv), rng);
-    across_backends(
-        [&](const Ops& ops) {
-          auto views = [&](Floats& kb, Floats& vb) {
-            return std::vector<RowView>{
-                {.own_k = kb.data(), .own_v = vb.data(), .own_stride = L * D}};
-          };
-          auto args = [&](const std::vector<RowView>& vs, float* out) {
-            return AttendF64Args{.rows = rows,
-                                 .views = vs.data(),
-                                 .q = q.data(),
-                                 .ldq = H * dq,
-                                 .hq = dq,
-                                 .out = out,
-                                 .ldo = H * dv,
-                                 .ho = dv,
-                                 .heads = H,
-                                 .qk_dim = dq,
-                                 .v_dim = dv,
-                                 .kv_dim = D,
-                                 .scale = 1.0f / std::sqrt(float(dq)),
-                                 .window = 100000,
-                                 .key_offset = offset,
-                                 .offset_from = rot};
-          };
-          auto forward = [&] {
-            const std::vector<RowView> vs = views(k, v);
-            Floats out(size_t(L * H * dv), 0.0f);
-            ops.attention_f64(args(vs, out.data()));
-            return std::vector<Floats>{out};
-          };
-          Floats dk(k.size(), 0.0f), dvv(v.size(), 0.0f), dqq(q.size(), 0.0f);
-          const std::vector<RowView> vs = views(k, v), dviews = views(dk, dvv);
-          ops.attention_f64_backward({.forward = args(vs, nullptr),
-                                      .dout = g.data(),
-                                      .lddo = H * dv,
-                                      .hdo = dv,
-                                      .dq = dqq.data(),
-                                      .lddq = H * dq,
-                                      .hdq = dq,
-                                      .dviews = dviews.data()});
-          // A step of 1e-2, not 1e-3: the loss sums 67,200 f32 outputs, whose roundings move a
-          // 1e-3 difference quotient by ~1e-2 (the H200 failed it at 0.0078 with the gradients
-          // equal to the CPU's within 1e-5); the quotient's own error at 1e-2 is ~1e-4.
-          expect_directional(forward, {g}, {{&q, &dqq}, {&k, &dk}, {&v, &dvv}}, rng, 1e-2);
-          return std::vector<Floats>{dqq, dk, dvv};
-        },
-        1e-5);
-  }
+  for (bool bf16 : {false, true})
+    for (bool offset : {false, true}) {
+      SCOPED_TRACE(std::string(offset ? "key offset" : "plain") + (bf16 ? " bf16" : ""));
+      std::mt19937 rng(29);
+      Floats k = randn(size_t(H * L * D), rng), v = randn(size_t(H * L * D), rng);
+      Floats q = randn(size_t(L * H * dq), rng, 0.3f);
+      const Floats g = randn(size_t(L * H * dv), rng);
+      across_backends(
+          [&](const Ops& ops) {
+            auto views = [&](Floats& kb, Floats& vb) {
+              return std::vector<RowView>{
+                  {.own_k = kb.data(), .own_v = vb.data(), .own_stride = L * D}};
+            };
+            auto args = [&](const std::vector<RowView>& vs, float* out) {
+              return AttendF64Args{.rows = rows,
+                                   .views = vs.data(),
+                                   .q = q.data(),
+                                   .ldq = H * dq,
+                                   .hq = dq,
+                                   .out = out,
+                                   .ldo = H * dv,
+                                   .ho = dv,
+                                   .heads = H,
+                                   .qk_dim = dq,
+                                   .v_dim = dv,
+                                   .kv_dim = D,
+                                   .scale = 1.0f / std::sqrt(float(dq)),
+                                   .window = 100000,
+                                   .key_offset = offset,
+                                   .offset_from = rot,
+                                   .bf16 = bf16};
+            };
+            auto forward = [&] {
+              const std::vector<RowView> vs = views(k, v);
+              Floats out(size_t(L * H * dv), 0.0f);
+              ops.attention_f64(args(vs, out.data()));
+              return std::vector<Floats>{out};
+            };
+            Floats dk(k.size(), 0.0f), dvv(v.size(), 0.0f), dqq(q.size(), 0.0f);
+            const std::vector<RowView> vs = views(k, v), dviews = views(dk, dvv);
+            ops.attention_f64_backward({.forward = args(vs, nullptr),
+                                        .dout = g.data(),
+                                        .lddo = H * dv,
+                                        .hdo = dv,
+                                        .dq = dqq.data(),
+                                        .lddq = H * dq,
+                                        .hdq = dq,
+                                        .dviews = dviews.data()});
+            // A step of 1e-2, not 1e-3: the loss sums 67,200 f32 outputs, whose roundings move a
+            // 1e-3 difference quotient by ~1e-2 (the H200 failed it at 0.0078 with the gradients
+            // equal to the CPU's within 1e-5); the quotient's own error at 1e-2 is ~1e-4.
+            if (!bf16 || ops.device() == Device::cpu)
+              expect_directional(forward, {g}, {{&q, &dqq}, {&k, &dk}, {&v, &dvv}}, rng, 1e-2);
+            return std::vector<Floats>{forward()[0], dqq, dk, dvv};
+          },
+          bf16 ? kBf16Attention : 1e-5);
+    }
 }
 
 // ---- optimizer steps: CUDA against the CPU (the CPU's formulas: tests/train_optim_test.cc) ----

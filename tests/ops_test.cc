@@ -1392,6 +1392,7 @@ struct AttendF64Shape {
   std::vector<int64_t> lengths = kRowLengths;
   std::vector<int64_t> prefix_len = {0, 0, 0, 0, 0, 0, 0};
   std::vector<int64_t> own_before = {0, 0, 0, 0, 0, 0, 0};
+  bool bf16 = false;  // AttendF64Args::bf16
 };
 
 // attention_f64 over each row's prefix and own keys (the row's positions start at prefix_len +
@@ -1462,7 +1463,8 @@ OpCase attention_f64_case(std::string name, AttendF64Shape s, Tolerance tol) {
                                  .window = s.window,
                                  .paired_heads = s.paired,
                                  .key_offset = s.key_offset,
-                                 .offset_from = s.offset_from});
+                                 .offset_from = s.offset_from,
+                                 .bf16 = s.bf16});
               const auto cols = head_cols(H, ho, s.v_dim);
               Batch res;
               add(res, "out", take(lay, out, ldo, cols));
@@ -1894,6 +1896,49 @@ const std::vector<OpCase>& op_cases() {
                                     .prefix_len = {40, 3, 0, 0, 12, 100, 1},
                                     .own_before = {0, 5, 2, 17, 0, 3, 60}},
                                    f64att));
+    // bf16: the CUDA tensor-core kernels (q, k, v and the probabilities rounded to bf16, f32
+    // sums) against the f64 reference; the CPU computes the f64 form.
+    const Tolerance bf16att{3e-2, 1e-4};
+    c.push_back(attention_f64_case("attention_f64_bf16_window_prefix",
+                                   {.window = 24,
+                                    .prefix_len = {20, 0, 5, 37, 1, 64, 0},
+                                    .own_before = {0, 4, 3, 10, 9, 2, 30},
+                                    .bf16 = true},
+                                   bf16att));
+    c.push_back(attention_f64_case("attention_f64_bf16_paired_heads_window",
+                                   {.qk_dim = 12,
+                                    .v_dim = 10,
+                                    .window = 9,
+                                    .paired = true,
+                                    .prefix_len = {3, 0, 5, 0, 1, 10, 0},
+                                    .own_before = {0, 2, 3, 4, 0, 2, 7},
+                                    .bf16 = true},
+                                   bf16att));
+    c.push_back(attention_f64_case("attention_f64_bf16_decode_paired_key_offset",
+                                   {.heads = 6,
+                                    .qk_dim = 72,
+                                    .v_dim = 64,
+                                    .kv_dim = 72,
+                                    .window = 40,
+                                    .paired = true,
+                                    .key_offset = true,
+                                    .offset_from = 4,
+                                    .lengths = kDecodeLengths,
+                                    .prefix_len = {40, 3, 0, 0, 12, 100, 1},
+                                    .own_before = {0, 5, 2, 17, 0, 3, 60},
+                                    .bf16 = true},
+                                   bf16att));
+    c.push_back(attention_f64_case("attention_f64_bf16_key_offset",
+                                   {.heads = 2,
+                                    .qk_dim = 16,
+                                    .v_dim = 12,
+                                    .kv_dim = 16,
+                                    .key_offset = true,
+                                    .offset_from = 8,
+                                    .prefix_len = {4, 0, 5, 0, 1, 6, 0},
+                                    .own_before = {0, 2, 3, 4, 0, 2, 7},
+                                    .bf16 = true},
+                                   bf16att));
     c.push_back(attention_f64_case("attention_f64_wide_heads",
                                    {.heads = 2,
                                     .qk_dim = 160,

@@ -492,6 +492,10 @@ struct RopePairsArgs {
 // its packed document; prefix keys too), as a packed training stream's documents attend only
 // inside themselves (a key offset still reads across the boundary, as the seed's shifted keys
 // do). Padded outputs are zeroed.
+// bf16: the bf16 training path's request (GemmPrecision::bf16_all): a backend with tensor-core
+// kernels for it (CUDA, heads up to 128 wide) rounds q, k, v and the backward's output gradient
+// to bf16, sums products in f32 and rounds the probabilities to bf16 where they multiply values
+// or queries (FlashAttention-2); the others, and wider heads, compute the f64 form above.
 struct AttendF64Args {
   RowTable rows;
   const RowView* views = nullptr;  // [B]
@@ -507,6 +511,7 @@ struct AttendF64Args {
   bool key_offset = false;
   int64_t offset_from = 0;
   const int32_t* segment = nullptr;  // [N] positions, on the backend's device, or null
+  bool bf16 = false;
 };
 
 // Per head of each real token: y_h -= tanh(strength_h) (y_h . v_h / max(v_h . v_h, eps)) v_h

@@ -48,7 +48,8 @@ AttendF64Args attend_args(const AttnWeights& a, const AttnInputs& in, const RowV
           .paired_heads = a.paired,
           .key_offset = a.key_offset,
           .offset_from = in.rotary_dim,
-          .segment = in.segment};
+          .segment = in.segment,
+          .bf16 = in.call->precision == GemmPrecision::bf16_all};
 }
 
 ProjectionArgs xsa_args(const AttnWeights& a, const AttnInputs& in, float* y, const float* qkv) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_plan.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace deg::cuda::att {
 
@@ -23,16 +24,6 @@ __device__ __forceinline__ void copy16_async(float* dst, const float* src) {
 __device__ __forceinline__ void copy4_async(float* dst, const float* src) {
   const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(to), "l"(src) : "memory");
-}
-
-__device__ __forceinline__ void commit_copies() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Waits until at most `kPending` of this thread's committed copy groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 // A thread's share of a tile copy: units (float4 or float) of vector rows, kThreads apart, walked

@@ -36,15 +36,6 @@ constexpr int kMaxDim = 512;  // qk_dim and v_dim at most this
 constexpr int kDimsPerThread = kMaxDim / kAttnThreads;
 constexpr int kFastDim = 64;  // head dims at most this: the tiled keys' kernels
 
-// Key p's gradient row of K/V head g (null: that part's gradient is not wanted).
-__device__ float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
-  float* base = p < kv.prefix_len ? const_cast<float*>(v ? kv.prefix_v : kv.prefix_k)
-                                  : (v ? kv.own_v : kv.own_k);
-  if (!base) return nullptr;
-  return base + (p < kv.prefix_len ? g * kv.prefix_stride + p * D
-                                   : g * kv.own_stride + (p - kv.prefix_len) * D);
-}
-
 // scale * float(sum_d q[d] k[d]) in f64 for key p of K/V head g, with the key offset's dims
 // from the previous key (the forward's score).
 __device__ float score(const AttentionF64Launch& f, const KvRow& kv, const float* q, int64_t g,

@@ -1,7 +1,8 @@
 // The query side of the f64-accumulated attention (AttendF64Args of kernels/ops.h), shared by
 // attention_f64.cu (the forward) and attention_f64_backward.cu (each query's statistics and dq):
-// the geometry of a call's heads and keys, and query tiles. Internal to those two .cu files: each
-// includes it inside its own anonymous namespace, after kernels/cuda/launch.h.
+// the geometry of a call's heads and keys, and query tiles; attention_bf16.cu (the tensor-core
+// kernels of the same op) takes the geometry. Internal to those .cu files: each includes it
+// inside its own anonymous namespace, after kernels/cuda/launch.h.
 //
 // Query tiles: a block takes kQueries consecutive tokens of one row and one head, a warp per
 // query, and walks the union of their visible keys in tiles of kKeys (a power of two set by the
@@ -28,6 +29,15 @@ constexpr int kQueries = kTileThreads / 32;  // a warp per query
 __device__ inline const float* kv_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
   if (p < kv.prefix_len) return (v ? kv.prefix_v : kv.prefix_k) + g * kv.prefix_stride + p * D;
   return (v ? kv.own_v : kv.own_k) + g * kv.own_stride + (p - kv.prefix_len) * D;
+}
+
+// Key p's gradient row of K/V head g (null: that part's gradient is not wanted).
+__device__ inline float* grad_at(const KvRow& kv, bool v, int64_t g, int64_t p, int64_t D) {
+  float* base = p < kv.prefix_len ? const_cast<float*>(v ? kv.prefix_v : kv.prefix_k)
+                                  : (v ? kv.own_v : kv.own_k);
+  if (!base) return nullptr;
+  return base + (p < kv.prefix_len ? g * kv.prefix_stride + p * D
+                                   : g * kv.own_stride + (p - kv.prefix_len) * D);
 }
 
 // The geometry of one call's heads. Virtual positions: with paired heads, heads slot and

@@ -509,6 +509,16 @@ struct AttentionF64BackwardLaunch {
 };
 cudaError_t launch_attention_f64_backward(const AttentionF64BackwardLaunch& a, cudaStream_t stream);
 
+// ---- attention_bf16.cu: AttendF64Args with bf16 (kernels/ops.h) on tensor cores, for the rows of
+// one chunk: the forward, and the backward of AttentionF64BackwardLaunch (its `stats` unused).
+// Each launch takes a device workspace of attention_bf16_workspace bytes. ----
+bool attention_bf16_fits(const AttentionF64Launch& a);  // head dims up to 128
+size_t attention_bf16_workspace(const AttentionF64Launch& a, bool backward);
+cudaError_t launch_attention_bf16(const AttentionF64Launch& a, void* workspace,
+                                  cudaStream_t stream);
+cudaError_t launch_attention_bf16_backward(const AttentionF64BackwardLaunch& a, void* workspace,
+                                           cudaStream_t stream);
+
 // ---- optimizer.cu: the optimizer steps (kernels/ops.h), elementwise or in fixed orders ----
 struct AdamLaunch {
   float* p;

@@ -548,6 +548,11 @@ void CudaOps::attention_f64(const AttendF64Args& a) const {
                                .offset_from = a.offset_from,
                                .segment = a.segment};
     for (int i = 0; i < r.count; ++i) l.kv[i] = kv_row(a.views[first + i]);
+    if (a.bf16 && cuda::attention_bf16_fits(l)) {  // tensor cores (attention_bf16.cu)
+      DeviceTemp work(cuda::attention_bf16_workspace(l, false));
+      check(cuda::launch_attention_bf16(l, work.get(), stream_), "attention_f64 (bf16)");
+      return;
+    }
     check(cuda::launch_attention_f64(l, stream_), "attention_f64");
   });
 }

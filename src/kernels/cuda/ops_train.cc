@@ -263,6 +263,12 @@ void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
       l.forward.kv[i] = kv_row(f.views[first + i]);
       l.grad[i] = kv_row(a.dviews[first + i]);
     }
+    if (f.bf16 && cuda::attention_bf16_fits(l.forward)) {  // tensor cores (attention_bf16.cu)
+      DeviceTemp work(cuda::attention_bf16_workspace(l.forward, true));
+      check(cuda::launch_attention_bf16_backward(l, work.get(), stream_),
+            "attention_f64_backward (bf16)");
+      return;
+    }
     check(cuda::launch_attention_f64_backward(l, stream_), "attention_f64_backward");
   });
 }
