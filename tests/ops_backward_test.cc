@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -106,6 +107,75 @@ double across_backends(const std::function<std::vector<Floats>(const Ops&)>& bod
       worst = std::max(worst, expect_close(got[k], cpu[k], tol, "gradient " + std::to_string(k)));
   }
   return worst;
+}
+
+// A strided batch of 3 products (gaps between the matrices, but for bf16_all, whose operands
+// lie back to back): each against f64 loops as above; the gaps of c untouched; on the CPU the
+// same bits as each product alone.
+TEST(OpsBackward, MatmulBatchComputesEachProduct) {
+  std::mt19937 rng(2);
+  const int64_t M = 19, N = 23, K = 37, count = 3;
+  for (GemmPrecision p : {GemmPrecision::exact, GemmPrecision::bf16_all})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        const bool low = p == GemmPrecision::bf16_all;
+        auto r = [&](float v) { return low ? double(bf16_to_f32(f32_to_bf16(v))) : double(v); };
+        const int64_t lda = (ta ? M : K) + (low ? 0 : 3), ldb = (tb ? K : N) + (low ? 0 : 2);
+        const int64_t ldc = N + 5;
+        const int64_t sa = (ta ? K : M) * lda + (low ? 0 : 7);
+        const int64_t sb = (tb ? N : K) * ldb + (low ? 0 : 5), sc = M * ldc + 11;
+        const Floats a = randn(size_t(count * sa), rng), b = randn(size_t(count * sb), rng);
+        const Floats c0 = randn(size_t(count * sc), rng);
+        const MatmulOpArgs args{.a = a.data(),
+                                .lda = lda,
+                                .ta = ta,
+                                .b = b.data(),
+                                .ldb = ldb,
+                                .tb = tb,
+                                .ldc = ldc,
+                                .m = M,
+                                .n = N,
+                                .k = K,
+                                .accumulate = true,
+                                .precision = p,
+                                .batch = count,
+                                .stride_a = sa,
+                                .stride_b = sb,
+                                .stride_c = sc};
+        across_backends(
+            [&](const Ops& ops) {
+              Floats c = c0;
+              MatmulOpArgs all = args;
+              all.c = c.data();
+              ops.matmul(all);
+              for (int64_t q = 0; q < count; ++q) {
+                const float *aq = a.data() + q * sa, *bq = b.data() + q * sb;
+                for (int64_t i = 0; i < M; ++i)
+                  for (int64_t j = 0; j < N; ++j) {
+                    double s = c0[size_t(q * sc + i * ldc + j)];
+                    for (int64_t k = 0; k < K; ++k)
+                      s += r(ta ? aq[k * lda + i] : aq[i * lda + k]) *
+                           r(tb ? bq[j * ldb + k] : bq[k * ldb + j]);
+                    EXPECT_NEAR(c[size_t(q * sc + i * ldc + j)], s, 1e-4 * (1 + std::fabs(s)))
+                        << "product " << q << " ta " << ta << " tb " << tb << " bf16 " << low;
+                  }
+                for (int64_t e = M * ldc; e < sc; ++e)  // the gap after product q
+                  EXPECT_EQ(c[size_t(q * sc + e)], c0[size_t(q * sc + e)]);
+              }
+              if (ops.device() == Device::cpu) {
+                Floats one = c0;
+                for (int64_t q = 0; q < count; ++q) {
+                  MatmulOpArgs alone = args;
+                  alone.a += q * sa, alone.b += q * sb, alone.c = one.data() + q * sc;
+                  alone.batch = 1;
+                  ops.matmul(alone);
+                }
+                EXPECT_EQ(std::memcmp(one.data(), c.data(), c.size() * sizeof(float)), 0);
+              }
+              return std::vector<Floats>{c};
+            },
+            1e-5);
+      }
 }
 
 // bf16_all: the loops round a and b to bf16 first; an f32 product differs from that by ~1e-3
@@ -936,6 +1006,30 @@ TEST(OpsOptimizer, PolarExpressAndNorMuonStep) {
                             .lr = 0.02f,
                             .wd = 0.1f});
           return std::vector<Floats>{x, p, second};
+        },
+        1e-4);
+  }
+}
+
+// Polar Express over a batch (NorMuon's shape classes, the products in strided batches): each
+// matrix's result as it is alone, bitwise on the CPU (the same products, matrix by matrix) and
+// within f32 rounding on CUDA (one launch per product of the batch).
+TEST(OpsOptimizer, PolarExpressBatchMatchesEachAlone) {
+  std::mt19937 rng(14);
+  for (auto [R, K] : {std::pair<int64_t, int64_t>{24, 40}, {40, 24}}) {
+    const int64_t count = 3, n = R * K;
+    const Floats x0 = randn(size_t(count * n), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          Floats batch = x0, alone = x0;
+          train::polar_express(ops, batch.data(), R, K, count);
+          for (int64_t i = 0; i < count; ++i) train::polar_express(ops, alone.data() + i * n, R, K);
+          if (ops.device() == Device::cpu) {
+            EXPECT_EQ(std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)), 0);
+          } else {
+            expect_close(batch, alone, 1e-5, "batch against alone");
+          }
+          return std::vector<Floats>{batch};
         },
         1e-4);
   }

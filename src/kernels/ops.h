@@ -540,6 +540,10 @@ struct ProjectionArgs {
 // transpose of a [K, M]; op(b) is b [K, N] at ldb, or with tb the transpose of b [N, K]. Each
 // element sums its K products in one order fixed by the shape. precision bf16_all: a and b
 // rounded to bf16 first (the products then exact), f32 accumulation; other values: f32.
+// batch > 1: that many products of the same shape, product i over a + i stride_a, b + i stride_b
+// into c + i stride_c (floats), each computed as it would be alone (a strided batch: one launch
+// on CUDA, where a lone product of a small matrix would leave most of the GPU idle); with
+// bf16_all each operand's matrices must lie back to back (stride = rows x ld).
 struct MatmulOpArgs {
   const float* a = nullptr;
   int64_t lda = 0;
@@ -552,6 +556,8 @@ struct MatmulOpArgs {
   int64_t m = 0, n = 0, k = 0;
   bool accumulate = false;
   GemmPrecision precision = GemmPrecision::exact;
+  int64_t batch = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
 };
 
 // The backward of the unit-weight rms_norm (NormArgs with w null or ones, no gate): dx +=

@@ -28,16 +28,21 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void polar_express(const Ops& ops, float* x, int64_t R, int64_t K) {
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count) {
   // On the wide orientation: X [R, K] with R <= K, A = X Xᵀ [R, R], Y = B X. A tall X works on
-  // Z = Xᵀ without moving it: A = Xᵀ X, and Yᵀ = (B Z)ᵀ = X Bᵀ.
+  // Z = Xᵀ without moving it: A = Xᵀ X, and Yᵀ = (B Z)ᵀ = X Bᵀ. The count matrices go through
+  // each product together (a strided batch), and through the combinations as one block of rows.
   const bool tall = R > K;
-  const int64_t r = tall ? K : R;
-  const double fro = std::sqrt(ops.sum_squares(x, R * K));
-  ops.scale({.y = x, .ldy = K, .rows = R, .n = K, .s = float(1.0 / (fro * (1 + 2e-2) + 1e-6))});
-  const Tensor A = ops.alloc({r, r}, DType::f32), B = ops.alloc({r, r}, DType::f32);
-  const Tensor Y = ops.alloc({R, K}, DType::f32);
+  const int64_t r = tall ? K : R, n = R * K;
+  for (int64_t i = 0; i < count; ++i) {
+    float* xi = x + i * n;
+    const double fro = std::sqrt(ops.sum_squares(xi, n));
+    ops.scale({.y = xi, .ldy = K, .rows = R, .n = K, .s = float(1.0 / (fro * (1 + 2e-2) + 1e-6))});
+  }
+  const Tensor A = ops.alloc({count, r, r}, DType::f32), B = ops.alloc({count, r, r}, DType::f32);
+  const Tensor Y = ops.alloc({count, R, K}, DType::f32);
   float *a = A.mutable_data<float>(), *b = B.mutable_data<float>(), *y = Y.mutable_data<float>();
+  const int64_t rr = r * r;
   for (const auto& c : kPolarCoeffs) {
     if (tall) {  // A = Xᵀ X
       ops.matmul({.a = x,
@@ -49,7 +54,11 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K) {
                   .ldc = r,
                   .m = r,
                   .n = r,
-                  .k = R});
+                  .k = R,
+                  .batch = count,
+                  .stride_a = n,
+                  .stride_b = n,
+                  .stride_c = rr});
     } else {  // A = X Xᵀ
       ops.matmul({.a = x,
                   .lda = K,
@@ -60,12 +69,28 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K) {
                   .ldc = r,
                   .m = r,
                   .n = r,
-                  .k = K});
+                  .k = K,
+                  .batch = count,
+                  .stride_a = n,
+                  .stride_b = n,
+                  .stride_c = rr});
     }
-    ops.matmul({.a = a, .lda = r, .b = a, .ldb = r, .c = b, .ldc = r, .m = r, .n = r, .k = r});
+    ops.matmul({.a = a,
+                .lda = r,
+                .b = a,
+                .ldb = r,
+                .c = b,
+                .ldc = r,
+                .m = r,
+                .n = r,
+                .k = r,
+                .batch = count,
+                .stride_a = rr,
+                .stride_b = rr,
+                .stride_c = rr});
     const CombineTerm bt[] = {{.s = float(c[2])}, {.x = a, .ldx = r, .s = float(c[1])}};
-    ops.combine({.y = b, .ldy = r, .rows = r, .n = r, .terms = bt});  // B = c1 A + c2 A A
-    if (tall) {                                                       // Y = X Bᵀ
+    ops.combine({.y = b, .ldy = r, .rows = count * r, .n = r, .terms = bt});  // B = c1 A + c2 A A
+    if (tall) {                                                               // Y = X Bᵀ
       ops.matmul({.a = x,
                   .lda = K,
                   .b = b,
@@ -75,12 +100,28 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K) {
                   .ldc = K,
                   .m = R,
                   .n = K,
-                  .k = K});
+                  .k = K,
+                  .batch = count,
+                  .stride_a = n,
+                  .stride_b = rr,
+                  .stride_c = n});
     } else {  // Y = B X
-      ops.matmul({.a = b, .lda = r, .b = x, .ldb = K, .c = y, .ldc = K, .m = R, .n = K, .k = R});
+      ops.matmul({.a = b,
+                  .lda = r,
+                  .b = x,
+                  .ldb = K,
+                  .c = y,
+                  .ldc = K,
+                  .m = R,
+                  .n = K,
+                  .k = R,
+                  .batch = count,
+                  .stride_a = rr,
+                  .stride_b = n,
+                  .stride_c = n});
     }
     const CombineTerm xt[] = {{.s = float(c[0])}, {.x = y, .ldx = K}};
-    ops.combine({.y = x, .ldy = K, .rows = R, .n = K, .terms = xt});  // X = c0 X + Y
+    ops.combine({.y = x, .ldy = K, .rows = count * R, .n = K, .terms = xt});  // X = c0 X + Y
   }
 }
 
@@ -137,7 +178,11 @@ GptOptimizer::GptOptimizer(const GptParams& params, OptimizerHyper hyper, const 
       const int64_t rows = rule.group_rows ? rule.group_rows : t.shape[0], cols = t.shape[1];
       const int64_t groups = t.shape[0] / rows;
       v_.push_back(ops.alloc({groups * (rows >= cols ? rows : cols)}, DType::f32));
-      most = std::max(most, rows * cols);
+      auto cls = std::find_if(muon_.begin(), muon_.end(),
+                              [&](const MuonClass& m) { return m.rows == rows && m.cols == cols; });
+      if (cls == muon_.end()) cls = muon_.insert(muon_.end(), MuonClass{rows, cols, {}});
+      for (int64_t gi = 0; gi < groups; ++gi) cls->blocks.emplace_back(rules_.size() - 1, gi);
+      most = std::max(most, int64_t(cls->blocks.size()) * rows * cols);
     }
   }
   u_ = ops.alloc({most}, DType::f32);
@@ -151,26 +196,28 @@ void GptOptimizer::clear(float* x, int64_t n) const {
   if (rest) ops_->copy_rows(z, 0, x + rows * kZeroRow, rest, 1, rest);
 }
 
-void GptOptimizer::normuon(float* p, float* g, size_t k, float lr_scale, float momentum) {
+void GptOptimizer::normuon(const MuonClass& c, const std::vector<float*>& p,
+                           const std::vector<float*>& g, float lr_scale, float momentum) {
   const Ops& ops = *ops_;
-  const ParamRule& rule = rules_[k];
-  const Shape& shape = shapes_[k];
-  const int64_t rows = rule.group_rows ? rule.group_rows : shape[0], cols = shape[1];
-  const int64_t groups = shape[0] / rows, n = rows * cols;
+  const int64_t rows = c.rows, cols = c.cols, n = rows * cols;
   const int64_t nsec = rows >= cols ? rows : cols;
   const float lr = hyper_.muon_lr * lr_scale;
-  const float lr_eff =
-      lr * std::sqrt(std::max(1.0f, float(rows) / float(cols))) * rule.matrix_lr_mul;
   float* u = u_.mutable_data<float>();
-  for (int64_t gi = 0; gi < groups; ++gi) {
-    ops.nesterov({.g = g + gi * n,
+  for (size_t j = 0; j < c.blocks.size(); ++j) {
+    const auto [k, gi] = c.blocks[j];
+    ops.nesterov({.g = g[k] + gi * n,
                   .buf = m_[k].mutable_data<float>() + gi * n,
-                  .u = u,
+                  .u = u + int64_t(j) * n,
                   .n = n,
                   .momentum = momentum});
-    polar_express(ops, u, rows, cols);
-    ops.normuon_step({.u = u,
-                      .p = p + gi * n,
+  }
+  polar_express(ops, u, rows, cols, int64_t(c.blocks.size()));
+  for (size_t j = 0; j < c.blocks.size(); ++j) {
+    const auto [k, gi] = c.blocks[j];
+    const float lr_eff =
+        lr * std::sqrt(std::max(1.0f, float(rows) / float(cols))) * rules_[k].matrix_lr_mul;
+    ops.normuon_step({.u = u + int64_t(j) * n,
+                      .p = p[k] + gi * n,
                       .second = v_[k].mutable_data<float>() + gi * nsec,
                       .rows = rows,
                       .cols = cols,
@@ -178,7 +225,11 @@ void GptOptimizer::normuon(float* p, float* g, size_t k, float lr_scale, float m
                       .lr = lr_eff,
                       .wd = hyper_.muon_wd * lr});
   }
-  clear(g, groups * n);
+  for (size_t j = 0; j < c.blocks.size(); ++j)  // each parameter's gradient after its last block
+    if (j + 1 == c.blocks.size() || c.blocks[j + 1].first != c.blocks[j].first) {
+      const size_t k = c.blocks[j].first;
+      clear(g[k], m_[k].numel());
+    }
 }
 
 void GptOptimizer::adam(float* p, float* g, size_t k, float lr_scale) {
@@ -227,13 +278,10 @@ void GptOptimizer::step(const std::vector<float*>& p, const std::vector<float*>&
     ops.combine({.y = g[head], .ldy = tied_n, .rows = 1, .n = tied_n, .terms = t});
     clear(g[embed], tied_n);
   }
-  for (size_t k = 0; k < p.size(); ++k) {
-    if (rules_[k].kind == ParamRule::Kind::normuon) {
-      normuon(p[k], g[k], k, lr_scale, momentum);
-    } else if (do_adam && !(tied && k == embed)) {
+  for (const MuonClass& c : muon_) normuon(c, p, g, lr_scale, momentum);
+  for (size_t k = 0; k < p.size(); ++k)
+    if (rules_[k].kind == ParamRule::Kind::adam && do_adam && !(tied && k == embed))
       adam(p[k], g[k], k, lr_scale);
-    }
-  }
   if (tied && do_adam) ops.copy_rows(p[head], tied_n, p[embed], tied_n, 1, tied_n);
 }
 

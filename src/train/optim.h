@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -19,8 +20,9 @@ namespace deg::train {
 
 // Polar Express (Amsel et al. 2025; modded-nanogpt's 5 coefficient triples): X [R, K] in place
 // -> an approximately orthogonal matrix with X's singular vectors (singular values near 1).
-// On `ops`' device (x in its memory), or on the CPU.
-void polar_express(const Ops& ops, float* x, int64_t R, int64_t K);
+// On `ops`' device (x in its memory), or on the CPU. count: that many matrices back to back at
+// x, each with the result it would have alone (their products batched).
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count = 1);
 void polar_express(float* x, int64_t R, int64_t K);
 
 struct AdamHyper {
@@ -73,7 +75,14 @@ class GptOptimizer {
   void load(const std::filesystem::path& path);
 
  private:
-  void normuon(float* p, float* g, size_t k, float lr_scale, float momentum);
+  // NorMuon's matrices of one shape: every block (parameter k's rows [gi rows, (gi + 1) rows))
+  // orthogonalised in one batched Polar Express.
+  struct MuonClass {
+    int64_t rows = 0, cols = 0;
+    std::vector<std::pair<size_t, int64_t>> blocks;  // (k, gi)
+  };
+  void normuon(const MuonClass& c, const std::vector<float*>& p, const std::vector<float*>& g,
+               float lr_scale, float momentum);
   void adam(float* p, float* g, size_t k, float lr_scale);
   void clear(float* x, int64_t n) const;  // x[0, n) = 0
 
@@ -82,9 +91,10 @@ class GptOptimizer {
   std::vector<ParamRule> rules_;
   std::vector<std::string> names_;
   std::vector<Shape> shapes_;
-  std::vector<Tensor> m_, v_;  // Adam moments, or NorMuon momentum / 2nd moment; ops' memory
-  Tensor u_;                   // NorMuon's update of one block (the largest)
-  Tensor zero_row_;            // zeros, read with stride 0 to clear a gradient
+  std::vector<Tensor> m_, v_;    // Adam moments, or NorMuon momentum / 2nd moment; ops' memory
+  std::vector<MuonClass> muon_;  // in the order of their first parameters
+  Tensor u_;                     // NorMuon's updates of one class (the largest)
+  Tensor zero_row_;              // zeros, read with stride 0 to clear a gradient
   int64_t adam_t_ = 0;
 };
 

@@ -555,10 +555,15 @@ class CpuOps final : public Ops {
   // ---- training (kernels/cpu/backward.cc) ----
 
   void matmul(const MatmulOpArgs& a) const override {
-    std::vector<float> ra, rb;
-    const MatmulOpArgs f = rounded_operands(a, ra, rb);
-    parallel_for(
-        a.m, [&](int64_t b, int64_t e) { matmul_range(f, b, e); }, 1);
+    for (int64_t i = 0; i < a.batch; ++i) {  // a batch: each product as alone
+      MatmulOpArgs one = a;
+      one.a += i * a.stride_a, one.b += i * a.stride_b, one.c += i * a.stride_c;
+      one.batch = 1;
+      std::vector<float> ra, rb;
+      const MatmulOpArgs f = rounded_operands(one, ra, rb);
+      parallel_for(
+          a.m, [&](int64_t b, int64_t e) { matmul_range(f, b, e); }, 1);
+    }
   }
 
   void rms_norm_backward(const NormBackwardArgs& a) const override {

@@ -23,7 +23,8 @@ namespace deg::cuda {
   X(MatmulPreferenceDestroy)         \
   X(MatmulPreferenceSetAttribute)    \
   X(MatrixLayoutCreate)              \
-  X(MatrixLayoutDestroy)
+  X(MatrixLayoutDestroy)             \
+  X(MatrixLayoutSetAttribute)
 
 struct CublasLt {
 #define DEG_CUBLASLT_MEMBER(name) decltype(&::cublasLt##name) name = nullptr;

@@ -62,6 +62,16 @@ struct Layout {
   Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld) {
     check_blas(cuda::cublaslt().MatrixLayoutCreate(&h, t, rows, cols, ld), "layout");
   }
+  // `batch` matrices `stride` elements apart.
+  Layout(cudaDataType t, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch, int64_t stride)
+      : Layout(t, rows, cols, ld) {
+    check_blas(cuda::cublaslt().MatrixLayoutSetAttribute(h, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &batch, sizeof(batch)),
+               "layout batch");
+    check_blas(cuda::cublaslt().MatrixLayoutSetAttribute(
+                   h, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+               "layout stride");
+  }
   ~Layout() { cuda::cublaslt().MatrixLayoutDestroy(h); }
   Layout(const Layout&) = delete;
   Layout& operator=(const Layout&) = delete;
@@ -328,6 +338,13 @@ class CudaOps final : public Ops {
   void run_gemm(const LtGemm& g, const void* A, const void* B, float* D, bool accumulate,
                 Pin pin) const;
 
+  // The same for `batch` products, A, B and D stride_a, stride_b, stride_d elements apart: one
+  // strided-batch launch by an algorithm of the same preference (no workspace, no split-K),
+  // kept per shape; a product per launch (run_gemm) where cuBLASLt offers none.
+  void run_batched_gemm(const LtGemm& g, int64_t batch, int64_t stride_a, int64_t stride_b,
+                        int64_t stride_d, const void* A, const void* B, float* D,
+                        bool accumulate) const;
+
   static size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
   // The descriptor of (op(A), op(B)), made once per pair.
@@ -424,6 +441,10 @@ class CudaOps final : public Ops {
   mutable bool heuristic_ = false;
   mutable int small_config_ = -1;
   mutable std::map<GemmKey, Heuristic> heuristics_;
+  // run_batched_gemm's choices by (shape, batch, strides); none: a launch per product.
+  mutable std::map<std::tuple<GemmKey, int64_t, int64_t, int64_t, int64_t>,
+                   std::optional<cublasLtMatmulAlgo_t>>
+      batched_algos_;
 };
 
 }  // namespace deg::cuda_backend

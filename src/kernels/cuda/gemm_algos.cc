@@ -405,4 +405,44 @@ std::vector<cublasLtMatmulAlgo_t> CudaOps::candidates(const MatmulDesc& desc, co
   }
   return out;
 }
+
+void CudaOps::run_batched_gemm(const LtGemm& g, int64_t batch, int64_t stride_a, int64_t stride_b,
+                               int64_t stride_d, const void* A, const void* B, float* D,
+                               bool accumulate) const {
+  const size_t ea = element_bytes(g.at), eb = element_bytes(g.bt);
+  const int align = alignment_of(
+      {uint64_t(reinterpret_cast<uintptr_t>(A)), uint64_t(g.lda) * ea, uint64_t(stride_a) * ea,
+       uint64_t(reinterpret_cast<uintptr_t>(B)), uint64_t(g.ldb) * eb, uint64_t(stride_b) * eb,
+       uint64_t(reinterpret_cast<uintptr_t>(D)), uint64_t(g.ldd) * 4, uint64_t(stride_d) * 4});
+  const MatmulDesc& desc = this->desc(g.ta, g.tb);
+  const auto n = int32_t(batch);
+  const Layout la(g.at, uint64_t(g.a_rows()), uint64_t(g.a_cols()), g.lda, n, stride_a),
+      lb(g.bt, uint64_t(g.b_rows(g.n)), uint64_t(g.b_cols(g.n)), g.ldb, n, stride_b),
+      lc(CUDA_R_32F, uint64_t(g.m), uint64_t(g.n), g.ldd, n, stride_d);
+  const auto key = std::make_tuple(g.key(g.n, align), batch, stride_a, stride_b, stride_d);
+  auto it = batched_algos_.find(key);
+  if (it == batched_algos_.end()) {
+    const PinnedPreference pref(uint32_t(std::min<int>(align, int(ea) * 8)), uint32_t(align));
+    cublasLtMatmulHeuristicResult_t results[8] = {};
+    int found = 0;
+    const cublasStatus_t s = cuda::cublaslt().MatmulAlgoGetHeuristic(
+        blas_, desc.h, la.h, lb.h, lc.h, lc.h, pref.h, 8, results, &found);
+    std::optional<cublasLtMatmulAlgo_t> algo;
+    for (int i = 0; i < found && s == CUBLAS_STATUS_SUCCESS && !algo; ++i)
+      if (results[i].workspaceSize == 0) algo = results[i].algo;
+    it = batched_algos_.emplace(key, algo).first;
+  }
+  if (!it->second) {  // a launch per product
+    for (int64_t i = 0; i < batch; ++i)
+      run_gemm(g, static_cast<const char*>(A) + i * stride_a * int64_t(ea),
+               static_cast<const char*>(B) + i * stride_b * int64_t(eb), D + i * stride_d,
+               accumulate, Pin::this_n);
+    return;
+  }
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  check_blas(cuda::cublaslt().Matmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D,
+                                     lc.h, &*it->second, nullptr, 0, stream_),
+             "batched matmul");
+}
+
 }  // namespace deg::cuda_backend

@@ -23,34 +23,41 @@ void CudaOps::matmul(const MatmulOpArgs& a) const {
     return;
   }
   std::lock_guard lock(mu_);
-  // bf16_all: each operand rounded to bf16 as stored ([rows, cols] at its ld), packed.
+  // bf16_all: each operand rounded to bf16 as stored ([rows, cols] at its ld, a batch's
+  // matrices back to back), packed.
   const bool low = a.precision == GemmPrecision::bf16_all;
   const void *pa = a.a, *pb = a.b;
-  int64_t lda = a.lda, ldb = a.ldb;
+  int64_t lda = a.lda, ldb = a.ldb, stride_a = a.stride_a, stride_b = a.stride_b;
   if (low) {
     const int64_t ra = a.ta ? a.k : a.m, ca = a.ta ? a.m : a.k;
     const int64_t rb = a.tb ? a.n : a.k, cb = a.tb ? a.k : a.n;
-    void* xa = scratch(10, size_t(ra * ca) * 2);
-    void* xb = scratch(11, size_t(rb * cb) * 2);
-    check(cuda::launch_to_bf16(a.a, a.lda, ra, ca, xa, stream_), "to bf16");
-    check(cuda::launch_to_bf16(a.b, a.ldb, rb, cb, xb, stream_), "to bf16");
-    pa = xa, pb = xb, lda = ca, ldb = cb;
+    DEG_CHECK(a.batch == 1 || (a.stride_a == ra * a.lda && a.stride_b == rb * a.ldb),
+              "matmul: a bf16_all batch's matrices lie back to back");
+    void* xa = scratch(10, size_t(a.batch * ra * ca) * 2);
+    void* xb = scratch(11, size_t(a.batch * rb * cb) * 2);
+    check(cuda::launch_to_bf16(a.a, a.lda, a.batch * ra, ca, xa, stream_), "to bf16");
+    check(cuda::launch_to_bf16(a.b, a.ldb, a.batch * rb, cb, xb, stream_), "to bf16");
+    pa = xa, pb = xb, lda = ca, ldb = cb, stride_a = ra * ca, stride_b = rb * cb;
   }
   const cudaDataType t = low ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major c = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: the column-major view of a
   // row-major [r, c] matrix is its transpose, so b's view (N x K, or K x N read transposed
   // when tb) multiplies a's (K x M, or M x K read transposed when ta).
-  run_gemm({.ta = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-            .tb = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
-            .at = t,
-            .bt = t,
-            .m = a.n,
-            .n = a.m,
-            .k = a.k,
-            .lda = ldb,
-            .ldb = lda,
-            .ldd = a.ldc},
-           pb, pa, a.c, a.accumulate, Pin::this_n);
+  const LtGemm g{.ta = a.tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                 .tb = a.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                 .at = t,
+                 .bt = t,
+                 .m = a.n,
+                 .n = a.m,
+                 .k = a.k,
+                 .lda = ldb,
+                 .ldb = lda,
+                 .ldd = a.ldc};
+  if (a.batch > 1) {
+    run_batched_gemm(g, a.batch, stride_b, stride_a, a.stride_c, pb, pa, a.c, a.accumulate);
+  } else {
+    run_gemm(g, pb, pa, a.c, a.accumulate, Pin::this_n);
+  }
 }
 
 void CudaOps::rms_norm_backward(const NormBackwardArgs& a) const {
