@@ -463,49 +463,52 @@ TEST(OpsBackward, GatherScattersIntoTableRows) {
   }
 }
 
+// 13 rows, and 300 (CUDA sums dw over blocks of 128 rows, the last one partial).
 TEST(OpsBackward, SigmoidGatesTwoInputs) {
   std::mt19937 rng(7);
-  const int64_t R = 13, H = 3, n = 8, ldx = 10, ldw = 2 * n + 1, ldo = H + 1;
-  Floats x = randn(size_t(R * ldx), rng), x2 = randn(size_t(R * ldx), rng);
-  Floats w = randn(size_t(H * ldw), rng, 0.3f);
-  const Floats g = randn(size_t(R * ldo), rng);
-  across_backends(
-      [&](const Ops& ops) {
-        auto args = [&](float* out) {
-          return SigmoidGateArgs{.x = x.data(),
-                                 .ldx = ldx,
-                                 .x2 = x2.data(),
-                                 .ldx2 = ldx,
-                                 .w = w.data(),
-                                 .ldw = ldw,
-                                 .rows = R,
-                                 .heads = H,
-                                 .n = n,
-                                 .s = 2.0f,
-                                 .out = out,
-                                 .ldo = ldo};
-        };
-        auto forward = [&] {
-          Floats out(size_t(R * ldo), 0.0f);
-          ops.sigmoid_gates(args(out.data()));
-          return std::vector<Floats>{out};
-        };
-        Floats dx(x.size(), 0.0f), dx2(x2.size(), 0.0f), dw(w.size(), 0.0f);
-        ops.sigmoid_gates_backward({.forward = args(nullptr),
-                                    .dout = g.data(),
-                                    .lddo = ldo,
-                                    .dx = dx.data(),
-                                    .lddx = ldx,
-                                    .dx2 = dx2.data(),
-                                    .lddx2 = ldx,
-                                    .dw = dw.data()});
-        // The gate reads only its heads' columns of g (the padding lane is not an output).
-        Floats gm = g;
-        for (int64_t r = 0; r < R; ++r) gm[size_t(r * ldo + H)] = 0.0f;
-        expect_directional(forward, {gm}, {{&x, &dx}, {&x2, &dx2}, {&w, &dw}}, rng);
-        return std::vector<Floats>{dx, dx2, dw};
-      },
-      1e-5);
+  for (const int64_t R : {13, 300}) {
+    const int64_t H = 3, n = 8, ldx = 10, ldw = 2 * n + 1, ldo = H + 1;
+    Floats x = randn(size_t(R * ldx), rng), x2 = randn(size_t(R * ldx), rng);
+    Floats w = randn(size_t(H * ldw), rng, 0.3f);
+    const Floats g = randn(size_t(R * ldo), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          auto args = [&](float* out) {
+            return SigmoidGateArgs{.x = x.data(),
+                                   .ldx = ldx,
+                                   .x2 = x2.data(),
+                                   .ldx2 = ldx,
+                                   .w = w.data(),
+                                   .ldw = ldw,
+                                   .rows = R,
+                                   .heads = H,
+                                   .n = n,
+                                   .s = 2.0f,
+                                   .out = out,
+                                   .ldo = ldo};
+          };
+          auto forward = [&] {
+            Floats out(size_t(R * ldo), 0.0f);
+            ops.sigmoid_gates(args(out.data()));
+            return std::vector<Floats>{out};
+          };
+          Floats dx(x.size(), 0.0f), dx2(x2.size(), 0.0f), dw(w.size(), 0.0f);
+          ops.sigmoid_gates_backward({.forward = args(nullptr),
+                                      .dout = g.data(),
+                                      .lddo = ldo,
+                                      .dx = dx.data(),
+                                      .lddx = ldx,
+                                      .dx2 = dx2.data(),
+                                      .lddx2 = ldx,
+                                      .dw = dw.data()});
+          // The gate reads only its heads' columns of g (the padding lane is not an output).
+          Floats gm = g;
+          for (int64_t r = 0; r < R; ++r) gm[size_t(r * ldo + H)] = 0.0f;
+          expect_directional(forward, {gm}, {{&x, &dx}, {&x2, &dx2}, {&w, &dw}}, rng);
+          return std::vector<Floats>{dx, dx2, dw};
+        },
+        1e-5);
+  }
 }
 
 // Rows of 3 real tokens of 4 (the padded one is left alone), 2 heads of 6.
@@ -656,8 +659,9 @@ struct TwoRows {
 };
 
 // CUDA's bf16 tensor-core attention against the CPU's f64 (outputs and gradients, max error over
-// max magnitude): q, k, v, the output gradient and the probabilities rounded to bf16.
-constexpr double kBf16Attention = 3e-2;
+// max magnitude): q, k, v, the output gradient and the probabilities rounded to bf16 (an H200
+// measured 0.0096 at most, 2026-12-07).
+constexpr double kBf16Attention = 2e-2;
 
 double check_two_rows(
     const TwoRows& c,

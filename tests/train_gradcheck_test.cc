@@ -256,6 +256,38 @@ TEST(TrainGradcheck, ForkLayoutSplitByLengthEqualsOneCall) {
   }
 }
 
+// d(final) kept on the backend (GptStepOptions::host_final false, as pretraining runs) gives the
+// same loss and bitwise the same gradients as the host round trip, split into calls or not.
+TEST(TrainGradcheck, FinalStateKeptOnTheBackendEqualsTheHostRoundTrip) {
+  Rng rng(13);
+  GptParams p = perturbed_tiny(rng);
+  const GptConfig& c = p.config();
+  GptBatch b;
+  for (int64_t t = 0; t < 40; ++t) {
+    b.inputs.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.targets.push_back(int32_t(rng.next_u64() % uint64_t(c.vocab_size)));
+    b.seg_start.push_back(int32_t(t < 17 ? 0 : 17));
+  }
+  for (int64_t call_tokens : {int64_t(0), int64_t(1) << 30}) {
+    GptStepOptions host{.window_short = 4, .window_long = 7};
+    host.call_tokens = call_tokens;
+    GptStepOptions kept = host;
+    kept.host_final = false;
+    auto g1 = p.zeros_like(), g2 = p.zeros_like();
+    GptActs work;  // one pass's memory for both, as a run's steps share it
+    const double l1 = gpt_loss_and_grad(p, b, host, g1, &work);
+    const double l2 = gpt_loss_and_grad(p, b, kept, g2, &work);
+    EXPECT_EQ(l1, l2);
+    EXPECT_TRUE(work.final_xn.empty());  // nothing copied out
+    for (size_t k = 0; k < g1.size(); ++k) {
+      float amax = 0;
+      for (float v : g1[k].data) amax = std::max(amax, std::fabs(v));
+      EXPECT_GT(amax, 0.0f) << g1[k].name;
+      EXPECT_TRUE(g1[k].data == g2[k].data) << g1[k].name;
+    }
+  }
+}
+
 // Every head loss's gradients (answers, options, context, each head tensor and the relative
 // bias) against central differences, on one set of queries that uses every head.
 TEST(TrainGradcheck, HeadLosses) {

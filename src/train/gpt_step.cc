@@ -64,6 +64,7 @@ struct GptPass {
   std::vector<GptTrainCall> calls;
   std::vector<Segment> segments;  // every segment of the stream, where it lives
   std::vector<float*> finals;     // per call [B L, C]
+  Tensor dfinal;                  // [T, C] the loss's d(final) on the backend (!host_final)
   GptTapePtr tape;
 
   // Everything but the arena's memory.
@@ -79,6 +80,7 @@ struct GptPass {
     calls.clear();
     segments.clear();
     finals.clear();
+    dfinal = Tensor();
   }
 };
 
@@ -277,10 +279,11 @@ SoftcapLoss loss_of(const GptConfig& c, const GptStepOptions& o) {
 
 // The mean loss of a forward, by the pass's backend (softcap_cross_entropy, where the final
 // hidden state already is: on a GPU only the per-row losses, d(final) and lm_head's gradient come
-// back): d(final) [T, C] in stream order into dfinal and lm_head's gradient added into dlm, when
-// given. The rows' losses are summed in f64 in stream order, as softcap_loss sums them.
+// back): d(final) [T, C] in stream order into dfinal (or, keep_dfinal, into pass.dfinal on the
+// backend) and lm_head's gradient added into dlm, when given. The rows' losses are summed in f64
+// in stream order, as softcap_loss sums them.
 double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptPass& pass,
-                 float* dfinal, float* dlm, bool dlm_on_backend = false) {
+                 float* dfinal, float* dlm, bool dlm_on_backend = false, bool keep_dfinal = false) {
   const GptConfig& c = p.config();
   const int64_t T = b.size(), C = c.model_dim, V = c.vocab_size;
   const Ops& ops = pass.ops;
@@ -298,17 +301,19 @@ double pass_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
     return d;
   };
   float* rows = pass.arena.floats(T);
-  Tensor dxn = dfinal ? ops.alloc({T, C}, DType::f32) : Tensor();  // zero-filled
+  const bool want_dfinal = dfinal || keep_dfinal;
+  Tensor dxn = want_dfinal ? ops.alloc({T, C}, DType::f32) : Tensor();  // zero-filled
   Tensor dw = dlm && !dlm_on_backend ? ops.alloc({V, C}, DType::f32) : Tensor();
   SoftcapCrossEntropyArgs args = softcap_op_args(loss_of(c, o), xn, &pass.model->lm_head(),
                                                  ids_on(b.targets), ids_on(b.prefix), T, C);
   args.loss = rows;
   args.bf16 = o.precision == GemmPrecision::bf16_all;
-  args.dxn = dfinal ? dxn.mutable_data<float>() : nullptr;
+  args.dxn = want_dfinal ? dxn.mutable_data<float>() : nullptr;
   args.dw = dlm_on_backend ? dlm : dlm ? dw.mutable_data<float>() : nullptr;
   ops.softcap_cross_entropy(args);
   std::vector<float> row_loss(static_cast<size_t>(T));
   ops.to_host(row_loss.data(), rows, size_t(T) * sizeof(float));
+  if (keep_dfinal) pass.dfinal = dxn;  // gpt_backward reads it there
   if (dfinal) ops.to_host(dfinal, dxn.data<float>(), size_t(T * C) * sizeof(float));
   if (dlm && !dlm_on_backend) {
     std::vector<float> g(size_t(V * C));
@@ -362,6 +367,8 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
     }
   }
   pass.finals = gpt_train_forward(*pass.model, x, calls, pass.tape);
+  a.final_xn.clear();
+  if (!o.host_final) return;
   a.final_xn = zeros(T * C);
   each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
     pass.ops.to_host(a.final_xn.data() + to, pass.finals[size_t(k)] + from,
@@ -377,19 +384,33 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
   const int64_t C = p.config().model_dim;
   const bool host = pass.ops.device() == Device::cpu;
   const Exec x{pass.ops, pass.arena};
-  // Each call's d(final) [B L, C], zero at padded positions.
-  std::vector<Buf> dcall;
-  for (const GptTrainCall& c : pass.calls) dcall.push_back(zeros(c.rows.n() * C));
-  each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
-    std::copy(dfinal + to, dfinal + to + n, dcall[size_t(k)].begin() + from);
-  });
   auto on_device = [&](const Buf& v) -> float* {
     float* d = x.arena.floats(int64_t(v.size()));
     pass.ops.to_device(d, v.data(), v.size() * sizeof(float));
     return d;
   };
+  // Each call's d(final) [B L, C], zero at padded positions: from the host's dfinal, or on the
+  // backend from the loss's.
   std::vector<const float*> dptr;
-  for (const Buf& d : dcall) dptr.push_back(host ? d.data() : on_device(d));
+  std::vector<Buf> dcall;
+  std::vector<Tensor> dcall_backend;
+  if (dfinal) {
+    for (const GptTrainCall& c : pass.calls) dcall.push_back(zeros(c.rows.n() * C));
+    each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
+      std::copy(dfinal + to, dfinal + to + n, dcall[size_t(k)].begin() + from);
+    });
+    for (const Buf& d : dcall) dptr.push_back(host ? d.data() : on_device(d));
+  } else {
+    DEG_CHECK(pass.dfinal.numel() > 0, "gpt_backward: no d(final) (gpt_loss_of_forward keeps it)");
+    for (const GptTrainCall& c : pass.calls)
+      dcall_backend.push_back(pass.ops.alloc({c.rows.n() * C}, DType::f32));  // zero-filled
+    const float* d = pass.dfinal.data<float>();
+    each_segment_row(pass, C, [&](int k, int64_t from, int64_t to, int64_t n) {
+      pass.ops.copy_rows(d + to, C, dcall_backend[size_t(k)].mutable_data<float>() + from, C, n / C,
+                         C);
+    });
+    for (const Tensor& t : dcall_backend) dptr.push_back(t.data<float>());
+  }
   GptGrads g;
   if (o.resident) {
     for (size_t k = 0; k < p.tensors().size(); ++k)
@@ -402,6 +423,7 @@ void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o
     for (ParamTensor& t : grads)
       pass.ops.to_host(t.data.data(), g[t.name], t.data.size() * sizeof(float));
   pass.tape.reset();
+  pass.dfinal = Tensor();
 }
 
 double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs* work) {
@@ -414,7 +436,7 @@ double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o, 
 double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                            GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads) {
   DEG_CHECK(acts.pass && acts.pass->tape, "gpt_loss_of_forward needs the forward's GptActs");
-  dfinal = zeros(b.size() * p.config().model_dim);
+  dfinal = o.host_final ? zeros(b.size() * p.config().model_dim) : Buf();
   // lm_head's gradient: the resident one (on the backend), or the host's.
   float* dlm = nullptr;
   for (size_t k = 0; k < p.tensors().size(); ++k)
@@ -422,7 +444,8 @@ double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepO
       dlm = o.resident->grads[k].mutable_data<float>();
   for (auto& g : grads)
     if (!o.resident && g.name == "lm_head") dlm = g.data.data();
-  return pass_loss(p, b, o, *acts.pass, dfinal.data(), dlm, o.resident != nullptr);
+  return pass_loss(p, b, o, *acts.pass, o.host_final ? dfinal.data() : nullptr, dlm,
+                   o.resident != nullptr, !o.host_final);
 }
 
 double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
@@ -432,7 +455,7 @@ double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOpt
   gpt_forward(p, b, o, a);
   Buf dfinal;
   const double loss = gpt_loss_of_forward(p, b, o, a, dfinal, grads);
-  gpt_backward(p, b, o, a, dfinal.data(), grads);
+  gpt_backward(p, b, o, a, o.host_final ? dfinal.data() : nullptr, grads);
   return loss;
 }
 

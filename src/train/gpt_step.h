@@ -77,6 +77,11 @@ struct GptStepOptions {
   // the loss's matrix products round their operands to bf16 with f32 accumulation (tensor cores
   // on a GPU); parameters, gradients and optimizer state stay f32 (GptTrainCall::precision).
   GemmPrecision precision = GemmPrecision::exact;
+  // gpt_forward copies the final hidden state into acts.final_xn (heads on the host read it),
+  // and the loss's d(final) comes back into the host's `dfinal`. false (pretraining: the loss runs
+  // where the state is): both stay on the backend — no [T, C] copies each way a step — and
+  // gpt_backward, given a null dfinal, reads the loss's from there.
+  bool host_final = true;
 };
 
 // "f32" -> exact, "bf16" -> bf16_all (PretrainOptions::precision); throws invalid_argument
@@ -104,8 +109,9 @@ void gpt_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
 double gpt_loss(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                 GptActs* work = nullptr);
 // The mean loss of a forward (`acts` from gpt_forward) with d(final_xn) into `dfinal` [T, C]
-// and lm_head's gradient added into `grads`: the step between gpt_forward and gpt_backward. The
-// loss runs on the forward's backend (softcap_cross_entropy), where its hidden state is.
+// (with o.host_final; else kept in `acts` and dfinal left empty) and lm_head's gradient added
+// into `grads`: the step between gpt_forward and gpt_backward. The loss runs on the forward's
+// backend (softcap_cross_entropy), where its hidden state is.
 double gpt_loss_of_forward(const GptParams& p, const GptBatch& b, const GptStepOptions& o,
                            GptActs& acts, Buf& dfinal, std::vector<ParamTensor>& grads);
 // Mean loss, and its gradients added into `grads` (GptParams::zeros_like layout).
@@ -114,8 +120,9 @@ double gpt_loss_and_grad(const GptParams& p, const GptBatch& b, const GptStepOpt
 // Soft-capped logits [T, V] of a batch's inputs (the inference conformance door).
 Buf gpt_logits(const GptParams& p, const GptBatch& b, const GptStepOptions& o);
 
-// The backward of gpt_forward given d(final_xn) [T, C]; adds into grads. `acts` is spent (its
-// memory stays for the next gpt_forward).
+// The backward of gpt_forward given d(final_xn) [T, C] (null: the one gpt_loss_of_forward kept
+// on the backend without o.host_final); adds into grads. `acts` is spent (its memory stays for
+// the next gpt_forward).
 void gpt_backward(const GptParams& p, const GptBatch& b, const GptStepOptions& o, GptActs& acts,
                   const float* dfinal, std::vector<ParamTensor>& grads);
 

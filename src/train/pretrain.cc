@@ -50,7 +50,8 @@ double validate(const GptParams& p, GptResident& resident, const PretrainOptions
                           .window_long = p.config().window_long,
                           .device = resident.ops->device(),
                           .resident = &resident,
-                          .precision = train_precision(o.precision)};
+                          .precision = train_precision(o.precision),
+                          .host_final = false};
   const int64_t chunk = std::min(o.val_tokens, o.batch_tokens);
   double sum = 0;
   int64_t n = 0;
@@ -210,7 +211,8 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
                             .window_long = params.config().window_long,
                             .device = device,
                             .resident = &resident,
-                            .precision = precision};
+                            .precision = precision,
+                            .host_final = false};
     // Every rank reads every micro-batch (the loaders stay in step) and trains on its own.
     double loss = 0;
     for (int64_t m = 0; m < micro; ++m) {

@@ -197,16 +197,34 @@ __global__ void sigmoid_gates_dz_kernel(SigmoidGatesBackwardLaunch a) {
   }
 }
 
+// dw's partial sums: a thread per (block of kGateRowsPerPartial rows, head, weight), rows in
+// order in f64.
+__global__ void sigmoid_gates_dw_partial_kernel(SigmoidGatesBackwardLaunch a) {
+  const SigmoidGatesLaunch& f = a.forward;
+  const int64_t width = f.x2 ? 2 * f.n : f.n;
+  const int64_t blocks = (f.rows + kGateRowsPerPartial - 1) / kGateRowsPerPartial;
+  DEG_GRID_LOOP(e, blocks * f.heads * width) {
+    const int64_t b = e / (f.heads * width), h = e / width % f.heads, j = e % width;
+    const float* x = j < f.n ? f.x + j : f.x2 + (j - f.n);
+    const int64_t ld = j < f.n ? f.ldx : f.ldx2;
+    const int64_t r1 =
+        (b + 1) * kGateRowsPerPartial < f.rows ? (b + 1) * kGateRowsPerPartial : f.rows;
+    double s = 0;
+    for (int64_t r = b * kGateRowsPerPartial; r < r1; ++r)
+      s += double(a.dz[r * f.heads + h]) * x[r * ld];
+    a.partial[e] = s;
+  }
+}
+
+// dw += the partial sums of each weight, blocks in order.
 __global__ void sigmoid_gates_dw_kernel(SigmoidGatesBackwardLaunch a) {
   const SigmoidGatesLaunch& f = a.forward;
   const int64_t width = f.x2 ? 2 * f.n : f.n;
+  const int64_t blocks = (f.rows + kGateRowsPerPartial - 1) / kGateRowsPerPartial;
   DEG_GRID_LOOP(e, f.heads * width) {
-    const int64_t h = e / width, j = e % width;
-    const float* x = j < f.n ? f.x + j : f.x2 + (j - f.n);
-    const int64_t ld = j < f.n ? f.ldx : f.ldx2;
     double s = 0;
-    for (int64_t r = 0; r < f.rows; ++r) s += double(a.dz[r * f.heads + h]) * x[r * ld];
-    a.dw[h * f.ldw + j] += float(s);
+    for (int64_t b = 0; b < blocks; ++b) s += a.partial[b * f.heads * width + e];
+    a.dw[e / width * f.ldw + e % width] += float(s);
   }
 }
 
@@ -298,7 +316,11 @@ cudaError_t launch_sigmoid_gates_backward(const SigmoidGatesBackwardLaunch& a,
   if (f.rows * f.heads == 0) return cudaSuccess;
   sigmoid_gates_dz_kernel<<<grid_for(f.rows), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess || !a.dw) return e;
-  sigmoid_gates_dw_kernel<<<grid_for(f.heads * (f.x2 ? 2 * f.n : f.n)), kThreads, 0, stream>>>(a);
+  const int64_t weights = f.heads * (f.x2 ? 2 * f.n : f.n);
+  const int64_t blocks = (f.rows + kGateRowsPerPartial - 1) / kGateRowsPerPartial;
+  sigmoid_gates_dw_partial_kernel<<<grid_for(blocks * weights), kThreads, 0, stream>>>(a);
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  sigmoid_gates_dw_kernel<<<grid_for(weights), kThreads, 0, stream>>>(a);
   return launched();
 }
 

@@ -477,8 +477,12 @@ struct SigmoidGatesBackwardLaunch {
   float* dx2;
   int64_t lddx2;
   float* dw;
-  float* dz;  // scratch [rows, heads]
+  float* dz;        // scratch [rows, heads]
+  double* partial;  // scratch [ceil(rows / kGateRowsPerPartial), heads, width (n, or 2 n with x2)]
 };
+// dw's rows are summed kGateRowsPerPartial at a time (each in order, in f64), then the partial
+// sums in order: a thread per weight walking every row left most of the GPU idle.
+constexpr int64_t kGateRowsPerPartial = 128;
 cudaError_t launch_sigmoid_gates_backward(const SigmoidGatesBackwardLaunch& a, cudaStream_t stream);
 
 struct ProjectionBackwardLaunch {

@@ -171,6 +171,9 @@ void CudaOps::gather_backward(const GatherBackwardArgs& a) const {
 void CudaOps::sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const {
   const SigmoidGateArgs& f = a.forward;
   DeviceTemp dz(size_t(std::max<int64_t>(f.rows * f.heads, 1)) * sizeof(float));
+  const int64_t blocks = (f.rows + cuda::kGateRowsPerPartial - 1) / cuda::kGateRowsPerPartial;
+  DeviceTemp partial(size_t(std::max<int64_t>(blocks * f.heads * (f.x2 ? 2 : 1) * f.n, 1)) *
+                     sizeof(double));
   check(cuda::launch_sigmoid_gates_backward({.forward = {.x = f.x,
                                                          .ldx = f.ldx,
                                                          .x2 = f.x2,
@@ -188,7 +191,8 @@ void CudaOps::sigmoid_gates_backward(const SigmoidGatesBackwardArgs& a) const {
                                              .dx2 = a.dx2,
                                              .lddx2 = a.lddx2,
                                              .dw = a.dw,
-                                             .dz = dz.as<float>()},
+                                             .dz = dz.as<float>(),
+                                             .partial = partial.as<double>()},
                                             stream_),
         "sigmoid_gates_backward");
 }
