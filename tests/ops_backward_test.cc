@@ -980,6 +980,31 @@ TEST(OpsOptimizer, AdamNesterovAndSumSquares) {
       1e-6);
 }
 
+// frobenius_normalize over 3 blocks (the last shorter than a sum chunk's multiple): each block
+// as sum_squares and scale give it, bitwise, on every backend.
+TEST(OpsOptimizer, FrobeniusNormalizeIsSumSquaresThenScale) {
+  std::mt19937 rng(15);
+  const int64_t n = 10007, count = 3;
+  const Floats x0 = randn(size_t(n * count), rng);
+  across_backends(
+      [&](const Ops& ops) {
+        Floats x = x0, want = x0;
+        ops.frobenius_normalize(
+            {.x = x.data(), .n = n, .count = count, .margin = 2e-2, .eps = 1e-6});
+        for (int64_t i = 0; i < count; ++i) {
+          const double s = ops.sum_squares(x0.data() + i * n, n);
+          const float f = float(1.0 / (std::sqrt(s) * (1 + 2e-2) + 1e-6));
+          ops.scale({.y = want.data() + i * n, .ldy = n, .rows = 1, .n = n, .s = f});
+        }
+        EXPECT_EQ(std::memcmp(x.data(), want.data(), x.size() * sizeof(float)), 0);
+        double norm = 0;  // the first block now has a norm just below 1
+        for (int64_t j = 0; j < n; ++j) norm += double(x[size_t(j)]) * x[size_t(j)];
+        EXPECT_NEAR(std::sqrt(norm), 1 / 1.02, 1e-5);
+        return std::vector<Floats>{x};
+      },
+      1e-7);
+}
+
 // Polar Express (train::polar_express's ops) and NorMuon's step, wide and tall.
 TEST(OpsOptimizer, PolarExpressAndNorMuonStep) {
   std::mt19937 rng(13);

@@ -689,6 +689,17 @@ struct AttendF64BackwardArgs {
 
 // ---- training: optimizer steps (src/train/optim.cc composes them) ----
 
+// Polar Express's first step over `count` blocks of n floats at x + i n: x_i *= float(1 /
+// (sqrt(s_i) (1 + margin) + eps)) with s_i the sum of x_i² as sum_squares sums it and the factor
+// in f64, rounded once; on the backend, nothing coming back to the host (sum_squares then scale
+// give the same bits, but wait for the sum).
+struct FrobeniusNormalizeArgs {
+  float* x = nullptr;
+  int64_t n = 0;
+  int64_t count = 1;
+  double margin = 0.0, eps = 0.0;
+};
+
 // Adam with cautious weight decay over n elements, then g = 0: m = b1 m + (1 - b1) g; v = b2 v +
 // (1 - b2) g²; u = m / (sqrt(v) + eps) step_size; u += p wd where u p > 0; p -= u.
 struct AdamStepArgs {
@@ -865,6 +876,9 @@ class Ops {
   virtual void normuon_step(const NorMuonStepArgs&) const { no_training_op("normuon_step"); }
   // sum x[i]² over n in f64, in one order fixed by n (a host value: the op waits for it).
   virtual double sum_squares(const float*, int64_t) const { no_training_op("sum_squares"); }
+  virtual void frobenius_normalize(const FrobeniusNormalizeArgs&) const {
+    no_training_op("frobenius_normalize");
+  }
 
  protected:
   [[noreturn]] void no_training_op(const char* op) const;

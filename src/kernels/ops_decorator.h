@@ -155,6 +155,9 @@ class OpsDecorator : public Ops {
     run("sum_squares", [&] { s = inner_.sum_squares(x, n); });
     return s;
   }
+  void frobenius_normalize(const FrobeniusNormalizeArgs& a) const override {
+    run("frobenius_normalize", [&] { inner_.frobenius_normalize(a); });
+  }
 
   void softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const override {
     run("softcap_cross_entropy", [&] { inner_.softcap_cross_entropy(a); });

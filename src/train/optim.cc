@@ -34,11 +34,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
   // each product together (a strided batch), and through the combinations as one block of rows.
   const bool tall = R > K;
   const int64_t r = tall ? K : R, n = R * K;
-  for (int64_t i = 0; i < count; ++i) {
-    float* xi = x + i * n;
-    const double fro = std::sqrt(ops.sum_squares(xi, n));
-    ops.scale({.y = xi, .ldy = K, .rows = R, .n = K, .s = float(1.0 / (fro * (1 + 2e-2) + 1e-6))});
-  }
+  ops.frobenius_normalize({.x = x, .n = n, .count = count, .margin = 2e-2, .eps = 1e-6});
   const Tensor A = ops.alloc({count, r, r}, DType::f32), B = ops.alloc({count, r, r}, DType::f32);
   const Tensor Y = ops.alloc({count, R, K}, DType::f32);
   float *a = A.mutable_data<float>(), *b = B.mutable_data<float>(), *y = Y.mutable_data<float>();

@@ -667,6 +667,19 @@ class CpuOps final : public Ops {
     return s;
   }
 
+  void frobenius_normalize(const FrobeniusNormalizeArgs& a) const override {
+    for (int64_t i = 0; i < a.count; ++i) {
+      float* x = a.x + i * a.n;
+      const float f = float(1.0 / (std::sqrt(sum_squares(x, a.n)) * (1 + a.margin) + a.eps));
+      parallel_for(
+          a.n,
+          [&](int64_t b, int64_t e) {
+            for (int64_t j = b; j < e; ++j) x[j] *= f;
+          },
+          4096);
+    }
+  }
+
   // ---- softcap_cross_entropy (kernels/ops.h): per chunk of rows, the logits through gemm(),
   // each row's soft cap, lse, loss and dz in place over the pool, then dxn += dz W (rows over
   // the pool) and dw += dz^T xn (vocabulary rows over the pool, from dz transposed). ----

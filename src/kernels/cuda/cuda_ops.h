@@ -294,6 +294,7 @@ class CudaOps final : public Ops {
   void nesterov(const NesterovArgs& a) const override;
   void normuon_step(const NorMuonStepArgs& a) const override;
   double sum_squares(const float* x, int64_t n) const override;
+  void frobenius_normalize(const FrobeniusNormalizeArgs& a) const override;
 
   // ---- softcap_cross_entropy: per chunk of rows, the logits GEMM (the projection's pinned
   // algorithm), the loss kernel (dz over the logits, or as bf16), then dxn += dz W and dw += dzᵀ

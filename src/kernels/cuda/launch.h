@@ -545,6 +545,15 @@ cudaError_t launch_nesterov(const NesterovLaunch& a, cudaStream_t stream);
 // order, into *out (device).
 cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double* partial,
                                double* out, cudaStream_t stream);
+// FrobeniusNormalizeArgs: each block's sum as launch_sum_squares sums it (partial: [count,
+// chunks]), its factor (factor: [count]), then the scaling.
+struct FrobeniusNormalizeLaunch {
+  float* x;
+  int64_t n, count;
+  double margin, eps;
+};
+cudaError_t launch_frobenius_normalize(const FrobeniusNormalizeLaunch& a, int64_t chunk,
+                                       double* partial, float* factor, cudaStream_t stream);
 struct NorMuonLaunch {
   const float* u;
   float* p;

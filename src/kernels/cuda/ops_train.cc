@@ -330,6 +330,17 @@ double CudaOps::sum_squares(const float* x, int64_t n) const {
   return s;
 }
 
+void CudaOps::frobenius_normalize(const FrobeniusNormalizeArgs& a) const {
+  if (a.n * a.count == 0) return;
+  const int64_t chunks = (a.n + kSumChunk - 1) / kSumChunk;
+  DeviceTemp work(size_t(a.count * chunks) * sizeof(double) + size_t(a.count) * sizeof(float));
+  check(cuda::launch_frobenius_normalize(
+            {.x = a.x, .n = a.n, .count = a.count, .margin = a.margin, .eps = a.eps}, kSumChunk,
+            work.as<double>(), reinterpret_cast<float*>(work.as<double>() + a.count * chunks),
+            stream_),
+        "frobenius_normalize");
+}
+
 void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
   const Tensor& w = *a.w;
   DEG_CHECK(w.rank() == 2 && w.is_contiguous() && w.device() == Device::cuda,

@@ -33,10 +33,13 @@ __global__ void nesterov_kernel(NesterovLaunch a) {
 }
 
 // A block per chunk: thread t squares elements t, t + kThreads, ... of the chunk, then
-// block_sum's tree (the chunk's partial sum depends on its elements only).
+// block_sum's tree (the chunk's partial sum depends on its elements only). blockIdx.y: the
+// vector of n at x + y n, its chunks' sums at partial + y chunks.
 __global__ void __launch_bounds__(kThreads)
     sum_chunks_kernel(const float* x, int64_t n, int64_t chunk, int64_t chunks, double* partial) {
   __shared__ double red[kThreads];
+  x += int64_t(blockIdx.y) * n;
+  partial += int64_t(blockIdx.y) * chunks;
   for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const int64_t b = c * chunk, e = b + chunk < n ? b + chunk : n;
     double s = 0;
@@ -50,6 +53,20 @@ __global__ void sum_partials_kernel(const double* partial, int64_t chunks, doubl
   double s = 0;
   for (int64_t c = 0; c < chunks; ++c) s += partial[c];
   *out = s;
+}
+
+// frobenius_normalize: a thread per block, its chunks' sums in order, then its factor.
+__global__ void normalize_factors_kernel(FrobeniusNormalizeLaunch a, const double* partial,
+                                         int64_t chunks, float* factor) {
+  DEG_GRID_LOOP(i, a.count) {
+    double s = 0;
+    for (int64_t c = 0; c < chunks; ++c) s += partial[i * chunks + c];
+    factor[i] = float(1.0 / (sqrt(s) * (1 + a.margin) + a.eps));
+  }
+}
+
+__global__ void normalize_scale_kernel(FrobeniusNormalizeLaunch a, const float* factor) {
+  DEG_GRID_LOOP(e, a.n * a.count) a.x[e] *= factor[e / a.n];
 }
 
 // work[s]: the mean square of row / column s, then work[nsec + s] its step; second updated.
@@ -116,6 +133,20 @@ cudaError_t launch_sum_squares(const float* x, int64_t n, int64_t chunk, double*
     if (cudaError_t e = launched(); e != cudaSuccess) return e;
   }
   sum_partials_kernel<<<1, 1, 0, stream>>>(partial, chunks, out);
+  return launched();
+}
+
+cudaError_t launch_frobenius_normalize(const FrobeniusNormalizeLaunch& a, int64_t chunk,
+                                       double* partial, float* factor, cudaStream_t stream) {
+  if (a.n * a.count == 0) return cudaSuccess;
+  const int64_t chunks = (a.n + chunk - 1) / chunk;
+  if (a.count > 65535) return cudaErrorInvalidValue;
+  sum_chunks_kernel<<<dim3(block_per_item(chunks), unsigned(a.count)), kThreads, 0, stream>>>(
+      a.x, a.n, chunk, chunks, partial);
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  normalize_factors_kernel<<<grid_for(a.count), kThreads, 0, stream>>>(a, partial, chunks, factor);
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  normalize_scale_kernel<<<grid_for(a.n * a.count), kThreads, 0, stream>>>(a, factor);
   return launched();
 }
 
