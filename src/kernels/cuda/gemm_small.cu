@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/mma.cuh"
 
 namespace deg::cuda {
 
@@ -27,19 +28,6 @@ namespace {
 constexpr int kStageK = 128;         // k per stage
 constexpr int kPitch = kStageK + 8;  // a staged row's bf16 elements (272 bytes)
 
-__device__ __forceinline__ void copy16(uint16_t* smem, const uint16_t* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kLeft>
-__device__ __forceinline__ void wait_pending() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kLeft) : "memory");
-}
 __device__ __forceinline__ uint32_t lds32(const uint16_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -69,12 +57,14 @@ __global__ void __launch_bounds__(NW * 32) small_gemm_kernel(const SmallGemmLaun
     for (int c = tid; c < kRowsCta * kPieces; c += NW * 32) {
       const int r = c / kPieces, q = c % kPieces;
       const bool ok = m0 + r < a.m && 8 * q < width;
-      copy16(xd + r * kPitch + 8 * q, ok ? a.x + (m0 + r) * a.ldx + k0 + 8 * q : a.x, ok);
+      copy16_or_zero(xd + r * kPitch + 8 * q, ok ? a.x + (m0 + r) * a.ldx + k0 + 8 * q : a.x,
+                     ok ? 16 : 0);
     }
     for (int c = tid; c < kColsCta * kPieces; c += NW * 32) {
       const int r = c / kPieces, q = c % kPieces;
       const bool ok = n0 + r < a.n && 8 * q < width;
-      copy16(wd + r * kPitch + 8 * q, ok ? a.w + (n0 + r) * K + k0 + 8 * q : a.w, ok);
+      copy16_or_zero(wd + r * kPitch + 8 * q, ok ? a.w + (n0 + r) * K + k0 + 8 * q : a.w,
+                     ok ? 16 : 0);
     }
   };
 
@@ -86,13 +76,13 @@ __global__ void __launch_bounds__(NW * 32) small_gemm_kernel(const SmallGemmLaun
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < stages) stage(s);
-    commit();
+    commit_copies();
   }
   for (int s = 0; s < stages; ++s) {
-    wait_pending<kStages - 2>();
+    wait_copies<kStages - 2>();
     __syncthreads();
     if (s + kStages - 1 < stages) stage(s + kStages - 1);
-    commit();
+    commit_copies();
     if (!cols) continue;
     const uint16_t* xa = xs + (s % kStages) * kRowsCta * kPitch;
     const uint16_t* wb = ws + (s % kStages) * kColsCta * kPitch + warp * CW * kPitch;

@@ -1,6 +1,6 @@
 // The tensor-core and asynchronous-copy pieces of the CUDA kernels that multiply bf16 tiles in
-// shared memory (attention_mma.cu, attention_bf16.cu; attention.cu takes the copies): PTX
-// wrappers, no state.
+// shared memory (attention_mma.cu, attention_bf16.cu; attention.cu and gemm_small.cu take the
+// copies): PTX wrappers, no state.
 #pragma once
 
 #include <cuda_bf16.h>
