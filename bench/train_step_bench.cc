@@ -97,7 +97,7 @@ int run(const Options& o) {
   params.init(1);
   // As `deg pretrain` runs: parameters, gradients and optimizer state resident on the device.
   const Ops& ops = ops_for(device);
-  train::GptOptimizer opt(params, {}, ops);
+  train::GptOptimizer opt(params, {.polar = train::train_precision(o.precision)}, ops);
   train::GptResident resident(params, ops);
   std::vector<train::ParamTensor> grads;  // none on the host: the gradients are the resident ones
   const train::GptStepOptions so{.mtp_weights = {1.0f, 0.5f, 0.25f},

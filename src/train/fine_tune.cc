@@ -141,6 +141,7 @@ class Trainer {
       OptimizerHyper h;
       h.adam_lr *= o.trunk_lr;
       h.muon_lr *= o.trunk_lr;
+      h.polar = train_precision(o.precision);
       topt_.emplace(*params_, h, ops_for(device_));
     }
   }

@@ -28,7 +28,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count) {
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count,
+                   GemmPrecision precision) {
   // On the wide orientation: X [R, K] with R <= K, A = X Xᵀ [R, R], Y = B X. A tall X works on
   // Z = Xᵀ without moving it: A = Xᵀ X, and Yᵀ = (B Z)ᵀ = X Bᵀ. The count matrices go through
   // each product together (a strided batch), and through the combinations as one block of rows.
@@ -51,6 +52,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
                   .m = r,
                   .n = r,
                   .k = R,
+                  .precision = precision,
                   .batch = count,
                   .stride_a = n,
                   .stride_b = n,
@@ -66,6 +68,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
                   .m = r,
                   .n = r,
                   .k = K,
+                  .precision = precision,
                   .batch = count,
                   .stride_a = n,
                   .stride_b = n,
@@ -80,6 +83,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
                 .m = r,
                 .n = r,
                 .k = r,
+                .precision = precision,
                 .batch = count,
                 .stride_a = rr,
                 .stride_b = rr,
@@ -97,6 +101,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
                   .m = R,
                   .n = K,
                   .k = K,
+                  .precision = precision,
                   .batch = count,
                   .stride_a = n,
                   .stride_b = rr,
@@ -111,6 +116,7 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
                   .m = R,
                   .n = K,
                   .k = R,
+                  .precision = precision,
                   .batch = count,
                   .stride_a = rr,
                   .stride_b = n,
@@ -207,7 +213,7 @@ void GptOptimizer::normuon(const MuonClass& c, const std::vector<float*>& p,
                   .n = n,
                   .momentum = momentum});
   }
-  polar_express(ops, u, rows, cols, int64_t(c.blocks.size()));
+  polar_express(ops, u, rows, cols, int64_t(c.blocks.size()), hyper_.polar);
   for (size_t j = 0; j < c.blocks.size(); ++j) {
     const auto [k, gi] = c.blocks[j];
     const float lr_eff =

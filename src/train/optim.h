@@ -21,8 +21,10 @@ namespace deg::train {
 // Polar Express (Amsel et al. 2025; modded-nanogpt's 5 coefficient triples): X [R, K] in place
 // -> an approximately orthogonal matrix with X's singular vectors (singular values near 1).
 // On `ops`' device (x in its memory), or on the CPU. count: that many matrices back to back at
-// x, each with the result it would have alone (their products batched).
-void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count = 1);
+// x, each with the result it would have alone (their products batched). precision: its products'
+// (bf16_all: operands rounded to bf16, f32 sums — the seed's bf16 Polar Express).
+void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count = 1,
+                   GemmPrecision precision = GemmPrecision::exact);
 void polar_express(float* x, int64_t R, int64_t K);
 
 struct AdamHyper {
@@ -43,6 +45,9 @@ ParamRule gpt_param_rule(const GptConfig& c, const std::string& name);
 struct OptimizerHyper {
   float adam_lr = 0.008f, adam_eps = 1e-10f, adam_wd = 0.005f;
   float muon_lr = 0.023f, muon_beta2 = 0.9f, muon_wd = 1.2f;
+  // Polar Express's products: exact (f32), or bf16_all under the bf16 training path, as the
+  // seed and the PyTorch reference run it.
+  GemmPrecision polar = GemmPrecision::exact;
 };
 
 // The optimizer's state lives in `ops`' memory (the CPU's, or a GPU's with the parameters and

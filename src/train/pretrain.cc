@@ -169,7 +169,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   const Device device = pick_device(o.device);
   const GemmPrecision precision = train_precision(o.precision);
   const Ops& ops = ops_for(device);
-  GptOptimizer opt(params, {}, ops);
+  GptOptimizer opt(params, {.polar = precision}, ops);
   ShardLoader loader(train_files, info.bos_id);
   int64_t start = 0;
   if (o.resume) {
