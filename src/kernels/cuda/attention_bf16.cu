@@ -1,8 +1,9 @@
 // The bf16 training attention (AttendF64Args::bf16 of kernels/ops.h) on tensor cores: the
 // positions, windows, segments, paired heads and key offset of attention_f64, with q, k, v and
 // the output gradient rounded to bf16, products by mma.sync m16n8k16 summed in f32, and the
-// probabilities rounded to bf16 where they multiply values: FlashAttention-2's forward and
-// backward.
+// probabilities (the backward's dS) rounded to bf16 where they multiply values (keys, queries):
+// FlashAttention-2's forward and backward. The CPU keeps the f64 form: it is this file's
+// reference (tests/ops_backward_test.cc, the op table's attention_f64_bf16_* cases).
 //
 // Packing. Each (row, slot) of a launch becomes one plain sequence of virtual positions (a slot
 // is a head, or with paired heads the pair slot, slot + H/2 whose positions interleave:
