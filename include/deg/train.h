@@ -176,9 +176,10 @@ struct PretrainOptions {
   // cores: docs/training.md, "The trainer on the GPU").
   std::string device = "auto";
   // f32: every product in f32 (what the PyTorch gradient fixture checks). bf16: the layers' and
-  // the loss's matrix products, forward and backward, round their operands to bf16 and sum in
-  // f32 (tensor cores on a GPU); the attention, parameters, gradients and optimizer state stay
-  // as in f32 (docs/training.md, "The bf16 path").
+  // the loss's matrix products, forward and backward, and Polar Express's round their operands
+  // to bf16 and sum in f32 (tensor cores on a GPU), and on a GPU the attention runs on tensor
+  // cores in bf16 too; parameters, gradients and optimizer state stay f32 (docs/training.md,
+  // "The bf16 path" and "The bf16 attention on tensor cores").
   std::string precision = "f32";
 };
 

@@ -37,8 +37,10 @@ void add_pretrain_command(CLI::App& app) {
                   "and optimizer state stay on the device for the whole run")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
-                  "f32 (every product in f32), or bf16: the layers' and the loss's matrix "
-                  "products round their operands to bf16 and sum in f32 (tensor cores on a GPU); "
+                  "f32 (every product in f32), or bf16: the layers', the loss's and the "
+                  "optimizer's matrix products round their operands to bf16 and sum in f32, and "
+                  "on a GPU the attention runs in bf16 too (tensor cores: compact's step 2.5x "
+                  "faster on an H200); "
                   "weights, gradients and optimizer state stay f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));

@@ -50,8 +50,9 @@ void add_train_command(CLI::App& app) {
                   "cpu, cuda or auto (a GPU when one is visible): where a gpt trunk trains")
       ->capture_default_str();
   cmd->add_option("--precision", o->precision,
-                  "f32, or bf16: a gpt trunk's matrix products round their operands to bf16 and "
-                  "sum in f32 (tensor cores on a GPU); weights and optimizer state stay f32")
+                  "f32, or bf16: a gpt trunk's matrix products (the optimizer's too) round their "
+                  "operands to bf16 and sum in f32, and on a GPU its attention runs in bf16 too "
+                  "(tensor cores); weights and optimizer state stay f32")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--shuffle-options", o->shuffle_options,
