@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -247,7 +248,7 @@ void CudaOps::ngram_embed_backward(const NgramBackwardArgs& a) const {
 
 void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
   const AttendF64Args& f = a.forward;
-  DeviceTemp stats(size_t(std::max<int64_t>(f.rows.n() * f.heads * 3, 1)) * sizeof(float));
+  std::optional<DeviceTemp> stats;  // the f64 kernels' (attention_bf16.cu keeps its own)
   for_row_chunks(f.rows, [&](const cuda::Rows& r, int64_t first) {
     cuda::AttentionF64BackwardLaunch l{.forward = {.rows = r,
                                                    .q = f.q,
@@ -268,8 +269,7 @@ void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
                                        .hdo = a.hdo,
                                        .dq = a.dq,
                                        .lddq = a.lddq,
-                                       .hdq = a.hdq,
-                                       .stats = stats.as<float>()};
+                                       .hdq = a.hdq};
     for (int i = 0; i < r.count; ++i) {
       l.forward.kv[i] = kv_row(f.views[first + i]);
       l.grad[i] = kv_row(a.dviews[first + i]);
@@ -280,6 +280,9 @@ void CudaOps::attention_f64_backward(const AttendF64BackwardArgs& a) const {
             "attention_f64_backward (bf16)");
       return;
     }
+    if (!stats)
+      stats.emplace(size_t(std::max<int64_t>(f.rows.n() * f.heads * 3, 1)) * sizeof(float));
+    l.stats = stats->as<float>();
     check(cuda::launch_attention_f64_backward(l, stream_), "attention_f64_backward");
   });
 }
