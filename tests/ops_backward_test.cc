@@ -969,8 +969,9 @@ TEST(OpsOptimizer, AdamNesterovAndSumSquares) {
                        .step_size = 0.01f,
                        .wd = 0.001f});
         for (float x : g) EXPECT_EQ(x, 0.0f);
-        Floats buf = m0, u(g0.size());
-        ops.nesterov({.g = g0.data(), .buf = buf.data(), .u = u.data(), .n = n, .momentum = 0.9f});
+        Floats buf = m0, u(g0.size()), gn = g0;
+        ops.nesterov({.g = gn.data(), .buf = buf.data(), .u = u.data(), .n = n, .momentum = 0.9f});
+        for (float x : gn) EXPECT_EQ(x, 0.0f);  // consumed
         const double ss = ops.sum_squares(p0.data(), n);
         double want = 0;
         for (float x : p0) want += double(x) * x;
@@ -1059,6 +1060,67 @@ TEST(OpsOptimizer, PolarExpressBatchMatchesEachAlone) {
             expect_close(batch, alone, 1e-5, "batch against alone");
           }
           return std::vector<Floats>{batch};
+        },
+        1e-4);
+  }
+}
+
+// Nesterov and NorMuon's step over a batch (a shape class's blocks, their vectors found through
+// pointer tables): each block as it is alone, bitwise, on every backend; wide and tall blocks.
+TEST(OpsOptimizer, NesterovAndNorMuonBatchMatchEachAlone) {
+  std::mt19937 rng(16);
+  for (auto [R, K] : {std::pair<int64_t, int64_t>{24, 40}, {40, 24}}) {
+    const int64_t count = 3, n = R * K, nsec = std::max(R, K);
+    const Floats g0 = randn(size_t(count * n), rng), m0 = randn(size_t(count * n), rng, 0.1f);
+    const Floats p0 = randn(size_t(count * n), rng), s0(size_t(count * nsec), 0.01f);
+    const Floats muls = {1.0f, 0.5f, 2.0f};
+    across_backends(
+        [&](const Ops& ops) {
+          Floats g = g0, m = m0, p = p0, second = s0, u(size_t(count * n));
+          testing::ManagedVector<float*> gs, bufs, ps, seconds;
+          for (int64_t j = count - 1; j >= 0; --j) {  // the blocks in another order than memory's
+            gs.push_back(g.data() + j * n), bufs.push_back(m.data() + j * n);
+            ps.push_back(p.data() + j * n), seconds.push_back(second.data() + j * nsec);
+          }
+          ops.nesterov({.u = u.data(),
+                        .n = n,
+                        .momentum = 0.9f,
+                        .count = count,
+                        .gs = gs.data(),
+                        .bufs = bufs.data()});
+          ops.normuon_step({.u = u.data(),
+                            .rows = R,
+                            .cols = K,
+                            .beta2 = 0.9f,
+                            .lr = 0.02f,
+                            .wd = 0.1f,
+                            .count = count,
+                            .ps = ps.data(),
+                            .seconds = seconds.data(),
+                            .lr_muls = muls.data()});
+          for (float x : g) EXPECT_EQ(x, 0.0f);
+          Floats ga = g0, ma = m0, pa = p0, sa = s0, ua = Floats(size_t(n));
+          for (int64_t j = count - 1; j >= 0; --j) {  // batch position count - 1 - j
+            const int64_t b = count - 1 - j;
+            ops.nesterov({.g = ga.data() + j * n,
+                          .buf = ma.data() + j * n,
+                          .u = ua.data(),
+                          .n = n,
+                          .momentum = 0.9f});
+            EXPECT_EQ(std::memcmp(ua.data(), u.data() + b * n, size_t(n) * sizeof(float)), 0);
+            ops.normuon_step({.u = u.data() + b * n,
+                              .p = pa.data() + j * n,
+                              .second = sa.data() + j * nsec,
+                              .rows = R,
+                              .cols = K,
+                              .beta2 = 0.9f,
+                              .lr = 0.02f * muls[size_t(b)],
+                              .wd = 0.1f});
+          }
+          EXPECT_EQ(std::memcmp(m.data(), ma.data(), m.size() * sizeof(float)), 0);
+          EXPECT_EQ(std::memcmp(p.data(), pa.data(), p.size() * sizeof(float)), 0);
+          EXPECT_EQ(std::memcmp(second.data(), sa.data(), second.size() * sizeof(float)), 0);
+          return std::vector<Floats>{u, m, p, second};
         },
         1e-4);
   }

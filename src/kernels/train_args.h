@@ -195,25 +195,38 @@ struct AdamStepArgs {
   float step_size = 0.0f, wd = 0.0f;
 };
 
-// Nesterov momentum over n elements: buf += (1 - momentum) (g - buf); u = g + momentum (buf - g).
+// Nesterov momentum over n elements: buf += (1 - momentum) (g - buf); u = g + momentum (buf - g);
+// then g = 0 (the gradient is consumed, as adam_step's is). A batch (gs set): count vectors of n,
+// vector j's gradient at gs[j] and buffer at bufs[j], its update at u + j n (the tables in the
+// backend's memory, like the vectors); g and buf unused.
 struct NesterovArgs {
-  const float* g = nullptr;
+  float* g = nullptr;
   float* buf = nullptr;
   float* u = nullptr;
   int64_t n = 0;
   float momentum = 0.95f;
+  int64_t count = 1;
+  float* const* gs = nullptr;    // [count]
+  float* const* bufs = nullptr;  // [count]
 };
 
 // NorMuon's step of one [rows, cols] block from its orthogonalised update u: the mean square of
 // each row (rows >= cols) or column, the second moment `second` += (1 - beta2) (mean - second),
 // u scaled by rsqrt(max(second, 1e-10)) and renormalised to u's own norm, then p -= lr u with
-// cautious weight decay (p wd lr where the update and p agree in sign).
+// cautious weight decay (p wd lr where the update and p agree in sign). A batch (ps set): count
+// blocks, block j's update at u + j rows cols, its parameters at ps[j], second moments at
+// seconds[j] and rate lr lr_muls[j] (the tables in the backend's memory); each block as it is
+// alone. p and second unused.
 struct NorMuonStepArgs {
   const float* u = nullptr;
   float* p = nullptr;
   float* second = nullptr;  // [rows >= cols ? rows : cols]
   int64_t rows = 0, cols = 0;
   float beta2 = 0.9f, lr = 0.0f, wd = 0.0f;
+  int64_t count = 1;
+  float* const* ps = nullptr;       // [count]
+  float* const* seconds = nullptr;  // [count]
+  const float* lr_muls = nullptr;   // [count]
 };
 
 // ---- softcap_cross_entropy: the gpt training loss (seed 003 GPT._loss) ----

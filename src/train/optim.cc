@@ -198,40 +198,60 @@ void GptOptimizer::clear(float* x, int64_t n) const {
   if (rest) ops_->copy_rows(z, 0, x + rows * kZeroRow, rest, 1, rest);
 }
 
-void GptOptimizer::normuon(const MuonClass& c, const std::vector<float*>& p,
-                           const std::vector<float*>& g, float lr_scale, float momentum) {
+void GptOptimizer::bind(MuonClass& c, const std::vector<float*>& p,
+                        const std::vector<float*>& g) const {
+  const int64_t n = c.rows * c.cols, nsec = std::max(c.rows, c.cols);
+  const size_t count = c.blocks.size();
+  std::vector<float*> t(4 * count);
+  for (size_t j = 0; j < count; ++j) {
+    const auto [k, gi] = c.blocks[j];
+    t[j] = g[k] + gi * n;
+    t[count + j] = m_[k].mutable_data<float>() + gi * n;
+    t[2 * count + j] = p[k] + gi * n;
+    t[3 * count + j] = v_[k].mutable_data<float>() + gi * nsec;
+  }
+  if (t == c.bound) return;
+  c.bound = t;
+  c.table = ops_->alloc({int64_t(t.size())}, DType::i64);
+  static_assert(sizeof(float*) == sizeof(int64_t));
+  ops_->to_device(c.table.raw_mutable(), t.data(), t.size() * sizeof(float*));
+  if (c.lr_muls.numel() == 0) {
+    std::vector<float> mul(count);
+    for (size_t j = 0; j < count; ++j)
+      mul[j] = std::sqrt(std::max(1.0f, float(c.rows) / float(c.cols))) *
+               rules_[c.blocks[j].first].matrix_lr_mul;
+    c.lr_muls = ops_->alloc({int64_t(count)}, DType::f32);
+    ops_->to_device(c.lr_muls.raw_mutable(), mul.data(), count * sizeof(float));
+  }
+}
+
+// Every block of the class at once: Nesterov (which clears the gradients), the batched Polar
+// Express, NorMuon's step.
+void GptOptimizer::normuon(MuonClass& c, const std::vector<float*>& p, const std::vector<float*>& g,
+                           float lr_scale, float momentum) {
   const Ops& ops = *ops_;
-  const int64_t rows = c.rows, cols = c.cols, n = rows * cols;
-  const int64_t nsec = rows >= cols ? rows : cols;
-  const float lr = hyper_.muon_lr * lr_scale;
+  bind(c, p, g);
+  const int64_t count = int64_t(c.blocks.size());
+  float* const* table = reinterpret_cast<float* const*>(c.table.raw());
   float* u = u_.mutable_data<float>();
-  for (size_t j = 0; j < c.blocks.size(); ++j) {
-    const auto [k, gi] = c.blocks[j];
-    ops.nesterov({.g = g[k] + gi * n,
-                  .buf = m_[k].mutable_data<float>() + gi * n,
-                  .u = u + int64_t(j) * n,
-                  .n = n,
-                  .momentum = momentum});
-  }
-  polar_express(ops, u, rows, cols, int64_t(c.blocks.size()), hyper_.polar);
-  for (size_t j = 0; j < c.blocks.size(); ++j) {
-    const auto [k, gi] = c.blocks[j];
-    const float lr_eff =
-        lr * std::sqrt(std::max(1.0f, float(rows) / float(cols))) * rules_[k].matrix_lr_mul;
-    ops.normuon_step({.u = u + int64_t(j) * n,
-                      .p = p[k] + gi * n,
-                      .second = v_[k].mutable_data<float>() + gi * nsec,
-                      .rows = rows,
-                      .cols = cols,
-                      .beta2 = hyper_.muon_beta2,
-                      .lr = lr_eff,
-                      .wd = hyper_.muon_wd * lr});
-  }
-  for (size_t j = 0; j < c.blocks.size(); ++j)  // each parameter's gradient after its last block
-    if (j + 1 == c.blocks.size() || c.blocks[j + 1].first != c.blocks[j].first) {
-      const size_t k = c.blocks[j].first;
-      clear(g[k], m_[k].numel());
-    }
+  ops.nesterov({.u = u,
+                .n = c.rows * c.cols,
+                .momentum = momentum,
+                .count = count,
+                .gs = table,
+                .bufs = table + count});
+  polar_express(ops, u, c.rows, c.cols, count, hyper_.polar);
+  const float lr = hyper_.muon_lr * lr_scale;
+  ops.normuon_step({.u = u,
+                    .rows = c.rows,
+                    .cols = c.cols,
+                    .beta2 = hyper_.muon_beta2,
+                    .lr = lr,
+                    .wd = hyper_.muon_wd * lr,
+                    .count = count,
+                    .ps = table + 2 * count,
+                    .seconds = table + 3 * count,
+                    .lr_muls = c.lr_muls.data<float>()});
 }
 
 void GptOptimizer::adam(float* p, float* g, size_t k, float lr_scale) {
@@ -280,7 +300,7 @@ void GptOptimizer::step(const std::vector<float*>& p, const std::vector<float*>&
     ops.combine({.y = g[head], .ldy = tied_n, .rows = 1, .n = tied_n, .terms = t});
     clear(g[embed], tied_n);
   }
-  for (const MuonClass& c : muon_) normuon(c, p, g, lr_scale, momentum);
+  for (MuonClass& c : muon_) normuon(c, p, g, lr_scale, momentum);
   for (size_t k = 0; k < p.size(); ++k)
     if (rules_[k].kind == ParamRule::Kind::adam && do_adam && !(tied && k == embed))
       adam(p[k], g[k], k, lr_scale);

@@ -85,8 +85,14 @@ class GptOptimizer {
   struct MuonClass {
     int64_t rows = 0, cols = 0;
     std::vector<std::pair<size_t, int64_t>> blocks;  // (k, gi)
+    // The blocks' gradients, momenta, parameters and second moments ([4, blocks] pointers),
+    // as a step last gave them, and in the backend's memory for the batched ops; each block's
+    // rate multiplier there too.
+    std::vector<float*> bound;
+    Tensor table, lr_muls;
   };
-  void normuon(const MuonClass& c, const std::vector<float*>& p, const std::vector<float*>& g,
+  void bind(MuonClass& c, const std::vector<float*>& p, const std::vector<float*>& g) const;
+  void normuon(MuonClass& c, const std::vector<float*>& p, const std::vector<float*>& g,
                float lr_scale, float momentum);
   void adam(float* p, float* g, size_t k, float lr_scale);
   void clear(float* x, int64_t n) const;  // x[0, n) = 0

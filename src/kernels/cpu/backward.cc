@@ -330,6 +330,7 @@ void nesterov_range(const NesterovArgs& a, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; ++i) {
     a.buf[i] += (1.0f - a.momentum) * (a.g[i] - a.buf[i]);
     a.u[i] = a.g[i] + a.momentum * (a.buf[i] - a.g[i]);
+    a.g[i] = 0.0f;
   }
 }
 

@@ -51,6 +51,6 @@ void nesterov_range(const NesterovArgs& a, int64_t i0, int64_t i1);
 // backend the same), so the result depends on n only.
 inline constexpr int64_t kSumChunk = 4096;
 double sum_squares_chunk(const float* x, int64_t n, int64_t chunk);
-void normuon_step(const NorMuonStepArgs& a);  // one thread: the block is one matrix group
+void normuon_step(const NorMuonStepArgs& a);  // one block (u, p, second; count ignored), one thread
 
 }  // namespace deg

@@ -651,12 +651,25 @@ class CpuOps final : public Ops {
         a.n, [&](int64_t b, int64_t e) { adam_step_range(a, b, e); }, 4096);
   }
 
+  // A batch goes vector by vector (block by block), each as it is alone.
   void nesterov(const NesterovArgs& a) const override {
-    parallel_for(
-        a.n, [&](int64_t b, int64_t e) { nesterov_range(a, b, e); }, 4096);
+    for (int64_t v = 0; v < (a.gs ? a.count : 1); ++v) {
+      NesterovArgs one = a;
+      if (a.gs) one.g = a.gs[v], one.buf = a.bufs[v], one.u = a.u + v * a.n;
+      parallel_for(
+          a.n, [&](int64_t b, int64_t e) { nesterov_range(one, b, e); }, 4096);
+    }
   }
 
-  void normuon_step(const NorMuonStepArgs& a) const override { deg::normuon_step(a); }
+  void normuon_step(const NorMuonStepArgs& a) const override {
+    for (int64_t v = 0; v < (a.ps ? a.count : 1); ++v) {
+      NorMuonStepArgs one = a;
+      if (a.ps)
+        one.u = a.u + v * a.rows * a.cols, one.p = a.ps[v], one.second = a.seconds[v],
+        one.lr = a.lr * a.lr_muls[v];
+      deg::normuon_step(one);
+    }
+  }
 
   double sum_squares(const float* x, int64_t n) const override {
     const int64_t chunks = (n + kSumChunk - 1) / kSumChunk;

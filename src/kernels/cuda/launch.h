@@ -533,12 +533,17 @@ struct AdamLaunch {
   float beta1, beta2, eps, step_size, wd;
 };
 cudaError_t launch_adam_step(const AdamLaunch& a, cudaStream_t stream);
+// NesterovArgs: count vectors (vector j's g and buf at gs[j] / bufs[j] when gs is set, else g
+// and buf with count 1).
 struct NesterovLaunch {
-  const float* g;
+  float* g;
   float* buf;
   float* u;
   int64_t n;
   float momentum;
+  int64_t count;
+  float* const* gs;
+  float* const* bufs;
 };
 cudaError_t launch_nesterov(const NesterovLaunch& a, cudaStream_t stream);
 // The sum of x² in f64: chunks of `chunk` elements (one thread each, in order), then the chunks in
@@ -554,13 +559,19 @@ struct FrobeniusNormalizeLaunch {
 };
 cudaError_t launch_frobenius_normalize(const FrobeniusNormalizeLaunch& a, int64_t chunk,
                                        double* partial, float* factor, cudaStream_t stream);
+// NorMuonStepArgs: count blocks (block j's p, second and lr multiplier from ps, seconds and
+// lr_muls when ps is set, else p and second with count 1).
 struct NorMuonLaunch {
   const float* u;
   float* p;
   float* second;
   int64_t rows, cols;
   float beta2, lr, wd;
-  float* work;  // [2 * max(rows, cols) + 1]
+  int64_t count;
+  float* const* ps;
+  float* const* seconds;
+  const float* lr_muls;
+  float* work;  // [count, 2 * max(rows, cols) + 1]
 };
 cudaError_t launch_normuon_step(const NorMuonLaunch& a, cudaStream_t stream);
 

@@ -303,13 +303,21 @@ void CudaOps::adam_step(const AdamStepArgs& a) const {
 }
 
 void CudaOps::nesterov(const NesterovArgs& a) const {
-  check(cuda::launch_nesterov({.g = a.g, .buf = a.buf, .u = a.u, .n = a.n, .momentum = a.momentum},
+  check(cuda::launch_nesterov({.g = a.g,
+                               .buf = a.buf,
+                               .u = a.u,
+                               .n = a.n,
+                               .momentum = a.momentum,
+                               .count = a.gs ? a.count : 1,
+                               .gs = a.gs,
+                               .bufs = a.bufs},
                               stream_),
         "nesterov");
 }
 
 void CudaOps::normuon_step(const NorMuonStepArgs& a) const {
-  DeviceTemp work(size_t(2 * std::max(a.rows, a.cols) + 1) * sizeof(float));
+  const int64_t count = a.ps ? a.count : 1;
+  DeviceTemp work(size_t(count * (2 * std::max(a.rows, a.cols) + 1)) * sizeof(float));
   check(cuda::launch_normuon_step({.u = a.u,
                                    .p = a.p,
                                    .second = a.second,
@@ -318,6 +326,10 @@ void CudaOps::normuon_step(const NorMuonStepArgs& a) const {
                                    .beta2 = a.beta2,
                                    .lr = a.lr,
                                    .wd = a.wd,
+                                   .count = count,
+                                   .ps = a.ps,
+                                   .seconds = a.seconds,
+                                   .lr_muls = a.lr_muls,
                                    .work = work.as<float>()},
                                   stream_),
         "normuon_step");

@@ -1,8 +1,8 @@
 // The CUDA backend's optimizer steps (launch.h "optimizer.cu"): Adam and Nesterov elementwise;
 // the f64 sum of squares by the CPU's chunks (a chunk a block's fixed tree, the chunks in
-// order); NorMuon's block step in three kernels (per row or column mean squares and second
-// moments, one thread for the renormalising ratio, then the elementwise update), each sum in
-// index order as the CPU's.
+// order); NorMuon's step of a batch of blocks in three kernels (per row or column mean squares and
+// second moments, a thread per block for its renormalising ratio, then the elementwise update),
+// each sum in index order as the CPU's.
 #include <cstdint>
 
 #include "kernels/cuda/launch.h"
@@ -26,9 +26,13 @@ __global__ void adam_kernel(AdamLaunch a) {
 }
 
 __global__ void nesterov_kernel(NesterovLaunch a) {
-  DEG_GRID_LOOP(i, a.n) {
-    a.buf[i] += (1.0f - a.momentum) * (a.g[i] - a.buf[i]);
-    a.u[i] = a.g[i] + a.momentum * (a.buf[i] - a.g[i]);
+  DEG_GRID_LOOP(e, a.n * a.count) {
+    const int64_t v = e / a.n, i = e % a.n;
+    float* g = a.gs ? a.gs[v] : a.g;
+    float* buf = a.bufs ? a.bufs[v] : a.buf;
+    buf[i] += (1.0f - a.momentum) * (g[i] - buf[i]);
+    a.u[e] = g[i] + a.momentum * (buf[i] - g[i]);
+    g[i] = 0.0f;
   }
 }
 
@@ -69,44 +73,66 @@ __global__ void normalize_scale_kernel(FrobeniusNormalizeLaunch a, const float* 
   DEG_GRID_LOOP(e, a.n * a.count) a.x[e] *= factor[e / a.n];
 }
 
-// work[s]: the mean square of row / column s, then work[nsec + s] its step; second updated.
+// Block b's (a batch's block b) second moments, parameters, work ([2 nsec + 1] floats) and rate.
+struct NorMuonBlock {
+  const float* u;
+  float* p;
+  float* second;
+  float* work;
+  float lr;
+  __device__ NorMuonBlock(const NorMuonLaunch& a, int64_t b, int64_t nsec)
+      : u(a.u + b * a.rows * a.cols),
+        p(a.ps ? a.ps[b] : a.p),
+        second(a.seconds ? a.seconds[b] : a.second),
+        work(a.work + b * (2 * nsec + 1)),
+        lr(a.lr_muls ? a.lr * a.lr_muls[b] : a.lr) {}
+};
+
+// A thread per (block, section s): work[s] the mean square of row / column s, then work[nsec + s]
+// its step; second updated.
 __global__ void normuon_moments_kernel(NorMuonLaunch a) {
   const bool tall = a.rows >= a.cols;
   const int64_t red = tall ? a.cols : a.rows, nsec = tall ? a.rows : a.cols;
-  DEG_GRID_LOOP(s, nsec) {
+  DEG_GRID_LOOP(e, nsec * a.count) {
+    const int64_t s = e % nsec;
+    const NorMuonBlock b(a, e / nsec, nsec);
     float m = 0.0f;
     for (int64_t k = 0; k < red; ++k) {
-      const float x = tall ? a.u[s * a.cols + k] : a.u[k * a.cols + s];
+      const float x = tall ? b.u[s * a.cols + k] : b.u[k * a.cols + s];
       m += x * x / float(red);
     }
-    a.work[s] = m;
-    a.second[s] += (1.0f - a.beta2) * (m - a.second[s]);
-    a.work[nsec + s] = 1.0f / sqrtf(fmaxf(a.second[s], 1e-10f));
+    b.work[s] = m;
+    b.second[s] += (1.0f - a.beta2) * (m - b.second[s]);
+    b.work[nsec + s] = 1.0f / sqrtf(fmaxf(b.second[s], 1e-10f));
   }
 }
 
+// A thread per block: its renormalising ratio, the sections in order.
 __global__ void normuon_ratio_kernel(NorMuonLaunch a) {
   const bool tall = a.rows >= a.cols;
   const int64_t red = tall ? a.cols : a.rows, nsec = tall ? a.rows : a.cols;
-  double vnorm_sq = 0, scaled = 0;
-  for (int64_t s = 0; s < nsec; ++s) {
-    const float st = a.work[nsec + s];
-    vnorm_sq += double(a.work[s]) * double(red);
-    scaled += double(a.work[s]) * double(red) * st * st;
+  DEG_GRID_LOOP(blk, a.count) {
+    const NorMuonBlock b(a, blk, nsec);
+    double vnorm_sq = 0, scaled = 0;
+    for (int64_t s = 0; s < nsec; ++s) {
+      const float st = b.work[nsec + s];
+      vnorm_sq += double(b.work[s]) * double(red);
+      scaled += double(b.work[s]) * double(red) * st * st;
+    }
+    const double den = sqrt(scaled) > 1e-10 ? sqrt(scaled) : 1e-10;
+    b.work[2 * nsec] = float(sqrt(vnorm_sq) / den);
   }
-  const double den = sqrt(scaled) > 1e-10 ? sqrt(scaled) : 1e-10;
-  a.work[2 * nsec] = float(sqrt(vnorm_sq) / den);
 }
 
 __global__ void normuon_update_kernel(NorMuonLaunch a) {
   const bool tall = a.rows >= a.cols;
-  const int64_t nsec = tall ? a.rows : a.cols;
-  const float ratio = a.work[2 * nsec];
-  DEG_GRID_LOOP(e, a.rows * a.cols) {
-    const int64_t i = e / a.cols, j = e % a.cols;
-    const float v = a.u[e] * a.work[nsec + (tall ? i : j)] * ratio;
-    const float decay = (v * a.p[e] >= 0.0f) ? a.p[e] * a.wd * a.lr : 0.0f;
-    a.p[e] = a.p[e] - decay - v * a.lr;
+  const int64_t nsec = tall ? a.rows : a.cols, n = a.rows * a.cols;
+  DEG_GRID_LOOP(f, n * a.count) {
+    const int64_t e = f % n, i = e / a.cols, j = e % a.cols;
+    const NorMuonBlock b(a, f / n, nsec);
+    const float v = b.u[e] * b.work[nsec + (tall ? i : j)] * b.work[2 * nsec];
+    const float decay = (v * b.p[e] >= 0.0f) ? b.p[e] * a.wd * b.lr : 0.0f;
+    b.p[e] = b.p[e] - decay - v * b.lr;
   }
 }
 
@@ -119,8 +145,8 @@ cudaError_t launch_adam_step(const AdamLaunch& a, cudaStream_t stream) {
 }
 
 cudaError_t launch_nesterov(const NesterovLaunch& a, cudaStream_t stream) {
-  if (a.n == 0) return cudaSuccess;
-  nesterov_kernel<<<grid_for(a.n), kThreads, 0, stream>>>(a);
+  if (a.n * a.count == 0) return cudaSuccess;
+  nesterov_kernel<<<grid_for(a.n * a.count), kThreads, 0, stream>>>(a);
   return launched();
 }
 
@@ -151,13 +177,13 @@ cudaError_t launch_frobenius_normalize(const FrobeniusNormalizeLaunch& a, int64_
 }
 
 cudaError_t launch_normuon_step(const NorMuonLaunch& a, cudaStream_t stream) {
-  if (a.rows * a.cols == 0) return cudaSuccess;
+  if (a.rows * a.cols * a.count == 0) return cudaSuccess;
   const int64_t nsec = a.rows >= a.cols ? a.rows : a.cols;
-  normuon_moments_kernel<<<grid_for(nsec), kThreads, 0, stream>>>(a);
+  normuon_moments_kernel<<<grid_for(nsec * a.count), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess) return e;
-  normuon_ratio_kernel<<<1, 1, 0, stream>>>(a);
+  normuon_ratio_kernel<<<grid_for(a.count), kThreads, 0, stream>>>(a);
   if (cudaError_t e = launched(); e != cudaSuccess) return e;
-  normuon_update_kernel<<<grid_for(a.rows * a.cols), kThreads, 0, stream>>>(a);
+  normuon_update_kernel<<<grid_for(a.rows * a.cols * a.count), kThreads, 0, stream>>>(a);
   return launched();
 }
 
