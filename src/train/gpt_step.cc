@@ -260,13 +260,24 @@ void lay_out(const GptBatch& b, int64_t call_tokens, GptPass& pass) {
   }
 }
 
-// Row r of call-order data [B L, C] <-> the stream's [T, C], for each segment.
+// Row r of call-order data [B L, C] <-> the stream's [T, C], for each segment: f(call, offset
+// in the call's data, offset in the stream's, floats), segments that continue each other in both
+// (full rows of one call in stream order) taken as one.
 template <class F>
 void each_segment_row(const GptPass& pass, int64_t C, F f) {
+  int call = -1;
+  int64_t from = 0, to = 0, n = 0;
   for (const Segment& s : pass.segments) {
     const int64_t L = pass.calls[size_t(s.call)].rows.tokens;
-    f(s.call, (s.row * L) * C, s.start * C, s.length * C);
+    const int64_t sf = (s.row * L) * C, st = s.start * C, sn = s.length * C;
+    if (s.call == call && sf == from + n && st == to + n) {
+      n += sn;
+      continue;
+    }
+    if (n) f(call, from, to, n);
+    call = s.call, from = sf, to = st, n = sn;
   }
+  if (n) f(call, from, to, n);
 }
 
 SoftcapLoss loss_of(const GptConfig& c, const GptStepOptions& o) {
