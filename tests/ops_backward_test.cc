@@ -504,7 +504,9 @@ TEST(OpsBackward, SigmoidGatesTwoInputs) {
           // The gate reads only its heads' columns of g (the padding lane is not an output).
           Floats gm = g;
           for (int64_t r = 0; r < R; ++r) gm[size_t(r * ldo + H)] = 0.0f;
-          expect_directional(forward, {gm}, {{&x, &dx}, {&x2, &dx2}, {&w, &dw}}, rng);
+          // A step of 3e-3: at 1e-2 the third-order term of 900 gates moved the quotient 1.5%
+          // along some directions (the second backend's, on an H100; the CPU's gradients agree).
+          expect_directional(forward, {gm}, {{&x, &dx}, {&x2, &dx2}, {&w, &dw}}, rng, 3e-3);
           return std::vector<Floats>{dx, dx2, dw};
         },
         1e-5);
