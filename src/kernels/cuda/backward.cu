@@ -45,8 +45,12 @@ struct LaneGroups {
   }
 };
 
-// A warp per (row, head) vector: lane l takes dims l, l + 32, ...
+// A warp per (row, head) vector: lane l takes dims l, l + 32, ... (kPer of them held in
+// registers, so each pass's loads go out together; kPer 0: any width, read from memory each
+// pass), its sums in that order.
+template <int kPer>
 __global__ void rms_norm_backward_kernel(NormBackwardLaunch a) {
+  constexpr int kHeld = kPer > 0 ? kPer : 1;
   const int64_t hx = a.hx ? a.hx : a.dim, hy = a.hy ? a.hy : a.dim, hd = a.hdx ? a.hdx : a.dim;
   const LaneGroups lg(kWarp);
   const int64_t n = a.rows * a.heads, lane = lg.lane;
@@ -55,17 +59,43 @@ __global__ void rms_norm_backward_kernel(NormBackwardLaunch a) {
     const int64_t r = on ? v / a.heads : 0, h = on ? v % a.heads : 0;
     const float* x = a.x + r * a.ldx + h * hx;
     const float* dy = a.dy + r * a.ldy + h * hy;
+    float xr[kHeld], dyr[kHeld];
     double xx = 0;
-    if (on)
+    if (kPer > 0) {
+#pragma unroll
+      for (int c = 0; c < kHeld; ++c) {
+        const int64_t d = lane + kWarp * c;
+        const bool in = on && d < a.dim;
+        xr[c] = in ? x[d] : 0.0f;
+        dyr[c] = in ? dy[d] : 0.0f;
+      }
+#pragma unroll
+      for (int c = 0; c < kHeld; ++c)
+        if (lane + kWarp * c < a.dim) xx += double(xr[c]) * double(xr[c]);
+    } else if (on) {
       for (int64_t d = lane; d < a.dim; d += kWarp) xx += double(x[d]) * double(x[d]);
+    }
     const float rstd = float(1.0 / sqrt(group_sum(xx, kWarp) / double(a.dim) + a.eps));
     double m = 0;
-    if (on)
+    if (kPer > 0) {
+#pragma unroll
+      for (int c = 0; c < kHeld; ++c)
+        if (lane + kWarp * c < a.dim) m += double(dyr[c]) * double(xr[c] * rstd);
+    } else if (on) {
       for (int64_t d = lane; d < a.dim; d += kWarp) m += double(dy[d]) * double(x[d] * rstd);
+    }
     const float mean = float(group_sum(m, kWarp) / double(a.dim));
     if (!on) continue;
     float* dx = a.dx + r * a.lddx + h * hd;
-    for (int64_t d = lane; d < a.dim; d += kWarp) dx[d] += rstd * (dy[d] - x[d] * rstd * mean);
+    if (kPer > 0) {
+#pragma unroll
+      for (int c = 0; c < kHeld; ++c) {
+        const int64_t d = lane + kWarp * c;
+        if (d < a.dim) dx[d] += rstd * (dyr[c] - xr[c] * rstd * mean);
+      }
+    } else {
+      for (int64_t d = lane; d < a.dim; d += kWarp) dx[d] += rstd * (dy[d] - x[d] * rstd * mean);
+    }
   }
 }
 
@@ -264,7 +294,21 @@ __global__ void subtract_projection_backward_kernel(ProjectionBackwardLaunch a) 
 
 cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t stream) {
   if (a.rows * a.heads == 0) return cudaSuccess;
-  rms_norm_backward_kernel<<<grid_for(a.rows * a.heads * kWarp), kThreads, 0, stream>>>(a);
+  const unsigned grid = grid_for(a.rows * a.heads * kWarp);
+  const int64_t per = (a.dim + kWarp - 1) / kWarp;  // dims a lane holds
+  if (per <= 2) {
+    rms_norm_backward_kernel<2><<<grid, kThreads, 0, stream>>>(a);
+  } else if (per <= 4) {
+    rms_norm_backward_kernel<4><<<grid, kThreads, 0, stream>>>(a);
+  } else if (per <= 8) {
+    rms_norm_backward_kernel<8><<<grid, kThreads, 0, stream>>>(a);
+  } else if (per <= 16) {
+    rms_norm_backward_kernel<16><<<grid, kThreads, 0, stream>>>(a);
+  } else if (per <= 32) {
+    rms_norm_backward_kernel<32><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    rms_norm_backward_kernel<0><<<grid, kThreads, 0, stream>>>(a);
+  }
   return launched();
 }
 
