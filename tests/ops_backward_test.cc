@@ -224,47 +224,50 @@ TEST(OpsBackward, MatmulEveryTransposeMatchesF64Loops) {
         }
 }
 
+// Widths a lane holds 1, 4 and 17 dims of on CUDA (the register kernel's 2, 4 and 32).
 TEST(OpsBackward, RmsNormPerHead) {
   std::mt19937 rng(2);
-  const int64_t R = 9, H = 3, D = 20, ld = H * D + 4;
-  Floats x = randn(size_t(R * ld), rng, 2.0f);
-  const Floats g = randn(size_t(R * H * D), rng);
-  auto forward = [&](const Ops& ops) {
-    Floats y(size_t(R * H * D));
-    ops.rms_norm({.x = x.data(),
-                  .ldx = ld,
-                  .hx = D,
-                  .y = y.data(),
-                  .ldy = H * D,
-                  .hy = D,
-                  .rows = R,
-                  .heads = H,
-                  .dim = D,
-                  .eps = 1e-5f});
-    return std::vector<Floats>{y};
-  };
-  across_backends(
-      [&](const Ops& ops) {
-        Floats dx(x.size(), 0.5f), base = dx;
-        ops.rms_norm_backward({.x = x.data(),
-                               .ldx = ld,
-                               .hx = D,
-                               .dy = g.data(),
-                               .ldy = H * D,
-                               .hy = D,
-                               .dx = dx.data(),
-                               .lddx = ld,
-                               .hdx = D,
-                               .rows = R,
-                               .heads = H,
-                               .dim = D,
-                               .eps = 1e-5f});
-        for (size_t i = 0; i < dx.size(); ++i) dx[i] -= base[i];  // it adds
-        Floats gx = dx;
-        expect_directional([&] { return forward(ops); }, {g}, {{&x, &gx}}, rng);
-        return std::vector<Floats>{dx};
-      },
-      1e-5);
+  for (const int64_t D : {20, 100, 520}) {
+    const int64_t R = 9, H = 3, ld = H * D + 4;
+    Floats x = randn(size_t(R * ld), rng, 2.0f);
+    const Floats g = randn(size_t(R * H * D), rng);
+    auto forward = [&](const Ops& ops) {
+      Floats y(size_t(R * H * D));
+      ops.rms_norm({.x = x.data(),
+                    .ldx = ld,
+                    .hx = D,
+                    .y = y.data(),
+                    .ldy = H * D,
+                    .hy = D,
+                    .rows = R,
+                    .heads = H,
+                    .dim = D,
+                    .eps = 1e-5f});
+      return std::vector<Floats>{y};
+    };
+    across_backends(
+        [&](const Ops& ops) {
+          Floats dx(x.size(), 0.5f), base = dx;
+          ops.rms_norm_backward({.x = x.data(),
+                                 .ldx = ld,
+                                 .hx = D,
+                                 .dy = g.data(),
+                                 .ldy = H * D,
+                                 .hy = D,
+                                 .dx = dx.data(),
+                                 .lddx = ld,
+                                 .hdx = D,
+                                 .rows = R,
+                                 .heads = H,
+                                 .dim = D,
+                                 .eps = 1e-5f});
+          for (size_t i = 0; i < dx.size(); ++i) dx[i] -= base[i];  // it adds
+          Floats gx = dx;
+          expect_directional([&] { return forward(ops); }, {g}, {{&x, &gx}}, rng);
+          return std::vector<Floats>{dx};
+        },
+        1e-5);
+  }
 }
 
 TEST(OpsBackward, Activations) {
@@ -351,65 +354,70 @@ TEST(OpsBackward, ColumnSumAddsRowsInOrder) {
 
 // y = c0 y + c1 x1 + c2 x2 with per-row lane coefficients by column group, an offset and an
 // added lane: every input, every coefficient lane and the old y get their gradients.
+// Groups of 4 columns (a lane each), and one group of 75 (CUDA: 32 lanes, 2 or 3 columns each,
+// an odd count for the 2-column loads).
 TEST(OpsBackward, CombineTermsLanesAndTheOldOutput) {
   std::mt19937 rng(5);
-  const int64_t R = 11, n = 12, group = 4, G = n / group, ld = 14, ldl = 5;
-  Floats y0 = randn(size_t(R * ld), rng), x1 = randn(size_t(R * ld), rng);
-  Floats x2 = randn(size_t(R * n), rng);
-  Floats lane0 = randn(size_t(R * ldl), rng), lane2 = randn(size_t(R * ldl), rng);
-  Floats add2 = randn(size_t(R * G), rng);
-  const Floats g = randn(size_t(R * n), rng);
-  across_backends(
-      [&](const Ops& ops) {
-        auto terms = [&] {
-          return std::vector<CombineTerm>{
-              {.lane = lane0.data(), .ldl = ldl, .gl = 1, .offset = 1.0f},
-              {.x = x1.data(), .ldx = ld, .s = 0.7f},
-              {.x = x2.data(),
-               .ldx = n,
-               .s = 0.5f,
-               .lane = lane2.data() + 1,
-               .ldl = ldl,
-               .gl = 1,
-               .add = add2.data(),
-               .lda = G,
-               .ga = 1}};
-        };
-        auto forward = [&] {
-          Floats y(size_t(R * n));
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t j = 0; j < n; ++j) y[size_t(r * n + j)] = y0[size_t(r * ld + j)];
+  for (auto [n, group] : {std::pair<int64_t, int64_t>{12, 4}, {75, 75}}) {
+    const int64_t R = 11, G = n / group, ld = n + 2, ldl = 5;
+    Floats y0 = randn(size_t(R * ld), rng), x1 = randn(size_t(R * ld), rng);
+    Floats x2 = randn(size_t(R * n), rng);
+    Floats lane0 = randn(size_t(R * ldl), rng), lane2 = randn(size_t(R * ldl), rng);
+    Floats add2 = randn(size_t(R * G), rng);
+    const Floats g = randn(size_t(R * n), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          auto terms = [&] {
+            return std::vector<CombineTerm>{
+                {.lane = lane0.data(), .ldl = ldl, .gl = 1, .offset = 1.0f},
+                {.x = x1.data(), .ldx = ld, .s = 0.7f},
+                {.x = x2.data(),
+                 .ldx = n,
+                 .s = 0.5f,
+                 .lane = lane2.data() + 1,
+                 .ldl = ldl,
+                 .gl = 1,
+                 .add = add2.data(),
+                 .lda = G,
+                 .ga = 1}};
+          };
+          auto forward = [&] {
+            Floats y(size_t(R * n));
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t j = 0; j < n; ++j) y[size_t(r * n + j)] = y0[size_t(r * ld + j)];
+            const std::vector<CombineTerm> t = terms();
+            ops.combine({.y = y.data(), .ldy = n, .rows = R, .n = n, .group = group, .terms = t});
+            return std::vector<Floats>{y};
+          };
+          Floats dy0(y0.size(), 0.0f), dx1(x1.size(), 0.0f), dx2(x2.size(), 0.0f);
+          Floats dc0(size_t(R * G), 0.0f), dc2(size_t(R * G), 0.0f);
           const std::vector<CombineTerm> t = terms();
-          ops.combine({.y = y.data(), .ldy = n, .rows = R, .n = n, .group = group, .terms = t});
-          return std::vector<Floats>{y};
-        };
-        Floats dy0(y0.size(), 0.0f), dx1(x1.size(), 0.0f), dx2(x2.size(), 0.0f);
-        Floats dc0(size_t(R * G), 0.0f), dc2(size_t(R * G), 0.0f);
-        const std::vector<CombineTerm> t = terms();
-        const CombineGrad grads[] = {{.dcoef = dc0.data(), .ldc = G},
-                                     {.dx = dx1.data(), .lddx = ld},
-                                     {.dx = dx2.data(), .lddx = n, .dcoef = dc2.data(), .ldc = G}};
-        ops.combine_backward({.forward = {.rows = R, .n = n, .group = group, .terms = t},
-                              .dy = g.data(),
-                              .ldy = n,
-                              .y_before = y0.data(),
-                              .ldb = ld,
-                              .dy_before = dy0.data(),
-                              .lddb = ld,
-                              .grads = grads});
-        expect_directional(forward, {g}, {{&y0, &dy0}, {&x1, &dx1}, {&x2, &dx2}}, rng);
-        // A lane's gradient is the coefficient's: d lane0 = dc0, d lane2 = 0.5 dc2, d add2 = dc2.
-        Floats dl0(lane0.size(), 0.0f), dl2(lane2.size(), 0.0f), da2(add2.size(), 0.0f);
-        for (int64_t r = 0; r < R; ++r)
-          for (int64_t k = 0; k < G; ++k) {
-            dl0[size_t(r * ldl + k)] = dc0[size_t(r * G + k)];
-            dl2[size_t(r * ldl + 1 + k)] = 0.5f * dc2[size_t(r * G + k)];
-            da2[size_t(r * G + k)] = dc2[size_t(r * G + k)];
-          }
-        expect_directional(forward, {g}, {{&lane0, &dl0}, {&lane2, &dl2}, {&add2, &da2}}, rng);
-        return std::vector<Floats>{dy0, dx1, dx2, dc0, dc2};
-      },
-      1e-5);
+          const CombineGrad grads[] = {
+              {.dcoef = dc0.data(), .ldc = G},
+              {.dx = dx1.data(), .lddx = ld},
+              {.dx = dx2.data(), .lddx = n, .dcoef = dc2.data(), .ldc = G}};
+          ops.combine_backward({.forward = {.rows = R, .n = n, .group = group, .terms = t},
+                                .dy = g.data(),
+                                .ldy = n,
+                                .y_before = y0.data(),
+                                .ldb = ld,
+                                .dy_before = dy0.data(),
+                                .lddb = ld,
+                                .grads = grads});
+          expect_directional(forward, {g}, {{&y0, &dy0}, {&x1, &dx1}, {&x2, &dx2}}, rng);
+          // A lane's gradient is the coefficient's: d lane0 = dc0, d lane2 = 0.5 dc2, d add2 = dc2.
+          Floats dl0(lane0.size(), 0.0f), dl2(lane2.size(), 0.0f), da2(add2.size(), 0.0f);
+          for (int64_t r = 0; r < R; ++r)
+            for (int64_t k = 0; k < G; ++k) {
+              dl0[size_t(r * ldl + k)] = dc0[size_t(r * G + k)];
+              dl2[size_t(r * ldl + 1 + k)] = 0.5f * dc2[size_t(r * G + k)];
+              da2[size_t(r * G + k)] = dc2[size_t(r * G + k)];
+            }
+          expect_directional(forward, {g}, {{&lane0, &dl0}, {&lane2, &dl2}, {&add2, &da2}}, rng);
+          return std::vector<Floats>{dy0, dx1, dx2, dc0, dc2};
+        },
+        1e-5);
+  }
 }
 
 // y = table[id] * row_scale (+ kept y), ids repeating (so table rows sum several positions) and
