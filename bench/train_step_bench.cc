@@ -118,6 +118,7 @@ int run(const Options& o) {
     const train::GptBatch b = random_batch(o, uint32_t(r));
     const auto t0 = Clock::now();
     train::gpt_forward(params, b, so, work);
+    ops.synchronize();  // the split's forward is its device time, not only its launches
     const double f = ms_since(t0);
     const auto t1 = Clock::now();
     train::Buf dfinal;
