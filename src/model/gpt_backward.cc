@@ -56,9 +56,11 @@ class GradOps {
     x_.ops.column_sum({.x = partial, .ldx = 1, .rows = rows, .n = 1, .s = s, .out = slot});
   }
 
-  // y = in W^T (W [O, K] f32) at `precision`: din (+)= dy W (ldd), dw += dy^T in.
+  // y = in W^T (W [O, K] f32) at `precision`: din += dy W (ldd; din = dy W with
+  // overwrite_din), dw += dy^T in.
   void linear(const float* in, int64_t ldi, int64_t N, const Tensor& w, const float* dy,
-              int64_t ldy, float* din, int64_t ldd, float* dw, GemmPrecision precision) const {
+              int64_t ldy, float* din, int64_t ldd, float* dw, GemmPrecision precision,
+              bool overwrite_din = false) const {
     const int64_t O = w.dim(0), K = w.dim(1);
     if (din)
       x_.ops.matmul({.a = dy,
@@ -70,7 +72,7 @@ class GradOps {
                      .m = N,
                      .n = K,
                      .k = O,
-                     .accumulate = true,
+                     .accumulate = !overwrite_din,
                      .precision = precision});
     if (dw)
       x_.ops.matmul({.a = dy,
@@ -164,8 +166,8 @@ class GradOps {
       add_dot(dout, ldo, ub, n, N, n, g.scale, 1.0f);
     }
     x_.ops.column_sum({.x = du, .ldx = n, .rows = N, .n = n, .out = g.b2});
-    float* dact = zeros(N * M);
-    linear(t.act, M, N, w.w2, du, n, dact, M, g.w2, precision);
+    float* dact = x_.arena.floats(N * M);
+    linear(t.act, M, N, w.w2, du, n, dact, M, g.w2, precision, true);
     if (ddeltas) {
       const int64_t nd = w.w2g.dim(0);
       float* dd = x_.arena.floats(N * nd);
@@ -192,8 +194,8 @@ class GradOps {
                float* dproj) const {
     const int64_t C = n_.cfg_.model_dim, F = n_.cfg_.mlp_hidden;
     // out = act proj_t^T with proj_t [C, F]; the checkpoint's proj is [F, C]: dproj = act^T dmo.
-    float* dact = zeros(N * F);
-    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr, precision_);
+    float* dact = x_.arena.floats(N * F);
+    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr, precision_, true);
     x_.ops.matmul({.a = act,
                    .lda = F,
                    .ta = true,
