@@ -1074,10 +1074,11 @@ OpCase softcap_case(std::string name, Tolerance tol) {
           }};
 }
 
-OpCase copy_rows_case(std::string name, bool in_place, Tolerance tol) {
+// n, ldx, ldy: 33, 50, 40 (CUDA: floats), or with `by4` 32, 48, 40 (float4s).
+OpCase copy_rows_case(std::string name, bool in_place, Tolerance tol, bool by4 = false) {
   return {name, tol, [=] {
             std::mt19937 rng(1401);
-            const int64_t n = 33, ldx = 50, ldy = in_place ? n : 40;
+            const int64_t n = by4 ? 32 : 33, ldx = by4 ? 48 : 50, ldy = in_place ? n : 40;
             auto x = std::make_shared<std::vector<Floats>>();
             for (int64_t m : kTokenRows) x->push_back(randn(size_t(m * n), rng));
             return RunFn([=](const Ops& ops, const std::vector<int>& order) {
@@ -1825,6 +1826,7 @@ const std::vector<OpCase>& op_cases() {
 
     c.push_back(copy_rows_case("copy_rows", false, {}));
     c.push_back(copy_rows_case("copy_rows_pack_in_place", true, {}));
+    c.push_back(copy_rows_case("copy_rows_by4", false, {}, true));
 
     // The gpt family's ops: f32 expressions of a few roundings each against double (cpu figures
     // in each comment; the bounds about 10x them).

@@ -148,54 +148,7 @@ __global__ void combine_backward_kernel(CombineBackwardLaunch a, int lanes) {
     const bool on = e < n;
     const int64_t r = on ? e / groups : 0, g = on ? e % groups : 0, j0 = g * f.group;
     const int64_t j1 = j0 + f.group < f.n ? j0 + f.group : f.n;
-    float c[kCombineTerms];
-    double dc[kCombineTerms];
-    bool self = false;
-    for (int k = 0; k < f.terms; ++k) {
-      c[k] = on ? term_coef(f.term[k], r, g) : 0.0f;
-      dc[k] = 0;
-      self = self || !f.term[k].x;
-    }
-    float* dyb = a.dy_before ? a.dy_before + r * a.lddb : nullptr;
-    const bool in_place = self && dyb == a.dy + r * a.ldy;
-    for (int64_t j = j0 + lane; on && j < j1; j += lanes) {
-      const float dy = a.dy[r * a.ldy + j];
-      float self_grad = 0.0f;
-      for (int k = 0; k < f.terms; ++k) {
-        const CombineTermLaunch& t = f.term[k];
-        const float x = t.x ? t.x[r * t.ldx + j] : a.y_before[r * a.ldb + j];
-        if (t.x) {
-          if (a.grad[k].dx) a.grad[k].dx[r * a.grad[k].lddx + j] += c[k] * dy;
-        } else {
-          self_grad += c[k] * dy;
-        }
-        dc[k] += double(dy) * x;
-      }
-      if (self) dyb[j] = in_place ? self_grad : dyb[j] + self_grad;
-    }
-    for (int k = 0; k < f.terms; ++k) {
-      const double sum = group_sum(dc[k], lanes);
-      if (on && lane == 0 && a.grad[k].dcoef) a.grad[k].dcoef[r * a.grad[k].ldc + g] += float(sum);
-    }
-  }
-}
-
-// combine_backward_kernel's work when no gradient buffer is another's or a term's input
-// (launch_combine_backward checks): kCombineUnroll of a lane's columns at once, every value they
-// read (dy, the terms' inputs, the gradients' old values) loaded before any is written, so the
-// loads go out together; then the same arithmetic in the same order.
-constexpr int kCombineUnroll = 2;
-__global__ void __launch_bounds__(kThreads, 2)
-    combine_backward_loaded_kernel(CombineBackwardLaunch a, int lanes) {
-  constexpr int U = kCombineUnroll;
-  const CombineLaunch& f = a.forward;
-  const int64_t groups = (f.n + f.group - 1) / f.group;
-  const LaneGroups lg(lanes);
-  const int64_t n = f.rows * groups, lane = lg.lane;
-  for (int64_t e = lg.first; lg.warp_has(e, n); e += lg.warps * lg.per_warp) {
-    const bool on = e < n;
-    const int64_t r = on ? e / groups : 0, g = on ? e % groups : 0, j0 = g * f.group;
-    const int64_t j1 = j0 + f.group < f.n ? j0 + f.group : f.n;
+    // The terms' loops unrolled to kCombineTerms (guarded), so c and dc stay in registers.
     float c[kCombineTerms];
     double dc[kCombineTerms];
     bool self = false;
@@ -207,43 +160,22 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     float* dyb = a.dy_before ? a.dy_before + r * a.lddb : nullptr;
     const bool in_place = self && dyb == a.dy + r * a.ldy;
-    for (int64_t j = j0 + lane; on && j < j1; j += int64_t(lanes) * U) {
-      float dy[U], x[kCombineTerms][U], dx[kCombineTerms][U], before[U];
+    for (int64_t j = j0 + lane; on && j < j1; j += lanes) {
+      const float dy = a.dy[r * a.ldy + j];
+      float self_grad = 0.0f;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t jj = j + int64_t(u) * lanes;
-        const bool in = jj < j1;
-        dy[u] = in ? a.dy[r * a.ldy + jj] : 0.0f;
-        before[u] = in && self && !in_place ? dyb[jj] : 0.0f;
-#pragma unroll
-        for (int k = 0; k < kCombineTerms; ++k) {
-          const CombineTermLaunch& t = f.term[k];
-          const bool term = in && k < f.terms;
-          x[k][u] = !term ? 0.0f : t.x ? t.x[r * t.ldx + jj] : a.y_before[r * a.ldb + jj];
-          dx[k][u] = term && t.x && a.grad[k].dx ? a.grad[k].dx[r * a.grad[k].lddx + jj] : 0.0f;
+      for (int k = 0; k < kCombineTerms; ++k) {
+        if (k >= f.terms) break;
+        const CombineTermLaunch& t = f.term[k];
+        const float x = t.x ? t.x[r * t.ldx + j] : a.y_before[r * a.ldb + j];
+        if (t.x) {
+          if (a.grad[k].dx) a.grad[k].dx[r * a.grad[k].lddx + j] += c[k] * dy;
+        } else {
+          self_grad += c[k] * dy;
         }
+        dc[k] += double(dy) * x;
       }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t jj = j + int64_t(u) * lanes;
-        if (jj >= j1) break;
-        float self_grad = 0.0f;
-#pragma unroll
-        for (int k = 0; k < kCombineTerms; ++k) {
-          if (k >= f.terms) break;
-          if (f.term[k].x) {
-            dx[k][u] += c[k] * dy[u];
-          } else {
-            self_grad += c[k] * dy[u];
-          }
-          dc[k] += double(dy[u]) * x[k][u];
-        }
-#pragma unroll
-        for (int k = 0; k < kCombineTerms; ++k)
-          if (k < f.terms && f.term[k].x && a.grad[k].dx)
-            a.grad[k].dx[r * a.grad[k].lddx + jj] = dx[k][u];
-        if (self) dyb[jj] = in_place ? self_grad : before[u] + self_grad;
-      }
+      if (self) dyb[j] = in_place ? self_grad : dyb[j] + self_grad;
     }
 #pragma unroll
     for (int k = 0; k < kCombineTerms; ++k) {
@@ -405,21 +337,7 @@ cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t
   int lanes = 1;  // lanes a column group: the power of two at or above its width, up to a warp
   while (lanes < kWarp && lanes < f.group) lanes *= 2;
   const int64_t groups = f.rows * ((f.n + f.group - 1) / f.group);
-  // The loaded kernel reads every value before it writes any: only when no gradient buffer is
-  // another term's, a term's input, dy or dy_before.
-  bool apart = true;
-  for (int k = 0; k < f.terms; ++k) {
-    const float* dx = a.grad[k].dx;
-    if (!dx || !f.term[k].x) continue;
-    apart = apart && dx != a.dy && dx != a.dy_before;
-    for (int q = 0; q < f.terms; ++q)
-      apart = apart && dx != f.term[q].x && (q == k || dx != a.grad[q].dx);
-  }
-  if (apart) {
-    combine_backward_loaded_kernel<<<grid_for(groups * lanes), kThreads, 0, stream>>>(a, lanes);
-  } else {
-    combine_backward_kernel<<<grid_for(groups * lanes), kThreads, 0, stream>>>(a, lanes);
-  }
+  combine_backward_kernel<<<grid_for(groups * lanes), kThreads, 0, stream>>>(a, lanes);
   return launched();
 }
 
