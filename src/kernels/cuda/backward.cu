@@ -264,34 +264,49 @@ __global__ void sigmoid_gates_dw_kernel(SigmoidGatesBackwardLaunch a) {
   }
 }
 
+// A warp per (token, head): lane l takes dims l, l + 32, ... of the three f64 dot products
+// (meeting in group_sum's tree), then writes its own dims of dv and dy (dv first: dy may be
+// dy_out).
 __global__ void subtract_projection_backward_kernel(ProjectionBackwardLaunch a) {
   const ProjectionLaunch& f = a.forward;
   const int i = blockIdx.y;
-  const int64_t n = f.rows.length[i], row0 = (f.rows.first + i) * f.rows.tokens;
-  DEG_GRID_LOOP(e, n * f.heads) {
-    const int64_t tok = row0 + e / f.heads, h = e % f.heads;
+  const int64_t n = f.rows.length[i] * f.heads, row0 = (f.rows.first + i) * f.rows.tokens;
+  const LaneGroups lg(kWarp);
+  const int64_t lane = lg.lane;
+  for (int64_t e = lg.first; lg.warp_has(e, n); e += lg.warps * lg.per_warp) {
+    const bool on = e < n;
+    const int64_t tok = row0 + (on ? e / f.heads : 0), h = on ? e % f.heads : 0;
     const float* y = f.y + tok * f.ldy + h * f.hy;
     const float* v = f.v + tok * f.ldv + h * f.hv;
     const float* go = a.dy_out + tok * a.lddo + h * f.hy;
-    const float vv_raw = float(dot_f64(v, v, f.dim));
+    double vv_s = 0, yv_s = 0, gv_s = 0;
+    if (on)
+      for (int64_t d = lane; d < f.dim; d += kWarp) {
+        vv_s += double(v[d]) * double(v[d]);
+        yv_s += double(y[d]) * double(v[d]);
+        gv_s += double(go[d]) * double(v[d]);
+      }
+    const float vv_raw = float(group_sum(vv_s, kWarp));
+    const float yv = float(group_sum(yv_s, kWarp));
+    const float dcoef = -float(group_sum(gv_s, kWarp));
+    if (!on) continue;
     const bool clamped = vv_raw <= f.eps;
     const float vv = clamped ? f.eps : vv_raw;
-    const float yv = float(dot_f64(y, v, f.dim));
     const float t = tanhf(f.strength[tok * f.lds + h]);
     const float coef = t * yv / vv;
-    const float dcoef = -float(dot_f64(go, v, f.dim));
-    if (a.dv) {  // before dy: dy may be dy_out
+    if (a.dv) {
       float* dv = a.dv + tok * a.lddv + h * f.hv;
       const float ky = dcoef * t / vv;
       const float kv = clamped ? 0.0f : -2.0f * dcoef * t * yv / (vv * vv);
-      for (int64_t d = 0; d < f.dim; ++d) dv[d] += -coef * go[d] + ky * y[d] + kv * v[d];
+      for (int64_t d = lane; d < f.dim; d += kWarp) dv[d] += -coef * go[d] + ky * y[d] + kv * v[d];
     }
-    if (a.dstrength) a.dstrength[tok * a.ldds + h] += dcoef * (1.0f - t * t) * yv / vv;
+    if (a.dstrength && lane == 0) a.dstrength[tok * a.ldds + h] += dcoef * (1.0f - t * t) * yv / vv;
     if (a.dy) {
       float* dy = a.dy + tok * a.lddy + h * f.hy;
       const bool in_place = a.dy == a.dy_out;
       const float k = dcoef * t / vv;
-      for (int64_t d = 0; d < f.dim; ++d) dy[d] = (in_place ? 0.0f : dy[d]) + go[d] + k * v[d];
+      for (int64_t d = lane; d < f.dim; d += kWarp)
+        dy[d] = (in_place ? 0.0f : dy[d]) + go[d] + k * v[d];
     }
   }
 }
@@ -380,8 +395,8 @@ cudaError_t launch_subtract_projection_backward(const ProjectionBackwardLaunch& 
   int64_t most = 0;
   for (int i = 0; i < r.count; ++i) most = r.length[i] > most ? r.length[i] : most;
   if (most == 0 || a.forward.heads == 0) return cudaSuccess;
-  subtract_projection_backward_kernel<<<dim3(grid_for(most * a.forward.heads), unsigned(r.count)),
-                                        kThreads, 0, stream>>>(a);
+  subtract_projection_backward_kernel<<<
+      dim3(grid_for(most * a.forward.heads * kWarp), unsigned(r.count)), kThreads, 0, stream>>>(a);
   return launched();
 }
 
