@@ -190,8 +190,8 @@ class GradOps {
 
   // The backward of one MLP run (relu(xn fc^T)^2 proj): dxn += from dmo [N, C].
   void mlp_run(const Tensor& fc, const Tensor& proj_t, const float* xn, const float* pre,
-               const float* act, const float* dmo, int64_t N, float* dxn, float* dfc,
-               float* dproj) const {
+               const float* act, const float* dmo, int64_t N, float* dxn, float* dfc, float* dproj,
+               bool overwrite_dxn = false) const {
     const int64_t C = n_.cfg_.model_dim, F = n_.cfg_.mlp_hidden;
     // out = act proj_t^T with proj_t [C, F]; the checkpoint's proj is [F, C]: dproj = act^T dmo.
     float* dact = x_.arena.floats(N * F);
@@ -218,7 +218,7 @@ class GradOps {
                                 .n = F,
                                 .act = Activation::relu_squared,
                                 .accumulate = false});
-    linear(xn, C, N, fc, dact, F, dxn, C, dfc, precision_);
+    linear(xn, C, N, fc, dact, F, dxn, C, dfc, precision_, overwrite_dxn);
   }
 
   // The backward of a value-embedding lookup of plane `plane` by the id lane: dtable +=.
@@ -248,8 +248,8 @@ void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInput
   const int64_t dq = a.dq, dv = a.dv, D = a.d, S = in.stream, P = qkv_width(a, H);
   const int64_t ldp = 2 * H * dq;
   // out = y W_o^T
-  float* dy = go.zeros(N * H * dv);
-  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w, go.precision());
+  float* dy = x.arena.floats(N * H * dv);
+  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w, go.precision(), true);
   if (in.gate >= 0) {  // y_h *= gate_h
     const float* before = t.y_xsa ? t.y_xsa : t.y_att;
     const CombineTerm gt[] = {{.lane = c.h + in.gate, .ldl = S, .gl = 1}};
@@ -558,9 +558,9 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
             go.add_dot(d, S, m.par_out, C, N, C, go.scalar("post_lambdas", 2 * i + 1), 1.0f);
           float* dmo = x.arena.floats(N * C);
           x.ops.bias_scale({.x = d, .ldx = S, .y = dmo, .ldy = C, .rows = N, .n = C, .s = pm});
-          float* dxn = go.zeros(N * C);
+          float* dxn = x.arena.floats(N * C);  // written by the first run, added to by the other
           go.mlp_run(lw.fc, lw.proj, m.xn, m.pre, m.act, dmo, N, dxn,
-                     go.grad(layer_name(i, "mlp.fc")), go.grad(layer_name(i, "mlp.proj")));
+                     go.grad(layer_name(i, "mlp.fc")), go.grad(layer_name(i, "mlp.proj")), true);
           if (m.par_out)
             go.mlp_run(par_fc_, par_proj_, m.xn, m.par_pre, m.par_act, dmo, N, dxn,
                        go.grad("parallel_mlp.fc"), go.grad("parallel_mlp.proj"));
