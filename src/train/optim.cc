@@ -41,39 +41,22 @@ void polar_express(const Ops& ops, float* x, int64_t R, int64_t K, int64_t count
   float *a = A.mutable_data<float>(), *b = B.mutable_data<float>(), *y = Y.mutable_data<float>();
   const int64_t rr = r * r;
   for (const auto& c : kPolarCoeffs) {
-    if (tall) {  // A = Xᵀ X
-      ops.matmul({.a = x,
-                  .lda = K,
-                  .ta = true,
-                  .b = x,
-                  .ldb = K,
-                  .c = a,
-                  .ldc = r,
-                  .m = r,
-                  .n = r,
-                  .k = R,
-                  .precision = precision,
-                  .batch = count,
-                  .stride_a = n,
-                  .stride_b = n,
-                  .stride_c = rr});
-    } else {  // A = X Xᵀ
-      ops.matmul({.a = x,
-                  .lda = K,
-                  .b = x,
-                  .ldb = K,
-                  .tb = true,
-                  .c = a,
-                  .ldc = r,
-                  .m = r,
-                  .n = r,
-                  .k = K,
-                  .precision = precision,
-                  .batch = count,
-                  .stride_a = n,
-                  .stride_b = n,
-                  .stride_c = rr});
-    }
+    ops.matmul({.a = x,  // A = Xᵀ X (tall) or X Xᵀ
+                .lda = K,
+                .ta = tall,
+                .b = x,
+                .ldb = K,
+                .tb = !tall,
+                .c = a,
+                .ldc = r,
+                .m = r,
+                .n = r,
+                .k = tall ? R : K,
+                .precision = precision,
+                .batch = count,
+                .stride_a = n,
+                .stride_b = n,
+                .stride_c = rr});
     ops.matmul({.a = a,
                 .lda = r,
                 .b = a,
