@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_plan.cuh"
+#include "kernels/cuda/stream.h"
 
 namespace deg::cuda::att {
 
@@ -35,19 +36,6 @@ void plan_records(const AttentionLaunch& a, Plan& p) {
     p.records += (slot_prefix(key0 + n) - slot_prefix(key0)) * HG;
     p.merge_queries = std::max(p.merge_queries, n * HG);
   }
-}
-
-int sm_count() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      cudaGetLastError();
-      n = 0;
-    }
-    return n > 0 ? n : 132;
-  }();
-  return sms;
 }
 
 // A job before its chunking: split_blocks is the largest split of its query rows.

@@ -346,6 +346,15 @@ class CudaOps final : public Ops {
                         int64_t stride_d, const void* A, const void* B, float* D,
                         bool accumulate) const;
 
+  // A training product whose output has few tiles for its long k (a weight's gradient summed
+  // over the tokens, the loss's d(xn) over the vocabulary): one pinned block per output tile
+  // would keep a few multiprocessors busy, so k is cut into equal slices (split_k_parts), each
+  // slice's product written as f32 partials by one strided-batch launch, and the partials added
+  // to D in slice order. The same bits every run for a shape; not batch-invariant in n (the
+  // slicing follows the tile count), so never on an inference path.
+  void run_split_gemm(const LtGemm& g, const void* A, const void* B, float* D,
+                      bool accumulate) const;
+
   static size_t element_bytes(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
   // The descriptor of (op(A), op(B)), made once per pair.
@@ -438,7 +447,7 @@ class CudaOps final : public Ops {
   // x in bf16, widened W, GEMM and attention work; then softcap_cross_entropy's logits, xn in
   // bf16, dz in bf16 and widened W; logit_picks' parts; the delta rule's chunk work; matmul's
   // operands in bf16.
-  mutable std::array<Scratch, 12> scratch_;
+  mutable std::array<Scratch, 13> scratch_;
   mutable bool heuristic_ = false;
   mutable int small_config_ = -1;
   mutable std::map<GemmKey, Heuristic> heuristics_;

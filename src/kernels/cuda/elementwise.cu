@@ -484,6 +484,17 @@ __global__ void copy_rows4_kernel(const float4* x, int64_t ldx4, float4* y, int6
   }
 }
 
+// y [rows, n] at ldy = (accumulate ? y : 0) + parts[0] + parts[1] + ..., summed in that order;
+// parts [count, rows, n] contiguous.
+__global__ void sum_parts_kernel(const float* parts, int64_t count, float* y, int64_t ldy,
+                                 int64_t rows, int64_t n, bool accumulate) {
+  DEG_ROW_LOOP(r, j, rows, n) {
+    float s = accumulate ? y[r * ldy + j] : 0.0f;
+    for (int64_t p = 0; p < count; ++p) s += parts[(p * rows + r) * n + j];
+    y[r * ldy + j] = s;
+  }
+}
+
 __global__ void gather_rows_kernel(const float* x, int64_t ldx, const int32_t* index, float* y,
                                    int64_t ldy, int64_t rows, int64_t n) {
   DEG_ROW_LOOP(r, j, rows, n) {
@@ -692,6 +703,14 @@ cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy,
   } else {
     copy_rows_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(x, ldx, y, ldy, rows, n);
   }
+  return launched();
+}
+
+cudaError_t launch_sum_parts(const float* parts, int64_t count, float* y, int64_t ldy, int64_t rows,
+                             int64_t n, bool accumulate, cudaStream_t stream) {
+  if (rows * n == 0) return cudaSuccess;
+  sum_parts_kernel<<<row_grid(rows, n), kThreads, 0, stream>>>(parts, count, y, ldy, rows, n,
+                                                               accumulate);
   return launched();
 }
 

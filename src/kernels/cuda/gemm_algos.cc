@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/stream.h"
 
 namespace deg::cuda_backend {
 
@@ -443,6 +444,41 @@ void CudaOps::run_batched_gemm(const LtGemm& g, int64_t batch, int64_t stride_a,
   check_blas(cuda::cublaslt().Matmul(blas_, desc.h, &alpha, A, la.h, B, lb.h, &beta, D, lc.h, D,
                                      lc.h, &*it->second, nullptr, 0, stream_),
              "batched matmul");
+}
+
+namespace {
+
+// How many equal k slices make a product with few output tiles fill the GPU twice over (1: no
+// split): tiles counted at 128 x 128, at most 16 slices, each at least 1,024 deep and a
+// multiple of 16 (so every slice's operands stay 32-byte aligned).
+int64_t split_k_parts(const LtGemm& g) {
+  constexpr int64_t kTile = 128, kMaxParts = 16, kMinDepth = 1024;
+  const int64_t tiles = ((g.m + kTile - 1) / kTile) * ((g.n + kTile - 1) / kTile);
+  const int64_t want = std::min(kMaxParts, (2 * cuda::sm_count() + tiles - 1) / tiles);
+  for (int64_t p = want; p > 1; --p)
+    if (g.k % p == 0 && (g.k / p) % 16 == 0 && g.k / p >= kMinDepth) return p;
+  return 1;
+}
+
+}  // namespace
+
+void CudaOps::run_split_gemm(const LtGemm& g, const void* A, const void* B, float* D,
+                             bool accumulate) const {
+  const int64_t parts = split_k_parts(g);
+  if (parts == 1) {
+    run_gemm(g, A, B, D, accumulate, Pin::this_n);
+    return;
+  }
+  LtGemm slice = g;
+  slice.k = g.k / parts;
+  slice.ldd = g.m;
+  // A slice's step along k: A is m x k (ta N, column j of k at j lda) or k x m (ta T: row j at
+  // j); B is k x n (tb N) or n x k (tb T).
+  const int64_t stride_a = g.ta == CUBLAS_OP_N ? slice.k * g.lda : slice.k;
+  const int64_t stride_b = g.tb == CUBLAS_OP_N ? slice.k : slice.k * g.ldb;
+  float* p = static_cast<float*>(scratch(12, size_t(parts * g.m * g.n) * sizeof(float)));
+  run_batched_gemm(slice, parts, stride_a, stride_b, g.m * g.n, A, B, p, false);
+  check(cuda::launch_sum_parts(p, parts, D, g.ldd, g.n, g.m, accumulate, stream_), "split-k sum");
 }
 
 }  // namespace deg::cuda_backend

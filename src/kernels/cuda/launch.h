@@ -599,6 +599,10 @@ cudaError_t launch_softcap_loss(const SoftcapLossLaunch& a, cudaStream_t stream)
 cudaError_t launch_to_bf16(const float* x, int64_t ldx, int64_t rows, int64_t n, void* out,
                            cudaStream_t stream);
 cudaError_t launch_widen_bf16(const void* in, int64_t count, float* out, cudaStream_t stream);
+// A split product's partial sums: y [rows, n] at ldy = (accumulate ? y : 0) + parts[0] + ... +
+// parts[count - 1], added in that order; parts [count, rows, n] contiguous.
+cudaError_t launch_sum_parts(const float* parts, int64_t count, float* y, int64_t ldy, int64_t rows,
+                             int64_t n, bool accumulate, cudaStream_t stream);
 
 // ---- gemm_small.cu: y [m, n] (= or +=) x [m, k] w [n, k]^T, bf16 operands, f32 y, m <= 64 ----
 // Each output summed as cuBLASLt's pinned bf16 kernels sum it (k ascending in mma.sync k16

@@ -57,7 +57,7 @@ void CudaOps::matmul(const MatmulOpArgs& a) const {
   if (a.batch > 1) {
     run_batched_gemm(g, a.batch, stride_b, stride_a, a.stride_c, pb, pa, a.c, a.accumulate);
   } else {
-    run_gemm(g, pb, pa, a.c, a.accumulate, Pin::this_n);
+    run_split_gemm(g, pb, pa, a.c, a.accumulate);
   }
 }
 
@@ -369,7 +369,9 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
   if (T == 0) return;
   std::lock_guard lock(mu_);
   const bool grad = a.dxn || a.dw, low = a.bf16;
-  const int64_t chunk = std::min(T, softcap_cross_entropy_chunk(V));
+  // Four times the CPU's chunk of logits (256 MiB of f32): fewer passes of the products'
+  // accumulation into dw.
+  const int64_t chunk = std::min(T, 4 * softcap_cross_entropy_chunk(V));
   const cudaDataType pt = low ? CUDA_R_16BF : CUDA_R_32F;  // the products' operand type
   const void* wp = w.raw();
   if (!low && w.dtype() == DType::bf16) {  // exact: W widened to f32 once per call
@@ -410,17 +412,17 @@ void CudaOps::softcap_cross_entropy(const SoftcapCrossEntropyArgs& a) const {
     check(cuda::launch_softcap_loss(l, stream_), "softcap_cross_entropy");
     const void* dz = low ? dzb : z;
     if (a.dxn) {  // dxnᵀ [C, R] += W [V, C] read as C x V, times dzᵀ (V x R)
-      run_gemm({.ta = CUBLAS_OP_N,
-                .tb = CUBLAS_OP_N,
-                .at = pt,
-                .bt = pt,
-                .m = C,
-                .n = R,
-                .k = V,
-                .lda = C,
-                .ldb = V,
-                .ldd = a.lddx},
-               wp, dz, a.dxn + r0 * a.lddx, true, Pin::every_n_or_this_n);
+      run_split_gemm({.ta = CUBLAS_OP_N,
+                      .tb = CUBLAS_OP_N,
+                      .at = pt,
+                      .bt = pt,
+                      .m = C,
+                      .n = R,
+                      .k = V,
+                      .lda = C,
+                      .ldb = V,
+                      .ldd = a.lddx},
+                     wp, dz, a.dxn + r0 * a.lddx, true);
     }
     if (a.dw) {  // dwᵀ [C, V] += xnᵀ (C x R) times dz (dzᵀ stored V x R, transposed)
       run_gemm({.ta = CUBLAS_OP_N,

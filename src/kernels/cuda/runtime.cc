@@ -44,6 +44,19 @@ cudaStream_t stream() {
   return s;
 }
 
+int sm_count() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    return n > 0 ? n : 132;
+  }();
+  return sms;
+}
+
 }  // namespace cuda
 
 bool cuda_built() {
