@@ -179,6 +179,51 @@ TEST(OpsBackward, MatmulBatchComputesEachProduct) {
       }
 }
 
+// bf16_all: a product handed its operands as the backend itself rounded them (ab_out of an
+// earlier product, a forward gemm's xb_out, taken back as ab / bb) gives the same bits as one
+// that rounds them again (a backend that computes in f32 ignores the three).
+TEST(OpsBackward, MatmulTakesItsOwnRoundingBack) {
+  std::mt19937 rng(4);
+  const int64_t M = 40, N = 72, K = 4096;  // k long enough for CUDA's sliced product too
+  const Floats a = randn(size_t(K * M), rng), b = randn(size_t(K * N), rng);  // a read with ta
+  const Tensor w = Tensor::from_vector(std::vector<float>(size_t(3 * N), 0.5f), {3, N});
+  for (const Ops* ops : backends()) {
+    SCOPED_TRACE(ops->name());
+    const Tensor wd = ops->upload(w);
+    testing::ManagedVector<bf16> a_b(size_t(K * M)), b_b(size_t(K * N));
+    Floats once(size_t(M * N)), again(size_t(M * N)), y(size_t(K * 3));
+    const MatmulOpArgs args{.a = a.data(),
+                            .lda = M,
+                            .ta = true,
+                            .b = b.data(),
+                            .ldb = N,
+                            .m = M,
+                            .n = N,
+                            .k = K,
+                            .precision = GemmPrecision::bf16_all};
+    MatmulOpArgs first = args;
+    first.c = once.data();
+    first.ldc = N;
+    first.ab_out = a_b.data();
+    ops->matmul(first);
+    const GemmOutput o{.w = &wd, .y = y.data(), .ldy = 3};  // b's rows as a forward's input
+    ops->gemm({.x = b.data(),
+               .m = K,
+               .k = N,
+               .ldx = N,
+               .outputs = {&o, 1},
+               .precision = GemmPrecision::bf16_all,
+               .xb_out = b_b.data()});
+    MatmulOpArgs second = args;
+    second.c = again.data();
+    second.ldc = N;
+    second.ab = a_b.data();
+    second.bb = b_b.data();
+    ops->matmul(second);
+    EXPECT_EQ(std::memcmp(once.data(), again.data(), once.size() * sizeof(float)), 0);
+  }
+}
+
 // bf16_all: the loops round a and b to bf16 first; an f32 product differs from that by ~1e-3
 // of the sums, far past the tolerance. The second shape's long k over one output tile is what
 // CUDA cuts into slices whose partial sums it adds (CudaOps::run_split_gemm): a weight's gradient

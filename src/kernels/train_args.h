@@ -27,6 +27,11 @@ namespace deg {
 // into c + i stride_c (floats), each computed as it would be alone (a strided batch: one launch
 // on CUDA, where a lone product of a small matrix would leave most of the GPU idle); with
 // bf16_all each operand's matrices must lie back to back (stride = rows x ld).
+// ab / bb (bf16_all): a / b as this backend already rounded them (packed [rows, cols] as
+// stored, a batch back to back), from an earlier product's ab_out or a forward's
+// GemmArgs::xb_out: a backend that rounds reads these instead of rounding again (the same bits);
+// one that computes in f32 ignores them. ab_out: where a backend that rounds writes a's
+// rounding, for a later product of the same a (a gradient's dX and dW products).
 struct MatmulOpArgs {
   const float* a = nullptr;
   int64_t lda = 0;
@@ -41,6 +46,9 @@ struct MatmulOpArgs {
   GemmPrecision precision = GemmPrecision::exact;
   int64_t batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+  const bf16* ab = nullptr;
+  const bf16* bb = nullptr;
+  bf16* ab_out = nullptr;
 };
 
 // The backward of the unit-weight rms_norm (NormArgs with w null or ones, no gate): dx +=

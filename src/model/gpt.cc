@@ -449,11 +449,22 @@ void GptNet::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, floa
   float* xn = x.arena.floats(N * C);
   norm_rows(x, h, S, xn, C, N);
   if (mlp_xn) *mlp_xn = xn;
-  // relu(xn fc^T)^2 proj for (fc, proj) -> out [N, C]; pre and act kept for a tape.
-  auto run = [&](const Tensor& fc, const Tensor& proj, float** pre_out, float** act_out) {
+  // relu(xn fc^T)^2 proj for (fc, proj) -> out [N, C]; pre and act kept for a tape, with the
+  // products' roundings of xn (the first run's) and act (kept_bf16).
+  const bf16* xn_b = nullptr;
+  auto run = [&](const Tensor& fc, const Tensor& proj, float** pre_out, float** act_out,
+                 const bf16** act_b) {
     float* pre = x.arena.floats(N * F);
     GemmOutput o1{.w = &fc, .y = pre, .ldy = F};
-    x.ops.gemm({.x = xn, .m = N, .k = C, .ldx = C, .outputs = {&o1, 1}, .precision = c.precision});
+    bf16* xb = xn_b ? nullptr : kept_bf16(x, c.precision, tape, N * C);
+    x.ops.gemm({.x = xn,
+                .m = N,
+                .k = C,
+                .ldx = C,
+                .outputs = {&o1, 1},
+                .precision = c.precision,
+                .xb_out = xb});
+    if (xb) xn_b = xb;
     float* act = tape ? x.arena.floats(N * F) : pre;
     x.ops.activation({.x = pre,
                       .ldx = F,
@@ -464,19 +475,29 @@ void GptNet::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, floa
                       .act = Activation::relu_squared});
     float* out = x.arena.floats(N * C);
     GemmOutput o2{.w = &proj, .y = out, .ldy = C};
-    x.ops.gemm({.x = act, .m = N, .k = F, .ldx = F, .outputs = {&o2, 1}, .precision = c.precision});
+    bf16* ab = kept_bf16(x, c.precision, tape, N * F);
+    x.ops.gemm({.x = act,
+                .m = N,
+                .k = F,
+                .ldx = F,
+                .outputs = {&o2, 1},
+                .precision = c.precision,
+                .xb_out = ab});
     *pre_out = pre;
     *act_out = act;
+    *act_b = ab;
     return out;
   };
   MlpTape t{.xn = xn};
-  t.out = run(lw.fc, lw.proj, &t.pre, &t.act);
+  t.out = run(lw.fc, lw.proj, &t.pre, &t.act, &t.act_b);
+  t.xn_b = xn_b;
   if (mu) {
     const CombineTerm ct[] = {{.lane = mu + 12, .ldl = nm_},
                               {.x = t.out, .ldx = C, .lane = mu + 13, .ldl = nm_}};
     x.ops.combine({.y = h, .ldy = S, .rows = N, .n = C, .terms = ct});
   } else {
-    if (i == cfg_.parallel_mlp_layer) t.par_out = run(par_fc_, par_proj_, &t.par_pre, &t.par_act);
+    if (i == cfg_.parallel_mlp_layer)
+      t.par_out = run(par_fc_, par_proj_, &t.par_pre, &t.par_act, &t.par_act_b);
     const float rm = resid_[size_t(2 * i + 1)], pm = post_[size_t(2 * i + 1)];
     const CombineTerm ct[] = {
         {.s = rm}, {.x = t.out, .ldx = C, .s = pm}, {.x = t.par_out, .ldx = C, .s = pm}};

@@ -76,7 +76,14 @@ float* attention(const Exec& x, const AttnWeights& a, const AttnInputs& in) {
   float* pqk = x.arena.floats(N * ldp);  // [N, 2H, Dq]: q heads then k heads
   float* pv = x.arena.floats(N * H * dv);
   GemmOutput outs[] = {{.w = &a.qk, .y = pqk, .ldy = ldp}, {.w = &a.v, .y = pv, .ldy = H * dv}};
-  x.ops.gemm({.x = in.xn, .m = N, .k = C, .ldx = C, .outputs = outs, .precision = c.precision});
+  bf16* xn_b = kept_bf16(x, c.precision, tape, N * C);
+  x.ops.gemm({.x = in.xn,
+              .m = N,
+              .k = C,
+              .ldx = C,
+              .outputs = outs,
+              .precision = c.precision,
+              .xb_out = xn_b});
   // q, k = rotary(norm(sa0 p)) per head; v = sa0 p + aux per (token, head).
   float* qkv = x.arena.floats(N * P);
   for_qk_heads(a, H, [&](int64_t from, int64_t to, int64_t n) {
@@ -150,7 +157,8 @@ float* attention(const Exec& x, const AttnWeights& a, const AttnInputs& in) {
              .pv = pv,
              .qkv = qkv,
              .y_att = y,
-             .views = std::move(tape->views)};
+             .views = std::move(tape->views),
+             .xn_b = xn_b};
   auto kept = [&] {  // y before an in-place op, for the backward
     float* copy = x.arena.floats(N * H * dv);
     x.ops.copy_rows(y, H * dv, copy, H * dv, N, H * dv);
@@ -165,11 +173,17 @@ float* attention(const Exec& x, const AttnWeights& a, const AttnInputs& in) {
     const CombineTerm gt[] = {{.lane = c.h + in.gate, .ldl = S, .gl = 1}};
     x.ops.combine({.y = y, .ldy = H * dv, .rows = N, .n = H * dv, .group = dv, .terms = gt});
   }
-  if (tape) tape->y = y;
+  bf16* y_b = kept_bf16(x, c.precision, tape, N * H * dv);
+  if (tape) tape->y = y, tape->y_b = y_b;
   float* out = x.arena.floats(N * C);
   GemmOutput o{.w = &a.o, .y = out, .ldy = C};
-  x.ops.gemm(
-      {.x = y, .m = N, .k = H * dv, .ldx = H * dv, .outputs = {&o, 1}, .precision = c.precision});
+  x.ops.gemm({.x = y,
+              .m = N,
+              .k = H * dv,
+              .ldx = H * dv,
+              .outputs = {&o, 1},
+              .precision = c.precision,
+              .xb_out = y_b});
   return out;
 }
 

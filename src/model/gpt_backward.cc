@@ -57,11 +57,14 @@ class GradOps {
   }
 
   // y = in W^T (W [O, K] f32) at `precision`: din += dy W (ldd; din = dy W with
-  // overwrite_din), dw += dy^T in.
-  void linear(const float* in, int64_t ldi, int64_t N, const Tensor& w, const float* dy,
-              int64_t ldy, float* din, int64_t ldd, float* dw, GemmPrecision precision,
-              bool overwrite_din = false) const {
+  // overwrite_din), dw += dy^T in. bf16_all: in_b is in as the forward's product rounded it (or
+  // null), and dy is rounded once for both products; returns that rounding (valid until the
+  // next linear), or null.
+  const bf16* linear(const float* in, int64_t ldi, int64_t N, const Tensor& w, const float* dy,
+                     int64_t ldy, float* din, int64_t ldd, float* dw, GemmPrecision precision,
+                     bool overwrite_din = false, const bf16* in_b = nullptr) const {
     const int64_t O = w.dim(0), K = w.dim(1);
+    bf16* dy_b = din && precision == GemmPrecision::bf16_all ? rounded_rows(N * O) : nullptr;
     if (din)
       x_.ops.matmul({.a = dy,
                      .lda = ldy,
@@ -73,7 +76,8 @@ class GradOps {
                      .n = K,
                      .k = O,
                      .accumulate = !overwrite_din,
-                     .precision = precision});
+                     .precision = precision,
+                     .ab_out = dy_b});
     if (dw)
       x_.ops.matmul({.a = dy,
                      .lda = ldy,
@@ -86,7 +90,20 @@ class GradOps {
                      .n = K,
                      .k = N,
                      .accumulate = true,
-                     .precision = precision});
+                     .precision = precision,
+                     .ab = dy_b,
+                     .bb = in_b});
+    return dy_b;
+  }
+
+  // Room for n bf16 values that a product's rounding of its operand goes to (ab_out), one
+  // buffer reused by every linear: stream order keeps a use after the products before it.
+  bf16* rounded_rows(int64_t n) const {
+    if (n > rounded_cap_) {
+      rounded_ = reinterpret_cast<bf16*>(x_.arena.floats((n + 1) / 2));
+      rounded_cap_ = n;
+    }
+    return rounded_;
   }
 
   // y (ld S) += x over rows x n: a gradient handed from a lane back to its source.
@@ -189,13 +206,14 @@ class GradOps {
   }
 
   // The backward of one MLP run (relu(xn fc^T)^2 proj): dxn += from dmo [N, C].
+  // xn_b, act_b: the forward products' roundings (MlpTape), or null.
   void mlp_run(const Tensor& fc, const Tensor& proj_t, const float* xn, const float* pre,
-               const float* act, const float* dmo, int64_t N, float* dxn, float* dfc, float* dproj,
-               bool overwrite_dxn = false) const {
+               const float* act, const bf16* xn_b, const bf16* act_b, const float* dmo, int64_t N,
+               float* dxn, float* dfc, float* dproj, bool overwrite_dxn = false) const {
     const int64_t C = n_.cfg_.model_dim, F = n_.cfg_.mlp_hidden;
     // out = act proj_t^T with proj_t [C, F]; the checkpoint's proj is [F, C]: dproj = act^T dmo.
     float* dact = x_.arena.floats(N * F);
-    linear(act, F, N, proj_t, dmo, C, dact, F, nullptr, precision_, true);
+    const bf16* dmo_b = linear(act, F, N, proj_t, dmo, C, dact, F, nullptr, precision_, true);
     x_.ops.matmul({.a = act,
                    .lda = F,
                    .ta = true,
@@ -207,7 +225,9 @@ class GradOps {
                    .n = C,
                    .k = N,
                    .accumulate = true,
-                   .precision = precision_});
+                   .precision = precision_,
+                   .ab = act_b,
+                   .bb = dmo_b});
     x_.ops.activation_backward({.x = pre,
                                 .ldx = F,
                                 .dy = dact,
@@ -218,7 +238,7 @@ class GradOps {
                                 .n = F,
                                 .act = Activation::relu_squared,
                                 .accumulate = false});
-    linear(xn, C, N, fc, dact, F, dxn, C, dfc, precision_, overwrite_dxn);
+    linear(xn, C, N, fc, dact, F, dxn, C, dfc, precision_, overwrite_dxn, xn_b);
   }
 
   // The backward of a value-embedding lookup of plane `plane` by the id lane: dtable +=.
@@ -237,6 +257,8 @@ class GradOps {
   const Exec& x_;
   const GptGrads& grads_;
   GemmPrecision precision_;
+  mutable bf16* rounded_ = nullptr;  // rounded_rows'
+  mutable int64_t rounded_cap_ = 0;
 };
 
 void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInputs& in,
@@ -249,7 +271,7 @@ void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInput
   const int64_t ldp = 2 * H * dq;
   // out = y W_o^T
   float* dy = x.arena.floats(N * H * dv);
-  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w, go.precision(), true);
+  go.linear(t.y, H * dv, N, a.o, dout, C, dy, H * dv, g.dout_w, go.precision(), true, t.y_b);
   if (in.gate >= 0) {  // y_h *= gate_h
     const float* before = t.y_xsa ? t.y_xsa : t.y_att;
     const CombineTerm gt[] = {{.lane = c.h + in.gate, .ldl = S, .gl = 1}};
@@ -325,8 +347,8 @@ void attention_backward(const GradOps& go, const AttnWeights& a, const AttnInput
                            .eps = in.eps});
   go.add_dot(dqs, ldp, t.pqk, ldp, N, ldp, g.dsa0, 1.0f);
   x.ops.scale({.y = dqs, .ldy = ldp, .rows = N, .n = ldp, .s = in.sa0});
-  go.linear(in.xn, C, N, a.qk, dqs, ldp, g.dxn, C, g.dqk, go.precision());
-  go.linear(in.xn, C, N, a.v, dpv, H * dv, g.dxn, C, g.dv, go.precision());
+  go.linear(in.xn, C, N, a.qk, dqs, ldp, g.dxn, C, g.dqk, go.precision(), false, t.xn_b);
+  go.linear(in.xn, C, N, a.v, dpv, H * dv, g.dxn, C, g.dv, go.precision(), false, t.xn_b);
 }
 
 void GptNet::train_backward(const Exec& x, const GptTape& tape,
@@ -480,7 +502,7 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
                                   .dy_before = d,
                                   .lddb = S,
                                   .grads = g});
-          go.mlp_run(lw.fc, lw.proj, m.xn, m.pre, m.act, dmo, N, d_mlp_xn,
+          go.mlp_run(lw.fc, lw.proj, m.xn, m.pre, m.act, m.xn_b, m.act_b, dmo, N, d_mlp_xn,
                      go.grad(layer_name(i, "mlp.fc")), go.grad(layer_name(i, "mlp.proj")));
           go.norm(lt.x_attn, C, d_mlp_xn, C, d, S, N);
         }
@@ -559,11 +581,11 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
           float* dmo = x.arena.floats(N * C);
           x.ops.bias_scale({.x = d, .ldx = S, .y = dmo, .ldy = C, .rows = N, .n = C, .s = pm});
           float* dxn = x.arena.floats(N * C);  // written by the first run, added to by the other
-          go.mlp_run(lw.fc, lw.proj, m.xn, m.pre, m.act, dmo, N, dxn,
+          go.mlp_run(lw.fc, lw.proj, m.xn, m.pre, m.act, m.xn_b, m.act_b, dmo, N, dxn,
                      go.grad(layer_name(i, "mlp.fc")), go.grad(layer_name(i, "mlp.proj")), true);
           if (m.par_out)
-            go.mlp_run(par_fc_, par_proj_, m.xn, m.par_pre, m.par_act, dmo, N, dxn,
-                       go.grad("parallel_mlp.fc"), go.grad("parallel_mlp.proj"));
+            go.mlp_run(par_fc_, par_proj_, m.xn, m.par_pre, m.par_act, m.xn_b, m.par_act_b, dmo, N,
+                       dxn, go.grad("parallel_mlp.fc"), go.grad("parallel_mlp.proj"));
           x.ops.scale({.y = d, .ldy = S, .rows = N, .n = C, .s = rm});
           go.norm(lt.x_attn, C, dxn, C, d, S, N);
         }

@@ -47,6 +47,9 @@ struct AttnTape {
   float* y_xsa = nullptr;      // [N, H Dv] after XSA (null without)
   float* y = nullptr;          // [N, H Dv] the output projection's input
   std::vector<RowView> views;  // [B] the keys the rows read (into qkv; a prefix into another's)
+  // The bf16 training path: xn and y as the forward's products rounded them (kept_bf16), or null.
+  const bf16* xn_b = nullptr;
+  const bf16* y_b = nullptr;
 };
 
 // What the attention sublayer reads besides its weights. Lanes are offsets into a token's
@@ -141,12 +144,22 @@ struct HeadTape {
   float* u = nullptr;    // [N, n] act W2^T (before bias and scale)
 };
 
+// Arena room for a training forward product's input as the backend rounds it (GemmArgs::xb_out),
+// kept on the tape so that the backward's products of that input take it back: on the bf16
+// training path (bf16_all) with a tape, else null.
+inline bf16* kept_bf16(const Exec& x, GemmPrecision p, bool tape, int64_t n) {
+  if (!tape || p != GemmPrecision::bf16_all) return nullptr;
+  return reinterpret_cast<bf16*>(x.arena.floats((n + 1) / 2));
+}
+
 struct MlpTape {
   const float* xn = nullptr;                                         // [N, C]
   float* pre = nullptr;                                              // [N, F] xn fc^T
   float* act = nullptr;                                              // [N, F] relu(pre)^2
   float* out = nullptr;                                              // [N, C] act proj
   float *par_pre = nullptr, *par_act = nullptr, *par_out = nullptr;  // the parallel MLP
+  // The bf16 training path: xn, act and par_act as the forward's products rounded them, or null.
+  const bf16 *xn_b = nullptr, *act_b = nullptr, *par_act_b = nullptr;
 };
 
 struct LayerTape {

@@ -16,35 +16,6 @@ namespace {
 
 #include "kernels/cuda/grid.cuh"
 
-constexpr int kWarp = 32;
-
-// The sum of a lane group's values (groups of `lanes` consecutive lanes, a power of two up to
-// 32): a fixed butterfly, so every lane of the group gets the same bits.
-__device__ double group_sum(double v, int lanes) {
-  for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// Lane groups over a grid-stride loop of n items, `lanes` lanes (a power of two up to a warp)
-// an item: whole warps go round the loop together, so every lane runs group_sum's shuffles; a
-// lane whose item is past n (`on` false) takes part with zeros.
-struct LaneGroups {
-  int64_t per_warp, warps, first;
-  int lanes, lane;
-  __device__ explicit LaneGroups(int lanes_)
-      : per_warp(kWarp / lanes_),
-        warps(int64_t(gridDim.x) * blockDim.x / kWarp),
-        first((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp * per_warp +
-              int64_t(threadIdx.x % kWarp) / lanes_),
-        lanes(lanes_),
-        lane(int(threadIdx.x) % lanes_) {}
-  // Whether this round's items of the warp (`item` the lane's) start before n: the loop's
-  // condition, the same in every lane of the warp.
-  __device__ bool warp_has(int64_t item, int64_t n) const {
-    return item - int64_t(threadIdx.x % kWarp) / lanes < n;
-  }
-};
-
 // A warp per (row, head) vector: lane l takes dims l, l + 32, ... (kPer of them held in
 // registers, so each pass's loads go out together; kPer 0: any width, read from memory each
 // pass), its sums in that order.

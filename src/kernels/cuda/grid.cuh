@@ -1,6 +1,7 @@
 // The launch shape the elementwise-style kernels share (mixing.cu, backward.cu, optimizer.cu):
-// 256-thread blocks, a capped grid, and a grid-stride loop over the rest; and a fixed-tree block
-// sum (backward.cu, optimizer.cu, attention_f64_backward.cu). Internal to those .cu files: each
+// 256-thread blocks, a capped grid, and a grid-stride loop over the rest; a fixed-tree block
+// sum (backward.cu, optimizer.cu, attention_f64_backward.cu); lane groups with their butterfly
+// sums (backward.cu, mixing.cu). Internal to those .cu files: each
 // includes it inside its own anonymous namespace, after kernels/cuda/launch.h (which brings
 // <cstdint> and the CUDA runtime).
 #pragma once
@@ -48,6 +49,35 @@ __device__ inline double block_sum(double x, double* red) {
 inline unsigned block_per_item(int64_t n) {
   return unsigned(n < 65535 ? n : 65535);
 }
+
+constexpr int kWarp = 32;
+
+// The sum of a lane group's values (groups of `lanes` consecutive lanes, a power of two up to
+// 32): a fixed butterfly, so every lane of the group gets the same bits.
+__device__ double group_sum(double v, int lanes) {
+  for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Lane groups over a grid-stride loop of n items, `lanes` lanes (a power of two up to a warp)
+// an item: whole warps go round the loop together, so every lane runs group_sum's shuffles; a
+// lane whose item is past n (`on` false) takes part with zeros.
+struct LaneGroups {
+  int64_t per_warp, warps, first;
+  int lanes, lane;
+  __device__ explicit LaneGroups(int lanes_)
+      : per_warp(kWarp / lanes_),
+        warps(int64_t(gridDim.x) * blockDim.x / kWarp),
+        first((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp * per_warp +
+              int64_t(threadIdx.x % kWarp) / lanes_),
+        lanes(lanes_),
+        lane(int(threadIdx.x) % lanes_) {}
+  // Whether this round's items of the warp (`item` the lane's) start before n: the loop's
+  // condition, the same in every lane of the warp.
+  __device__ bool warp_has(int64_t item, int64_t n) const {
+    return item - int64_t(threadIdx.x % kWarp) / lanes < n;
+  }
+};
 
 inline cudaError_t launched() {
   return cudaGetLastError();

@@ -104,20 +104,30 @@ __global__ void rope_pairs_kernel(RopePairsLaunch a) {
   }
 }
 
-// y_h -= tanh(strength_h) (y_h . v_h / max(v_h . v_h, eps)) v_h per (real token, head).
+// y_h -= tanh(strength_h) (y_h . v_h / max(v_h . v_h, eps)) v_h per (real token, head): a warp
+// per vector, lane l taking dims l, l + 32, ... of both f64 dot products (meeting in
+// group_sum's tree), then its own dims of y.
 __global__ void subtract_projection_kernel(ProjectionLaunch a) {
   const int i = blockIdx.y;
-  const int64_t n = a.rows.length[i];
-  const int64_t row0 = (a.rows.first + i) * a.rows.tokens;
-  DEG_GRID_LOOP(e, n * a.heads) {
-    const int64_t tok = row0 + e / a.heads, h = e % a.heads;
+  const int64_t n = a.rows.length[i] * a.heads, row0 = (a.rows.first + i) * a.rows.tokens;
+  const LaneGroups lg(kWarp);
+  const int64_t lane = lg.lane;
+  for (int64_t e = lg.first; lg.warp_has(e, n); e += lg.warps * lg.per_warp) {
+    const bool on = e < n;
+    const int64_t tok = row0 + (on ? e / a.heads : 0), h = on ? e % a.heads : 0;
     float* y = a.y + tok * a.ldy + h * a.hy;
     const float* v = a.v + tok * a.ldv + h * a.hv;
-    const float vv = float(dot_f64(v, v, a.dim));
+    double vv_s = 0, yv_s = 0;
+    if (on)
+      for (int64_t d = lane; d < a.dim; d += kWarp) {
+        vv_s += double(v[d]) * double(v[d]);
+        yv_s += double(y[d]) * double(v[d]);
+      }
+    const float vv = float(group_sum(vv_s, kWarp)), yv = float(group_sum(yv_s, kWarp));
+    if (!on) continue;
     const float den = vv > a.eps ? vv : a.eps;
-    const float coef = tanhf(a.strength[tok * a.lds + h]) * float(dot_f64(y, v, a.dim)) / den;
-    const float m = -coef;
-    for (int64_t d = 0; d < a.dim; ++d) y[d] += m * v[d];
+    const float m = -(tanhf(a.strength[tok * a.lds + h]) * yv / den);
+    for (int64_t d = lane; d < a.dim; d += kWarp) y[d] += m * v[d];
   }
 }
 
@@ -251,8 +261,8 @@ cudaError_t launch_rope_pairs(const RopePairsLaunch& a, cudaStream_t stream) {
 cudaError_t launch_subtract_projection(const ProjectionLaunch& a, cudaStream_t stream) {
   const int64_t most = longest(a.rows);
   if (most == 0 || a.heads == 0) return cudaSuccess;
-  subtract_projection_kernel<<<dim3(grid_for(most * a.heads), unsigned(a.rows.count)), kThreads, 0,
-                               stream>>>(a);
+  subtract_projection_kernel<<<dim3(grid_for(most * a.heads * kWarp), unsigned(a.rows.count)),
+                               kThreads, 0, stream>>>(a);
   return launched();
 }
 

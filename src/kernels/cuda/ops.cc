@@ -64,7 +64,7 @@ void CudaOps::gemm(const GemmArgs& a) const {
   for (const GemmOutput& o : a.outputs) round_x |= rounds_to_bf16(a.precision, o.w->dtype());
   const int64_t ldxb = a.xb ? a.ldx : a.k;
   if (!a.xb && round_x) {
-    void* buf = scratch(0, size_t(a.m * a.k) * 2);
+    void* buf = a.xb_out ? static_cast<void*>(a.xb_out) : scratch(0, size_t(a.m * a.k) * 2);
     check(cuda::launch_to_bf16(a.x, a.ldx, a.m, a.k, buf, stream_), "to bf16");
     xb = buf;
   }

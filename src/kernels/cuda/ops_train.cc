@@ -34,11 +34,17 @@ void CudaOps::matmul(const MatmulOpArgs& a) const {
     const int64_t rb = a.tb ? a.n : a.k, cb = a.tb ? a.k : a.n;
     DEG_CHECK(a.batch == 1 || (a.stride_a == ra * a.lda && a.stride_b == rb * a.ldb),
               "matmul: a bf16_all batch's matrices lie back to back");
-    void* xa = scratch(10, size_t(a.batch * ra * ca) * 2);
-    void* xb = scratch(11, size_t(a.batch * rb * cb) * 2);
-    check(cuda::launch_to_bf16(a.a, a.lda, a.batch * ra, ca, xa, stream_), "to bf16");
-    check(cuda::launch_to_bf16(a.b, a.ldb, a.batch * rb, cb, xb, stream_), "to bf16");
-    pa = xa, pb = xb, lda = ca, ldb = cb, stride_a = ra * ca, stride_b = rb * cb;
+    // Each operand rounded here unless an earlier op of this backend already did (ab / bb).
+    auto rounded = [&](const float* x, int64_t ld, int64_t rows, int64_t cols, const bf16* done,
+                       bf16* keep, int slot) -> const void* {
+      if (done) return done;
+      void* out = keep ? static_cast<void*>(keep) : scratch(slot, size_t(rows * cols) * 2);
+      check(cuda::launch_to_bf16(x, ld, rows, cols, out, stream_), "to bf16");
+      return out;
+    };
+    pa = rounded(a.a, a.lda, a.batch * ra, ca, a.ab, a.ab_out, 10);
+    pb = rounded(a.b, a.ldb, a.batch * rb, cb, a.bb, nullptr, 11);
+    lda = ca, ldb = cb, stride_a = ra * ca, stride_b = rb * cb;
   }
   const cudaDataType t = low ? CUDA_R_16BF : CUDA_R_32F;
   // Row-major c = op(a) op(b) is column-major cᵀ = op(b)ᵀ op(a)ᵀ: the column-major view of a
