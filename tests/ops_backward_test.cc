@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -324,86 +325,102 @@ TEST(OpsBackward, RmsNormPerHead) {
   }
 }
 
+// 33 columns, and 32 at strides of multiples of 4 (CUDA: four columns a thread).
 TEST(OpsBackward, Activations) {
   std::mt19937 rng(3);
-  const int64_t R = 7, n = 33, ld = 35;
-  for (Activation act :
-       {Activation::relu_squared, Activation::gelu_erf, Activation::scaled_sigmoid}) {
-    SCOPED_TRACE(int(act));
-    Floats x = randn(size_t(R * ld), rng, 2.0f);
-    const Floats g = randn(size_t(R * n), rng);
-    across_backends(
-        [&](const Ops& ops) {
-          auto forward = [&] {
-            Floats y(size_t(R * n));
-            ops.activation({.x = x.data(),
-                            .ldx = ld,
-                            .y = y.data(),
-                            .ldy = n,
-                            .rows = R,
-                            .n = n,
-                            .act = act,
-                            .a = 3.0f,
-                            .b = 0.5f,
-                            .c = 2.0f});
-            return std::vector<Floats>{y};
-          };
-          Floats dx(x.size(), 0.0f);
-          ops.activation_backward({.x = x.data(),
-                                   .ldx = ld,
-                                   .dy = g.data(),
-                                   .ldy = n,
-                                   .dx = dx.data(),
-                                   .lddx = ld,
-                                   .rows = R,
-                                   .n = n,
-                                   .act = act,
-                                   .a = 3.0f,
-                                   .b = 0.5f,
-                                   .c = 2.0f});
-          expect_directional(forward, {g}, {{&x, &dx}}, rng, 1e-3);
-          // In place without accumulating: dy becomes dy act'(x).
-          Floats inplace(size_t(R * ld), 0.0f);
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t j = 0; j < n; ++j) inplace[size_t(r * ld + j)] = g[size_t(r * n + j)];
-          ops.activation_backward({.x = x.data(),
-                                   .ldx = ld,
-                                   .dy = inplace.data(),
-                                   .ldy = ld,
-                                   .dx = inplace.data(),
-                                   .lddx = ld,
-                                   .rows = R,
-                                   .n = n,
-                                   .act = act,
-                                   .a = 3.0f,
-                                   .b = 0.5f,
-                                   .c = 2.0f,
-                                   .accumulate = false});
-          for (int64_t r = 0; r < R; ++r)
-            for (int64_t j = 0; j < n; ++j)
-              EXPECT_EQ(inplace[size_t(r * ld + j)], dx[size_t(r * ld + j)]);
-          return std::vector<Floats>{dx};
-        },
-        1e-5);
-  }
+  const int64_t R = 7;
+  for (const auto& [n, ld] : {std::pair<int64_t, int64_t>{33, 35}, {32, 36}})
+    for (Activation act :
+         {Activation::relu_squared, Activation::gelu_erf, Activation::scaled_sigmoid}) {
+      SCOPED_TRACE("activation " + std::to_string(int(act)) + " over " + std::to_string(n) +
+                   " columns");
+      Floats x = randn(size_t(R * ld), rng, 2.0f);
+      const Floats g = randn(size_t(R * n), rng);
+      across_backends(
+          [&](const Ops& ops) {
+            auto forward = [&] {
+              Floats y(size_t(R * n));
+              ops.activation({.x = x.data(),
+                              .ldx = ld,
+                              .y = y.data(),
+                              .ldy = n,
+                              .rows = R,
+                              .n = n,
+                              .act = act,
+                              .a = 3.0f,
+                              .b = 0.5f,
+                              .c = 2.0f});
+              return std::vector<Floats>{y};
+            };
+            Floats dx(x.size(), 0.0f);
+            ops.activation_backward({.x = x.data(),
+                                     .ldx = ld,
+                                     .dy = g.data(),
+                                     .ldy = n,
+                                     .dx = dx.data(),
+                                     .lddx = ld,
+                                     .rows = R,
+                                     .n = n,
+                                     .act = act,
+                                     .a = 3.0f,
+                                     .b = 0.5f,
+                                     .c = 2.0f});
+            expect_directional(forward, {g}, {{&x, &dx}}, rng, 1e-3);
+            // In place without accumulating: dy becomes dy act'(x).
+            Floats inplace(size_t(R * ld), 0.0f);
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t j = 0; j < n; ++j) inplace[size_t(r * ld + j)] = g[size_t(r * n + j)];
+            ops.activation_backward({.x = x.data(),
+                                     .ldx = ld,
+                                     .dy = inplace.data(),
+                                     .ldy = ld,
+                                     .dx = inplace.data(),
+                                     .lddx = ld,
+                                     .rows = R,
+                                     .n = n,
+                                     .act = act,
+                                     .a = 3.0f,
+                                     .b = 0.5f,
+                                     .c = 2.0f,
+                                     .accumulate = false});
+            for (int64_t r = 0; r < R; ++r)
+              for (int64_t j = 0; j < n; ++j)
+                EXPECT_EQ(inplace[size_t(r * ld + j)], dx[size_t(r * ld + j)]);
+            return std::vector<Floats>{dx};
+          },
+          1e-5);
+    }
 }
 
+// 300 rows, and 2,500 (CUDA: chunks of 1,024 rows, then their partials), the accumulate flag.
 TEST(OpsBackward, ColumnSumAddsRowsInOrder) {
   std::mt19937 rng(4);
-  const int64_t R = 300, n = 17, ld = 19;
-  const Floats x = randn(size_t(R * ld), rng);
-  across_backends(
-      [&](const Ops& ops) {
-        Floats out(size_t(n), 1.0f);
-        ops.column_sum({.x = x.data(), .ldx = ld, .rows = R, .n = n, .s = 0.5f, .out = out.data()});
-        for (int64_t j = 0; j < n; ++j) {
-          double s = 0;
-          for (int64_t r = 0; r < R; ++r) s += x[size_t(r * ld + j)];
-          EXPECT_NEAR(out[size_t(j)], 1.0 + 0.5 * s, 1e-4);
-        }
-        return std::vector<Floats>{out};
-      },
-      1e-6);
+  for (const int64_t R : {300, 2500}) {
+    const int64_t n = 17, ld = 19;
+    const Floats x = randn(size_t(R * ld), rng);
+    across_backends(
+        [&](const Ops& ops) {
+          Floats out(size_t(n), 1.0f);
+          ops.column_sum(
+              {.x = x.data(), .ldx = ld, .rows = R, .n = n, .s = 0.5f, .out = out.data()});
+          for (int64_t j = 0; j < n; ++j) {
+            double s = 0;
+            for (int64_t r = 0; r < R; ++r) s += x[size_t(r * ld + j)];
+            EXPECT_NEAR(out[size_t(j)], 1.0 + 0.5 * s, 1e-4);
+          }
+          Floats set(size_t(n), 7.0f);
+          ops.column_sum({.x = x.data(),
+                          .ldx = ld,
+                          .rows = R,
+                          .n = n,
+                          .s = 0.5f,
+                          .out = set.data(),
+                          .accumulate = false});
+          for (int64_t j = 0; j < n; ++j) EXPECT_NEAR(set[size_t(j)] + 1.0f, out[size_t(j)], 1e-4);
+          return std::vector<Floats>{out, set};
+        },
+        1e-6);
+  }
 }
 
 // y = c0 y + c1 x1 + c2 x2 with per-row lane coefficients by column group, an offset and an

@@ -79,12 +79,31 @@ __device__ float slope(const ActivationBackwardLaunch& a, float x) {
   return a.a / a.c * u * (1.0f - u);
 }
 
+// kVec: four columns a thread (by_float4); dx may be dy.
+template <bool kVec>
 __global__ void activation_backward_kernel(ActivationBackwardLaunch a) {
-  DEG_GRID_LOOP(e, a.rows * a.n) {
-    const int64_t r = e / a.n, j = e % a.n;
-    const float g = a.dy[r * a.ldy + j] * slope(a, a.x[r * a.ldx + j]);
-    float* dx = a.dx + r * a.lddx + j;
-    *dx = a.accumulate ? *dx + g : g;
+  if constexpr (kVec) {
+    const int64_t n4 = a.n / 4;
+    DEG_GRID_LOOP(e, a.rows * n4) {
+      const int64_t r = e / n4, j = e % n4;
+      const float4 x = reinterpret_cast<const float4*>(a.x + r * a.ldx)[j];
+      const float4 dy = reinterpret_cast<const float4*>(a.dy + r * a.ldy)[j];
+      float4* dx = reinterpret_cast<float4*>(a.dx + r * a.lddx) + j;
+      float4 g = make_float4(dy.x * slope(a, x.x), dy.y * slope(a, x.y), dy.z * slope(a, x.z),
+                             dy.w * slope(a, x.w));
+      if (a.accumulate) {
+        const float4 o = *dx;
+        g = make_float4(o.x + g.x, o.y + g.y, o.z + g.z, o.w + g.w);
+      }
+      *dx = g;
+    }
+  } else {
+    DEG_GRID_LOOP(e, a.rows * a.n) {
+      const int64_t r = e / a.n, j = e % a.n;
+      const float g = a.dy[r * a.ldy + j] * slope(a, a.x[r * a.ldx + j]);
+      float* dx = a.dx + r * a.lddx + j;
+      *dx = a.accumulate ? *dx + g : g;
+    }
   }
 }
 
@@ -94,6 +113,33 @@ __global__ void __launch_bounds__(kThreads) column_sum_kernel(ColumnSumLaunch a)
   for (int64_t j = blockIdx.x; j < a.n; j += gridDim.x) {
     double s = 0;
     for (int64_t r = threadIdx.x; r < a.rows; r += kThreads) s += a.x[r * a.ldx + j];
+    const float v = a.s * float(block_sum(s, red));
+    if (threadIdx.x == 0) a.out[j] = a.accumulate ? a.out[j] + v : v;
+  }
+}
+
+// Many rows: a block per (chunk of kColumnSumChunk rows, column) sums the chunk as above into
+// partial[j chunks + c]; then a block per column sums its partials the same way.
+__global__ void __launch_bounds__(kThreads)
+    column_sum_chunks_kernel(ColumnSumLaunch a, int64_t chunks) {
+  __shared__ double red[kThreads];
+  for (int64_t e = blockIdx.x; e < chunks * a.n; e += gridDim.x) {
+    const int64_t j = e / chunks, c = e % chunks;
+    const int64_t r1 = (c + 1) * kColumnSumChunk < a.rows ? (c + 1) * kColumnSumChunk : a.rows;
+    double s = 0;
+    for (int64_t r = c * kColumnSumChunk + threadIdx.x; r < r1; r += kThreads)
+      s += a.x[r * a.ldx + j];
+    const double t = block_sum(s, red);
+    if (threadIdx.x == 0) a.partial[e] = t;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    column_sum_partials_kernel(ColumnSumLaunch a, int64_t chunks) {
+  __shared__ double red[kThreads];
+  for (int64_t j = blockIdx.x; j < a.n; j += gridDim.x) {
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) s += a.partial[j * chunks + c];
     const float v = a.s * float(block_sum(s, red));
     if (threadIdx.x == 0) a.out[j] = a.accumulate ? a.out[j] + v : v;
   }
@@ -306,13 +352,24 @@ cudaError_t launch_rms_norm_backward(const NormBackwardLaunch& a, cudaStream_t s
 
 cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  activation_backward_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  if (by_float4(a.n, {a.x, a.dy, a.dx}, {a.ldx, a.ldy, a.lddx})) {
+    activation_backward_kernel<true><<<grid_for(a.rows * a.n / 4), kThreads, 0, stream>>>(a);
+  } else {
+    activation_backward_kernel<false><<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  }
   return launched();
 }
 
 cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream) {
   if (a.n == 0) return cudaSuccess;
-  column_sum_kernel<<<block_per_item(a.n), kThreads, 0, stream>>>(a);
+  if (column_sum_partials(a.rows, a.n) == 0) {
+    column_sum_kernel<<<block_per_item(a.n), kThreads, 0, stream>>>(a);
+    return launched();
+  }
+  const int64_t chunks = (a.rows + kColumnSumChunk - 1) / kColumnSumChunk;
+  column_sum_chunks_kernel<<<block_per_item(chunks * a.n), kThreads, 0, stream>>>(a, chunks);
+  if (cudaError_t e = launched(); e != cudaSuccess) return e;
+  column_sum_partials_kernel<<<block_per_item(a.n), kThreads, 0, stream>>>(a, chunks);
   return launched();
 }
 

@@ -79,6 +79,15 @@ struct LaneGroups {
   }
 };
 
+// Whether rows of n floats at strides ld... starting at the pointers can be read as float4s.
+inline bool by_float4(int64_t n, std::initializer_list<const void*> ptrs,
+                      std::initializer_list<int64_t> lds) {
+  bool ok = n % 4 == 0;
+  for (const void* p : ptrs) ok = ok && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  for (int64_t ld : lds) ok = ok && ld % 4 == 0;
+  return ok;
+}
+
 inline cudaError_t launched() {
   return cudaGetLastError();
 }

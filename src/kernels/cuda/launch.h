@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace deg::cuda {
 
@@ -401,12 +402,21 @@ struct ActivationBackwardLaunch {
 };
 cudaError_t launch_activation_backward(const ActivationBackwardLaunch& a, cudaStream_t stream);
 
+// Rows are summed in chunks of kColumnSumChunk (a block's tree each, into f64 partials at
+// `partial`, column_sum_partials(rows, n) of them), then each column's partials by one block's
+// tree; a column of at most one chunk is summed by one block directly (partial unused).
+constexpr int64_t kColumnSumChunk = 1024;
+inline int64_t column_sum_partials(int64_t rows, int64_t n) {
+  const int64_t chunks = (rows + kColumnSumChunk - 1) / kColumnSumChunk;
+  return chunks > 1 ? chunks * n : 0;
+}
 struct ColumnSumLaunch {
   const float* x;
   int64_t ldx, rows, n;
   float s;
   float* out;
   bool accumulate;
+  double* partial;
 };
 cudaError_t launch_column_sum(const ColumnSumLaunch& a, cudaStream_t stream);
 

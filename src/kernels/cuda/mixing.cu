@@ -32,10 +32,22 @@ __device__ float activate(const ActivationLaunch& a, float x) {
   }
 }
 
+// kVec: four columns a thread (by_float4).
+template <bool kVec>
 __global__ void activation_kernel(ActivationLaunch a) {
-  DEG_GRID_LOOP(e, a.rows * a.n) {
-    const int64_t r = e / a.n, j = e % a.n;
-    a.y[r * a.ldy + j] = activate(a, a.x[r * a.ldx + j]);
+  if constexpr (kVec) {
+    const int64_t n4 = a.n / 4;
+    DEG_GRID_LOOP(e, a.rows * n4) {
+      const int64_t r = e / n4, j = e % n4;
+      const float4 x = reinterpret_cast<const float4*>(a.x + r * a.ldx)[j];
+      reinterpret_cast<float4*>(a.y + r * a.ldy)[j] =
+          make_float4(activate(a, x.x), activate(a, x.y), activate(a, x.z), activate(a, x.w));
+    }
+  } else {
+    DEG_GRID_LOOP(e, a.rows * a.n) {
+      const int64_t r = e / a.n, j = e % a.n;
+      a.y[r * a.ldy + j] = activate(a, a.x[r * a.ldx + j]);
+    }
   }
 }
 
@@ -227,7 +239,11 @@ int64_t longest(const Rows& r) {
 
 cudaError_t launch_activation(const ActivationLaunch& a, cudaStream_t stream) {
   if (a.rows * a.n == 0) return cudaSuccess;
-  activation_kernel<<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  if (by_float4(a.n, {a.x, a.y}, {a.ldx, a.ldy})) {
+    activation_kernel<true><<<grid_for(a.rows * a.n / 4), kThreads, 0, stream>>>(a);
+  } else {
+    activation_kernel<false><<<grid_for(a.rows * a.n), kThreads, 0, stream>>>(a);
+  }
   return launched();
 }
 

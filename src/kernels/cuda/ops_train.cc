@@ -111,13 +111,15 @@ void CudaOps::activation_backward(const ActivationBackwardArgs& a) const {
 }
 
 void CudaOps::column_sum(const ColumnSumArgs& a) const {
+  DeviceTemp partial(size_t(cuda::column_sum_partials(a.rows, a.n)) * sizeof(double));
   check(cuda::launch_column_sum({.x = a.x,
                                  .ldx = a.ldx,
                                  .rows = a.rows,
                                  .n = a.n,
                                  .s = a.s,
                                  .out = a.out,
-                                 .accumulate = a.accumulate},
+                                 .accumulate = a.accumulate,
+                                 .partial = partial.as<double>()},
                                 stream_),
         "column_sum");
 }
