@@ -9,6 +9,8 @@
 // Letters as in gpt_internal.h.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 
 #include "core/error.h"
 #include "model/family_common.h"
@@ -54,6 +56,41 @@ class GradOps {
     x_.ops.combine_backward(
         {.forward = {.rows = rows, .n = n, .terms = t}, .dy = a, .ldy = lda, .grads = g});
     x_.ops.column_sum({.x = partial, .ldx = 1, .rows = rows, .n = 1, .s = s, .out = slot});
+  }
+
+  // add_dot of one a with several b in one pass over a: dots[k].slot += dots[k].s a . dots[k].b
+  // (and slot2 += s2 the same dot), each the same bits as its own add_dot.
+  struct Dot {
+    const float* b;
+    int64_t ldb;
+    float* slot;
+    float s = 1.0f;
+    float* slot2 = nullptr;
+    float s2 = 1.0f;
+  };
+  void add_dots(const float* a, int64_t lda, int64_t rows, int64_t n,
+                std::initializer_list<Dot> dots) const {
+    if (rows == 0 || n == 0 || dots.size() == 0) return;
+    DEG_CHECK(dots.size() <= 4, "add_dots: {} dots", dots.size());
+    CombineTerm t[4];
+    CombineGrad g[4];
+    float* partial[4];
+    size_t k = 0;
+    for (const Dot& d : dots) {
+      partial[k] = zeros(rows);
+      t[k] = {.x = d.b, .ldx = d.ldb, .lane = n_.ones_.data<float>()};
+      g[k] = {.dcoef = partial[k], .ldc = 1};
+      ++k;
+    }
+    x_.ops.combine_backward(
+        {.forward = {.rows = rows, .n = n, .terms = {t, k}}, .dy = a, .ldy = lda, .grads = {g, k}});
+    k = 0;
+    for (const Dot& d : dots) {
+      for (auto [slot, s] : {std::pair{d.slot, d.s}, std::pair{d.slot2, d.s2}})
+        if (slot)
+          x_.ops.column_sum({.x = partial[k], .ldx = 1, .rows = rows, .n = 1, .s = s, .out = slot});
+      ++k;
+    }
   }
 
   // y = in W^T (W [O, K] f32) at `precision`: din += dy W (ldd; din = dy W with
@@ -574,10 +611,13 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
         } else {
           const MlpTape& m = lt.mlp;
           const float rm = resid_[size_t(2 * i + 1)], pm = post_[size_t(2 * i + 1)];
-          go.add_dot(d, S, lt.x_attn, C, N, C, go.scalar("resid_lambdas", 2 * i + 1), 1.0f);
-          go.add_dot(d, S, m.out, C, N, C, go.scalar("post_lambdas", 2 * i + 1), 1.0f);
-          if (m.par_out)
-            go.add_dot(d, S, m.par_out, C, N, C, go.scalar("post_lambdas", 2 * i + 1), 1.0f);
+          float* dpost = go.scalar("post_lambdas", 2 * i + 1);
+          const GradOps::Dot resid{lt.x_attn, C, go.scalar("resid_lambdas", 2 * i + 1)};
+          if (m.par_out) {
+            go.add_dots(d, S, N, C, {resid, {m.out, C, dpost}, {m.par_out, C, dpost}});
+          } else {
+            go.add_dots(d, S, N, C, {resid, {m.out, C, dpost}});
+          }
           float* dmo = x.arena.floats(N * C);
           x.ops.bias_scale({.x = d, .ldx = S, .y = dmo, .ldy = C, .rows = N, .n = C, .s = pm});
           float* dxn = x.arena.floats(N * C);  // written by the first run, added to by the other
@@ -618,15 +658,18 @@ void GptNet::train_backward(const Exec& x, const GptTape& tape,
             go.add_ngram(h, d, N, g + lane, S, dg + lane, S);
           }
           const float r = resid_[size_t(2 * i)];
-          go.add_dot(d, S, lt.x_in, C, N, C, go.scalar("resid_lambdas", 2 * i), 1.0f);
+          const GradOps::Dot resid{lt.x_in, C, go.scalar("resid_lambdas", 2 * i)};
           float* dout = nullptr;
           CombineTerm t[3] = {{.s = r}};
           CombineGrad gr[3] = {{}};
           size_t n = 1;
+          if (!lw.attn) go.add_dots(d, S, N, C, {resid});
           if (lw.attn) {
             const float sa1 = scalars_[size_t(2 * i + 1)], p0 = post_[size_t(2 * i)];
-            go.add_dot(d, S, lt.out, C, N, C, go.scalar("scalars", 2 * i + 1), p0);
-            go.add_dot(d, S, lt.out, C, N, C, go.scalar("post_lambdas", 2 * i), sa1);
+            go.add_dots(d, S, N, C,
+                        {resid,
+                         {lt.out, C, go.scalar("scalars", 2 * i + 1), p0,
+                          go.scalar("post_lambdas", 2 * i), sa1}});
             dout = go.zeros(N * C);
             t[n] = {.x = lt.out, .ldx = C, .s = sa1 * p0};
             gr[n++] = {.dx = dout, .lddx = C};
