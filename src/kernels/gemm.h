@@ -52,10 +52,10 @@ struct GemmArgs {
   int64_t ldx = 0;
   std::span<const GemmOutput> outputs;
   GemmPrecision precision = GemmPrecision::exact;
-  // bf16_all (the bf16 training path): a backend that rounds x for its products writes that
-  // rounding here, [m, k] packed, so that the backward's products of the same x take it back
-  // (MatmulOpArgs::bb) instead of rounding x again; a backend that computes in f32 (the CPU's)
-  // leaves it alone.
+  // bf16_all (the bf16 training path): a backend that rounds x into device memory writes that
+  // rounding here, [m, k] packed, for the backward's products of the same x to take back
+  // (MatmulOpArgs::bb) instead of rounding x again; one that rounds as it goes (the CPU's) leaves
+  // it alone.
   bf16* xb_out = nullptr;
 };
 

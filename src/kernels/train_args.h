@@ -27,11 +27,11 @@ namespace deg {
 // into c + i stride_c (floats), each computed as it would be alone (a strided batch: one launch
 // on CUDA, where a lone product of a small matrix would leave most of the GPU idle); with
 // bf16_all each operand's matrices must lie back to back (stride = rows x ld).
-// ab / bb (bf16_all): a / b as this backend already rounded them (packed [rows, cols] as
-// stored, a batch back to back), from an earlier product's ab_out or a forward's
-// GemmArgs::xb_out: a backend that rounds reads these instead of rounding again (the same bits);
-// one that computes in f32 ignores them. ab_out: where a backend that rounds writes a's
-// rounding, for a later product of the same a (a gradient's dX and dW products).
+// ab / bb / ab_out (bf16_all): a rounding handed from one op to the next, for a backend that
+// rounds into device memory (CUDA): it writes a's rounding (packed [rows, cols] as stored, a
+// batch back to back) to ab_out, a forward gemm's x to GemmArgs::xb_out, and reads ab / bb
+// instead of rounding a / b again (the same bits). A backend that rounds as it goes (the CPU's)
+// neither writes nor reads them, so a caller hands back only what the same backend wrote.
 struct MatmulOpArgs {
   const float* a = nullptr;
   int64_t lda = 0;
