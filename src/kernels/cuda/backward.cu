@@ -203,12 +203,18 @@ __global__ void combine_backward_kernel(CombineBackwardLaunch a, int lanes) {
   }
 }
 
+// A thread per (sorted entry, column): the thread of a row's first entry adds the row's terms in
+// entry order to its table element; rows without entries are not touched (an n-gram table's
+// 4M rows against a step's ~33k entries).
 __global__ void scatter_rows_kernel(ScatterRowsLaunch a) {
-  DEG_GRID_LOOP(e, a.rows * a.cols) {
-    const int64_t v = e / a.cols, c = e % a.cols;
-    float acc = a.dtable[e];
-    for (int64_t q = a.starts[v]; q < a.starts[v + 1]; ++q) {
-      const int64_t entry = a.order[q], i = entry >> a.entry_shift;
+  DEG_GRID_LOOP(e, a.entries * a.cols) {
+    const int64_t q = e / a.cols, c = e % a.cols;
+    const int32_t key = a.keys[a.order[q]];
+    if (key < 0 || key >= a.rows || a.starts[key] != q) continue;
+    float* t = a.dtable + int64_t(key) * a.cols + c;
+    float acc = *t;
+    for (int64_t p = q; p < a.starts[key + 1]; ++p) {
+      const int64_t entry = a.order[p], i = entry >> a.entry_shift;
       const float dy = a.dy[i * a.ldy + c];
       if (a.signs) {
         acc += dy * a.sign_pool[int64_t(a.signs[entry]) * a.cols + c];
@@ -216,7 +222,7 @@ __global__ void scatter_rows_kernel(ScatterRowsLaunch a) {
         acc += (a.row_scale ? a.row_scale[i * a.ld_scale] : a.scale) * dy;
       }
     }
-    a.dtable[e] = acc;
+    *t = acc;
   }
 }
 
@@ -385,8 +391,8 @@ cudaError_t launch_combine_backward(const CombineBackwardLaunch& a, cudaStream_t
 }
 
 cudaError_t launch_scatter_rows(const ScatterRowsLaunch& a, cudaStream_t stream) {
-  if (a.rows * a.cols == 0) return cudaSuccess;
-  scatter_rows_kernel<<<grid_for(a.rows * a.cols), kThreads, 0, stream>>>(a);
+  if (a.entries == 0 || a.rows == 0 || a.cols == 0) return cudaSuccess;
+  scatter_rows_kernel<<<grid_for(a.entries * a.cols), kThreads, 0, stream>>>(a);
   return launched();
 }
 

@@ -448,6 +448,8 @@ cudaError_t launch_row_order(const int32_t* keys, int64_t n, int64_t rows, int64
 
 // Table rows' positions grouped (order / starts of launch_row_order).
 struct ScatterRowsLaunch {
+  const int32_t* keys;  // [entries] each entry's table row (outside [0, rows): none)
+  int64_t entries;
   const int64_t* order;   // [entries]
   const int64_t* starts;  // [rows + 1]
   int64_t rows, cols;

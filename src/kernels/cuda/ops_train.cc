@@ -456,6 +456,8 @@ void CudaOps::scatter(const int32_t* keys, int64_t entries, int64_t rows, int64_
   check(cuda::launch_row_order(keys, entries, rows, o.as<int64_t>(), st.as<int64_t>(), temp.get(),
                                temp_bytes, stream_),
         "scatter");
+  l.keys = keys;
+  l.entries = entries;
   l.order = o.as<int64_t>();
   l.starts = st.as<int64_t>();
   l.rows = rows;
