@@ -240,16 +240,18 @@ class Trainer {
     // Global norm clipping over heads and trunk.
     double sq = squared_norm(hgrad_);
     const Ops* ops = train_trunk_ ? resident_->ops : nullptr;
-    if (train_trunk_)
-      for (const Tensor& g : resident_->grads) sq += ops->sum_squares(g.data<float>(), g.numel());
+    const Tensor* block = train_trunk_ ? &resident_->grad_block : nullptr;
+    if (block) sq += ops->sum_squares(block->data<float>(), block->numel());
     const double norm = std::sqrt(sq);
     if (o_.clip > 0 && norm > o_.clip) {
       const float f = float(o_.clip / norm);
       scale(hgrad_, f);
-      if (train_trunk_)
-        for (Tensor& g : resident_->grads)
-          ops->scale(
-              {.y = g.mutable_data<float>(), .ldy = g.numel(), .rows = 1, .n = g.numel(), .s = f});
+      if (block)
+        ops->scale({.y = block->mutable_data<float>(),
+                    .ldy = block->numel(),
+                    .rows = 1,
+                    .n = block->numel(),
+                    .s = f});
     }
     hadam_.step(heads_, hgrad_, o_.head_lr * lr, o_.head_wd);
     if (train_trunk_) {
@@ -274,7 +276,7 @@ class Trainer {
     }
     for (auto& [name, t] : hgrad_.tensors(true)) comm_.sum(t->mutable_data<float>(), t->numel());
     if (train_trunk_)
-      for (Tensor& g : resident_->grads) comm_.sum(g.mutable_data<float>(), g.numel());
+      comm_.sum(resident_->grad_block.mutable_data<float>(), resident_->grad_block.numel());
   }
 
   // The heads' losses and gradients of a step's examples (their cost: context tokens x queries)

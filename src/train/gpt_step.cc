@@ -85,10 +85,18 @@ struct GptPass {
 };
 
 GptResident::GptResident(const GptParams& params, const Ops& backend) : ops(&backend) {
+  constexpr int64_t kAlignFloats = 64;  // 256 bytes
+  std::vector<int64_t> at;
+  int64_t floats = 0;
   for (const ParamTensor& t : params.tensors()) {
     values.push_back(backend.upload(Tensor::from_vector(t.data, t.shape)));  // a copy
-    grads.push_back(backend.alloc(t.shape, DType::f32));
+    at.push_back(floats);
+    floats += (int64_t(t.data.size()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
+  grad_block = backend.alloc({std::max<int64_t>(floats, 1)}, DType::f32);
+  for (size_t k = 0; k < at.size(); ++k)
+    grads.emplace_back(grad_block.buffer(), grad_block.byte_offset() + size_t(at[k]) * 4,
+                       DType::f32, params.tensors()[k].shape);
 }
 
 std::vector<float*> GptResident::value_ptrs() {

@@ -51,6 +51,10 @@ struct GptResident {
   GptResident(const GptParams& params, const Ops& ops);
   const Ops* ops;
   std::vector<Tensor> values, grads;
+  // Every tensor of `grads` is a view into this one zero-filled block, each at a 256-byte
+  // boundary with the gaps left zero: a norm or a scale of all the gradients is one op (one
+  // host wait for the norm, not one a tensor).
+  Tensor grad_block;
   std::vector<float*> value_ptrs();
   std::vector<float*> grad_ptrs();
   void download(GptParams& params) const;
