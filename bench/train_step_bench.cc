@@ -3,17 +3,22 @@
 // those three parts, then the optimizer step, with the parameters, gradients and optimizer state
 // resident on the backend (train::GptResident) — what `deg pretrain` does per step. On
 // CUDA, one more step runs with every op's device time taken (CUDA events), so the table says
-// which ops stand in the way; the gap between the ops' sum and the wall time is host work and
-// copies. Each figure the median of `--repeats` steps after a warm-up. Not a test.
+// which ops stand in the way, and under each op its costliest call sites (the op methods' return
+// addresses, named by addr2line; a build with CXXFLAGS=-g1 gives their lines); the gap between
+// the ops' sum and the wall time is host work and copies. Each figure the median of `--repeats`
+// steps after a warm-up. Not a test.
 //
 // usage: train_step_bench [--device cpu|cuda] [--config tiny|small|...] [--tokens T]
 //                         [--max-seq-len L] [--vocab V] [--repeats N] [--precision f32|bf16]
+//                         [--sites N]  (the N costliest call sites under each op; 0: none)
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -40,12 +45,46 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// "function (file:line)" for each "MODULE+0xOFFSET" call site, by addr2line when it is installed
+// (the bare site otherwise; the line needs debug lines in the binary).
+std::map<std::string, std::string> name_sites(const std::vector<std::string>& wheres) {
+  std::map<std::string, std::vector<std::string>> by_module;  // module -> sites
+  for (const std::string& w : wheres) {
+    const size_t plus = w.rfind("+0x");
+    if (plus != std::string::npos) by_module[w.substr(0, plus)].push_back(w);
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& [module, sites] : by_module) {
+    std::string cmd = fmt::format("addr2line -f -C -e '{}'", module);
+    for (const std::string& w : sites) cmd += fmt::format(" {}", w.substr(module.size() + 1));
+    cmd += " 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) continue;
+    char line[4096];
+    for (const std::string& w : sites) {
+      std::string fn, at;
+      if (!fgets(line, sizeof line, p)) break;
+      fn = line;
+      if (!fgets(line, sizeof line, p)) break;
+      at = line;
+      while (!fn.empty() && fn.back() == '\n') fn.pop_back();
+      while (!at.empty() && at.back() == '\n') at.pop_back();
+      if (fn.size() > 90) fn.resize(90);
+      const size_t slash = at.rfind('/');
+      out[w] = fmt::format("{} ({})", fn, slash == std::string::npos ? at : at.substr(slash + 1));
+    }
+    pclose(p);
+  }
+  return out;
+}
+
 struct Options {
   std::string device = "cuda";
   std::string config = "tiny";
   std::string precision = "f32";
   int64_t tokens = 4096, max_seq_len = 512, vocab = 8192;
   int repeats = 5;
+  int sites = 3;  // call sites listed under each op of the profile
 };
 
 Options parse(int argc, char** argv) {
@@ -68,6 +107,8 @@ Options parse(int argc, char** argv) {
       o.vocab = std::stoll(v);
     } else if (a == "--repeats") {
       o.repeats = std::max(1, std::stoi(v));
+    } else if (a == "--sites") {
+      o.sites = std::max(0, std::stoi(v));
     } else {
       throw Error(ErrorKind::invalid_argument, "unknown option " + a);
     }
@@ -161,9 +202,21 @@ int run(const Options& o) {
   fmt::print(
       "  profile of forward + loss + backward + optimizer: {:.1f} ms in ops of {:.1f} ms wall\n",
       sum, wall);
+  std::vector<std::string> wheres;
   for (const OpTime& x : times)
+    for (size_t k = 0; k < x.sites.size() && int(k) < o.sites; ++k)
+      wheres.push_back(x.sites[k].where);
+  const std::map<std::string, std::string> names = name_sites(wheres);
+  for (const OpTime& x : times) {
     fmt::print("    {:<28} {:9.2f} ms {:6.1f}%  {:6d} calls\n", x.op, x.ms, 100 * x.ms / wall,
                x.calls);
+    for (size_t k = 0; k < x.sites.size() && int(k) < o.sites; ++k) {
+      const OpSite& c = x.sites[k];
+      const auto it = names.find(c.where);
+      fmt::print("      {:9.2f} ms {:6d} calls  {}\n", c.ms, c.calls,
+                 it != names.end() ? it->second : c.where);
+    }
+  }
   return 0;
 }
 

@@ -56,7 +56,7 @@ class Synchronized final : public OpsDecorator {
   using OpsDecorator::OpsDecorator;
 
  protected:
-  void run(const char*, const std::function<void()>& call) const override {
+  void run(const char*, const void*, const std::function<void()>& call) const override {
     call();
     inner().synchronize();
   }

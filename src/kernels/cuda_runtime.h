@@ -36,10 +36,19 @@ std::shared_ptr<Buffer> cuda_buffer(size_t bytes);
 // CUDA events (nothing waits), summed per op; stop returns the sums, the largest first. The same
 // range is the CUDA profiler's (cudaProfilerStart / Stop), so `ncu --profile-from-start off`
 // measures the kernels of exactly the profiled work.
+// Each op's calls are also summed by call site: `where` is "MODULE+0xOFFSET" (the op method's
+// return address in the binary that called it; `addr2line -f -C -e MODULE 0xOFFSET` names the
+// function and, with debug lines, the line), the largest first.
+struct OpSite {
+  std::string where;
+  double ms = 0;
+  int64_t calls = 0;
+};
 struct OpTime {
   std::string op;
   double ms = 0;
   int64_t calls = 0;
+  std::vector<OpSite> sites;
 };
 void cuda_profile_start();
 std::vector<OpTime> cuda_profile_stop();

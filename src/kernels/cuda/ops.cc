@@ -7,9 +7,11 @@
 #include <cublasLt.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -17,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -688,6 +691,7 @@ class ProfiledOps final : public OpsDecorator {
     on_ = false;
     synchronize();
     std::map<std::string, OpTime> sums;
+    std::map<std::pair<std::string, const void*>, OpSite> sites;
     for (const Mark& m : marks_) {
       float ms = 0;
       check(cudaEventElapsedTime(&ms, events_[m.start], events_[m.start + 1]), "event time");
@@ -695,15 +699,26 @@ class ProfiledOps final : public OpsDecorator {
       t.op = m.op;
       t.ms += ms;
       ++t.calls;
+      OpSite& s = sites[{m.op, m.site}];
+      s.ms += ms;
+      ++s.calls;
+    }
+    for (auto& [key, s] : sites) {
+      s.where = site_name(key.second);
+      sums[key.first].sites.push_back(s);
     }
     std::vector<OpTime> out;
-    for (const auto& [op, t] : sums) out.push_back(t);
+    for (auto& [op, t] : sums) {
+      std::sort(t.sites.begin(), t.sites.end(),
+                [](const OpSite& a, const OpSite& b) { return a.ms > b.ms; });
+      out.push_back(t);
+    }
     std::sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.ms > b.ms; });
     return out;
   }
 
  protected:
-  void run(const char* op, const std::function<void()>& call) const override {
+  void run(const char* op, const void* site, const std::function<void()>& call) const override {
     if (!on_) {
       call();
       return;
@@ -719,14 +734,26 @@ class ProfiledOps final : public OpsDecorator {
     check(cudaEventRecord(events_[at], stream), "event");
     call();
     check(cudaEventRecord(events_[at + 1], stream), "event");
-    marks_.push_back({op, at});
+    marks_.push_back({op, site, at});
   }
 
  private:
   struct Mark {
     const char* op;
+    const void* site;
     size_t start;  // events_[start], events_[start + 1]
   };
+
+  // "MODULE+0xOFFSET" of a code address (its offset from the module's load address, which is
+  // what addr2line reads), or the bare address when the loader cannot say.
+  static std::string site_name(const void* site) {
+    Dl_info info{};
+    if (dladdr(site, &info) != 0 && info.dli_fname && info.dli_fbase)
+      return fmt::format(
+          "{}+0x{:x}", info.dli_fname,
+          reinterpret_cast<uintptr_t>(site) - reinterpret_cast<uintptr_t>(info.dli_fbase));
+    return fmt::format("{}", site);
+  }
   mutable std::recursive_mutex mu_;
   mutable bool on_ = false;
   mutable std::vector<cudaEvent_t> events_;  // kept for the next profile
