@@ -452,18 +452,22 @@ void GptNet::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, floa
   // relu(xn fc^T)^2 proj for (fc, proj) -> out [N, C]; pre and act kept for a tape, with the
   // products' roundings of xn (the first run's) and act (kept_bf16).
   const bf16* xn_b = nullptr;
+  // y [N, w rows] = in [N, k] w^T, in's rounding kept at `keep` (or null).
+  auto product = [&](const float* in, int64_t k, const Tensor& w, float* y, bf16* keep) {
+    GemmOutput o{.w = &w, .y = y, .ldy = w.dim(0)};
+    x.ops.gemm({.x = in,
+                .m = N,
+                .k = k,
+                .ldx = k,
+                .outputs = {&o, 1},
+                .precision = c.precision,
+                .xb_out = keep});
+  };
   auto run = [&](const Tensor& fc, const Tensor& proj, float** pre_out, float** act_out,
                  const bf16** act_b) {
     float* pre = x.arena.floats(N * F);
-    GemmOutput o1{.w = &fc, .y = pre, .ldy = F};
     bf16* xb = xn_b ? nullptr : kept_bf16(x, c.precision, tape, N * C);
-    x.ops.gemm({.x = xn,
-                .m = N,
-                .k = C,
-                .ldx = C,
-                .outputs = {&o1, 1},
-                .precision = c.precision,
-                .xb_out = xb});
+    product(xn, C, fc, pre, xb);
     if (xb) xn_b = xb;
     float* act = tape ? x.arena.floats(N * F) : pre;
     x.ops.activation({.x = pre,
@@ -474,15 +478,8 @@ void GptNet::mlp(const Exec& x, int i, const LayerCall& c, const float* mu, floa
                       .n = F,
                       .act = Activation::relu_squared});
     float* out = x.arena.floats(N * C);
-    GemmOutput o2{.w = &proj, .y = out, .ldy = C};
     bf16* ab = kept_bf16(x, c.precision, tape, N * F);
-    x.ops.gemm({.x = act,
-                .m = N,
-                .k = F,
-                .ldx = F,
-                .outputs = {&o2, 1},
-                .precision = c.precision,
-                .xb_out = ab});
+    product(act, F, proj, out, ab);
     *pre_out = pre;
     *act_out = act;
     *act_b = ab;
