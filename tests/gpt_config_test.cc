@@ -92,6 +92,59 @@ TEST(GptConfig, ParameterCountMatchesTheTensorTable) {
   }
 }
 
+// The FLOP count's N: the tensor table less its lookup tables and buffers; and the figures the
+// PyTorch reference counts its own way (gpt_train_reference.py's "matmul_parameters", printed
+// on the H100 on 2026-12-07: small at vocab 32768; speedrun-124m-1gpu at 50304).
+TEST(GptConfig, MatmulParameterCountIsTheTableLessItsLookups) {
+  for (const auto& name : gpt_preset_names()) {
+    const GptConfig c = gpt_preset(name);
+    int64_t n = 0;
+    for (const auto& [tensor, shape] : gpt_tensor_table(c))
+      if (tensor != "embed" && tensor != "value_embeds" && tensor != "ngram_table" &&
+          tensor != "ngram_sign_pool" && tensor.rfind("rotary.", 0) != 0)
+        n += shape_numel(shape);
+    EXPECT_EQ(c.matmul_parameter_count(), n) << name;
+  }
+  GptConfig small = gpt_preset("small");
+  small.vocab_size = 32768;
+  EXPECT_EQ(small.matmul_parameter_count(), 42'543'239);
+  EXPECT_EQ(gpt_preset("speedrun-124m-1gpu").matmul_parameter_count(), 98'811'379);
+}
+
+// The attention's FLOPs against the mask enumerated pair by pair (tiny: paired and unpaired
+// layers, short and long windows, documents of several lengths); and small over 48 documents
+// of 1,024 tokens against the reference's model FLOPs a token for its random-token run
+// (261,573,882 with 6 N; H100, 2026-12-07).
+TEST(GptConfig, AttentionFlopsCountTheVisiblePairs) {
+  GptConfig c = gpt_preset("tiny");
+  c.window_short = 5;
+  c.window_long = 11;
+  std::vector<int32_t> seg;
+  for (const int len : {7, 1, 23, 16, 3})
+    for (int t = 0; t < len; ++t) seg.push_back(int32_t(seg.size()) - t);
+  int64_t want = 0;
+  for (int i = 0; i < c.num_layers; ++i) {
+    if (!c.has_attn(i)) continue;
+    const int per = c.paired(i) ? 2 : 1;
+    const int64_t window = c.long_window(i) ? c.window_long : c.window_short;
+    int64_t pairs = 0;
+    for (int64_t q = 0; q < per * int64_t(seg.size()); ++q)
+      for (int64_t k = 0; k <= q; ++k) pairs += k >= per * seg[size_t(q / per)] && q - k <= window;
+    want += 3 * 2 * (c.num_heads / per) * (c.qk_dim(i) + c.v_dim(i)) * pairs;
+  }
+  bool paired = false;
+  for (int i = 0; i < c.num_layers; ++i) paired = paired || (c.has_attn(i) && c.paired(i));
+  EXPECT_TRUE(paired) << "tiny has a paired-head layer to count";
+  EXPECT_EQ(gpt_attention_flops(c, seg), want);
+
+  GptConfig small = gpt_preset("small");
+  small.vocab_size = 32768;
+  std::vector<int32_t> docs(49152);
+  for (size_t t = 0; t < docs.size(); ++t) docs[t] = int32_t(t / 1024 * 1024);
+  EXPECT_EQ(6 * small.matmul_parameter_count() * 49152 + gpt_attention_flops(small, docs),
+            int64_t(261'573'882) * 49152);
+}
+
 TEST(GptConfig, SpeedrunOneGpuIsSpeedrunWithATableThatFitsOneH200) {
   // speedrun-124m's n-gram table (84.6M rows x 768, ~130 GB in bf16) is sharded over 8 GPUs; the
   // one-GPU preset keeps 2^22 rows. Counted from the tensor table the loader and trainer use: the

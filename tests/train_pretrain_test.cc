@@ -162,6 +162,14 @@ TEST(TrainPretrain, TinyLearnsWellBelowUnigramEntropy) {
   EXPECT_EQ(last["step"], 300);
   EXPECT_NEAR(last["val_loss"].get<double>(), val, 1e-6);
   EXPECT_GT(last["tokens_per_s"].get<double>(), 0.0);
+  // MFU: none on the CPU; on a GPU whose bf16 peak deg knows, a fraction of it.
+  ASSERT_TRUE(last.contains("mfu"));
+  if (!cuda_available()) {
+    EXPECT_TRUE(last["mfu"].is_null());
+  } else if (!last["mfu"].is_null()) {
+    EXPECT_GT(last["mfu"].get<double>(), 0.0);
+    EXPECT_LT(last["mfu"].get<double>(), 1.0);
+  }
   const Json cfg = json_load(dir / "ckpt" / "config.json");
   EXPECT_EQ(cfg["family"], "gpt");
   const GptParams p = GptParams::load(gpt_config_resolve((dir / "ckpt").string()),

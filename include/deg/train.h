@@ -188,6 +188,9 @@ struct PretrainProgress {
   double train_loss = 0;
   std::optional<double> val_loss;
   double tokens_per_s = 0;
+  // Model FLOPs per second over the GPUs' dense bf16 peak, from the run's start (docs/training.md
+  // "MFU"); none on the CPU or a GPU whose peak deg does not know.
+  std::optional<double> mfu;
   double eta_s = 0;
 };
 

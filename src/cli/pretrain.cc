@@ -73,9 +73,11 @@ void add_pretrain_command(CLI::App& app) {
     const auto result = train::pretrain(*o, [&](const train::PretrainProgress& p) {
       if (*quiet) return;
       std::string val = p.val_loss ? fmt::format(" val {:.4f}", *p.val_loss) : "";
-      std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s ETA %s   ",
+      std::string mfu = p.mfu ? fmt::format(" MFU {:.1f}%", 100 * *p.mfu) : "";
+      std::fprintf(stderr, "\r%s %lld/%lld loss %.4f%s %.0f tok/s%s ETA %s   ",
                    progress_bar(p.step, p.steps).c_str(), (long long)p.step, (long long)p.steps,
-                   p.train_loss, val.c_str(), p.tokens_per_s, progress_clock(p.eta_s).c_str());
+                   p.train_loss, val.c_str(), p.tokens_per_s, mfu.c_str(),
+                   progress_clock(p.eta_s).c_str());
       if (p.val_loss) std::fprintf(stderr, "\n");
     });
     if (result.rank != 0) return;  // rank 0 reports for a data-parallel run

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <stdexcept>
+#include <utility>
 
 #include "core/error.h"
 
@@ -226,6 +228,34 @@ int64_t GptConfig::parameter_count() const {
   n += mudd_coefs() * mudd_groups * mudd_dim;
   n += 2 * mudd_gate_dim * C + 2 * mudd_gate_coefs() * mudd_gate_dim + 2 * mudd_gate_coefs() + 1;
   return n;
+}
+
+int64_t GptConfig::matmul_parameter_count() const {
+  const int64_t lookups = (1 + int64_t(value_embed_layers.size())) * vocab_size * model_dim +
+                          ngram_vocab * ngram_dim;  // embed, value_embeds, the n-gram table
+  return parameter_count() - lookups;
+}
+
+int64_t gpt_attention_flops(const GptConfig& cfg, const std::vector<int32_t>& seg_start) {
+  // Visible pairs over positions p of a stream whose token p / `per` starts its segment at
+  // per seg_start: sum_p min(window, p - per seg_start) + 1.
+  auto pairs = [&](int per, int64_t window) {
+    int64_t n = 0;
+    for (int64_t p = 0; p < per * int64_t(seg_start.size()); ++p)
+      n += std::min(window, p - per * int64_t(seg_start[size_t(p / per)])) + 1;
+    return n;
+  };
+  std::map<std::pair<int, int64_t>, int64_t> counted;
+  int64_t flops = 0;
+  for (int i = 0; i < cfg.num_layers; ++i) {
+    if (!cfg.has_attn(i)) continue;
+    const int per = cfg.paired(i) ? 2 : 1;
+    const int64_t window = cfg.long_window(i) ? cfg.window_long : cfg.window_short;
+    auto it = counted.find({per, window});
+    if (it == counted.end()) it = counted.emplace(std::pair{per, window}, pairs(per, window)).first;
+    flops += 2 * (cfg.num_heads / per) * (cfg.qk_dim(i) + cfg.v_dim(i)) * it->second;
+  }
+  return 3 * flops;
 }
 
 GptConfig gpt_preset(const std::string& name) {

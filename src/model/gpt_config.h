@@ -121,7 +121,17 @@ struct GptConfig {
   // Throws deg::Error (invalid_argument, with the JSON pointer of the field) when inconsistent.
   void validate() const;
   int64_t parameter_count() const;  // every trained parameter, embeddings included
+  // The parameters that multiply activations: every trained one but the lookup tables (embed,
+  // value_embeds, ngram_table); lm_head counts. The N of a step's model FLOPs, 6 N a token.
+  int64_t matmul_parameter_count() const;
 };
+
+// Model FLOPs of a step's attention: 3 x the forward's 2 (dq + dv) multiply-adds per visible
+// (query head, key) pair of each attention layer, counted over the batch's real mask (a key of
+// the query's window inside its segment, itself included; `seg_start` [T] each token's segment
+// start; a paired-head layer runs half the heads over 2 T positions, segment starts doubled).
+// With 6 N a token, the count an MFU divides by (docs/training.md; the reference's the same).
+int64_t gpt_attention_flops(const GptConfig& cfg, const std::vector<int32_t>& seg_start);
 
 // "speedrun-124m", "speedrun-124m-1gpu", "small", "compact", "tiny"; throws deg::Error naming the
 // known presets otherwise.

@@ -23,6 +23,20 @@
 #include "train/optim.h"
 
 namespace deg::train {
+
+namespace {
+
+// The dense bf16 tensor-core rate of the GPU, for MFU: the H100 SXM's and the H200 SXM's
+// 989.5 TFLOP/s (the datasheets' 1,979 "with sparsity", halved; the two share the compute die,
+// and the PyTorch reference divides by the same); 0 for another GPU, whose MFU goes unreported.
+double gpu_peak_flops() {
+  const std::vector<CudaDeviceInfo> d = cuda_devices();
+  if (d.empty()) return 0;
+  const std::string& n = d.front().name;
+  return n.find("H100") != std::string::npos || n.find("H200") != std::string::npos ? 989.5e12 : 0;
+}
+
+}  // namespace
 namespace fs = std::filesystem;
 namespace {
 
@@ -204,6 +218,11 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   GptResident resident(params, ops);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  // Model FLOPs (6 N a token plus the attention's over each batch's mask) against the GPUs'
+  // dense bf16 peak, where it is known.
+  const double peak = device == Device::cuda ? gpu_peak_flops() * comm.size() : 0;
+  const double matmul_n = double(params.config().matmul_parameter_count());
+  double flops = 0;
   GptActs work;  // the steps' memory
   for (int64_t step = start; step < stop; ++step) {
     const GptStepOptions so{.mtp_weights = mtp_weights(step, steps),
@@ -218,6 +237,9 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     for (int64_t m = 0; m < micro; ++m) {
       GptBatch b = loader.next(micro_tokens, o.max_seq_len);
       tokens += b.size();
+      if (peak > 0)
+        flops += 6 * matmul_n * double(b.size()) +
+                 double(gpt_attention_flops(params.config(), b.seg_start));
       if (m % comm.size() == comm.rank())
         loss += gpt_loss_and_grad(params, b, so, no_host_grads, &work);
     }
@@ -253,9 +275,11 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
     const double secs =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     pr.tokens_per_s = secs > 0 ? double(tokens) / secs : 0;
+    if (peak > 0 && secs > 0) pr.mfu = flops / secs / peak;
     pr.eta_s = secs / double(step + 1 - start) * double(stop - step - 1);
     Json line = {{"step", pr.step}, {"train_loss", loss}, {"tokens_per_s", pr.tokens_per_s}};
     line["val_loss"] = pr.val_loss ? Json(*pr.val_loss) : Json(nullptr);
+    line["mfu"] = pr.mfu ? Json(*pr.mfu) : Json(nullptr);
     metrics << line.dump() << "\n" << std::flush;
     if (on_progress) on_progress(pr);
     if (last || (o.save_every > 0 && (step + 1) % o.save_every == 0)) {
