@@ -181,8 +181,13 @@ int run(const Options& o) {
     total.push_back(f + lm + bw + st);
   }
   const double t = median(total);
-  fmt::print("  median of {} steps: {:.1f} ms a step, {:.0f} tokens/s\n", o.repeats, t,
-             1e3 * double(o.tokens) / t);
+  const train::GptBatch mb = random_batch(o, 7);
+  const double flops = 6 * double(params.config().matmul_parameter_count()) * double(mb.size()) +
+                       double(gpt_attention_flops(params.config(), mb.seg_start));
+  const double peak = device == Device::cuda ? cuda_bf16_peak_flops() : 0;
+  fmt::print("  median of {} steps: {:.1f} ms a step, {:.0f} tokens/s{}\n", o.repeats, t,
+             1e3 * double(o.tokens) / t,
+             peak > 0 ? fmt::format(", MFU {:.1f}%", 100 * flops / (t * 1e-3) / peak) : "");
   fmt::print("    forward {:.1f} ms, loss {:.1f} ms, backward {:.1f} ms, optimizer {:.1f} ms\n",
              median(fwd), median(loss), median(bwd), median(step_ms));
   if (device != Device::cuda) return 0;

@@ -126,6 +126,13 @@ void Arena::reset() {
   for (Block& b : blocks_) b.used = 0;
 }
 
+double cuda_bf16_peak_flops() {
+  const std::vector<CudaDeviceInfo> d = cuda_devices();
+  if (d.empty()) return 0;
+  const std::string& n = d.front().name;
+  return n.find("H100") != std::string::npos || n.find("H200") != std::string::npos ? 989.5e12 : 0;
+}
+
 Device pick_device(const std::string& name) {
   std::string d = name;
   if (d == "auto") {

@@ -22,6 +22,11 @@ struct CudaDeviceInfo {
 bool cuda_built();                           // compiled with DEG_CUDA
 std::vector<CudaDeviceInfo> cuda_devices();  // empty without a driver or GPU
 bool cuda_available();                       // built, and a GPU is visible
+// The first GPU's dense bf16 tensor-core rate in FLOP/s, for MFU: the H100 SXM's and the H200
+// SXM's 989.5 TFLOP/s (their datasheets' 1,979 "with sparsity", halved; the two share the compute
+// die, and the PyTorch reference divides by the same); 0 without a GPU or for one deg does not
+// know.
+double cuda_bf16_peak_flops();
 
 // A device by name: cpu, cuda, or auto ($DEG_DEVICE when set, else cuda when a GPU is visible,
 // else cpu). Throws deg::Error for another name, or cuda without a CUDA build.

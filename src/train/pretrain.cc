@@ -23,20 +23,6 @@
 #include "train/optim.h"
 
 namespace deg::train {
-
-namespace {
-
-// The dense bf16 tensor-core rate of the GPU, for MFU: the H100 SXM's and the H200 SXM's
-// 989.5 TFLOP/s (the datasheets' 1,979 "with sparsity", halved; the two share the compute die,
-// and the PyTorch reference divides by the same); 0 for another GPU, whose MFU goes unreported.
-double gpu_peak_flops() {
-  const std::vector<CudaDeviceInfo> d = cuda_devices();
-  if (d.empty()) return 0;
-  const std::string& n = d.front().name;
-  return n.find("H100") != std::string::npos || n.find("H200") != std::string::npos ? 989.5e12 : 0;
-}
-
-}  // namespace
 namespace fs = std::filesystem;
 namespace {
 
@@ -220,7 +206,7 @@ PretrainResult pretrain_gpt(GptConfig config, bool vocab_from_data, const Pretra
   int64_t tokens = 0;
   // Model FLOPs (6 N a token plus the attention's over each batch's mask) against the GPUs'
   // dense bf16 peak, where it is known.
-  const double peak = device == Device::cuda ? gpu_peak_flops() * comm.size() : 0;
+  const double peak = device == Device::cuda ? cuda_bf16_peak_flops() * comm.size() : 0;
   const double matmul_n = double(params.config().matmul_parameter_count());
   double flops = 0;
   GptActs work;  // the steps' memory
