@@ -127,10 +127,13 @@ for c in configs:
         # deg's figure is its whole run's (validation included); the reference's summary leaves
         # out its compiling first step and its validations.
         a = d[-1]["tokens_per_s"] if d else None
+        am = d[-1].get("mfu") if d else None
         try:
-            b = json.load(open(os.path.join(out, f"ref_{c}_{s}.json")))["steady_tokens_per_s"]
+            summary = json.load(open(os.path.join(out, f"ref_{c}_{s}.json")))
+            b, bm = summary["steady_tokens_per_s"], summary.get("steady_mfu")
         except (OSError, ValueError, KeyError):
-            b = None
+            b = bm = None
         if a and b:
-            print(f"{c:<20} {s:>4} tokens/s: deg {a:,.0f}, reference {b:,.0f}, ratio {a / b:.2f}")
+            mfu = f" (MFU {am:.1%} / {bm:.1%})" if am is not None and bm is not None else ""
+            print(f"{c:<20} {s:>4} tokens/s: deg {a:,.0f}, reference {b:,.0f}, ratio {a / b:.2f}{mfu}")
 EOF
