@@ -66,8 +66,11 @@ GptNet::GptNet(const GptConfig& cfg, const TensorMap& w, const Ops& ops)
       weight_on(ops, w, "value_embeds", {int64_t(cfg.value_embed_layers.size()), V, C});
   for (size_t j = 0; j < cfg.value_embed_layers.size(); ++j) ve_.push_back(ve.select(0, j));
   ngram_ = weight_on(ops, w, "ngram_table", {cfg.ngram_vocab, cfg.ngram_dim});
-  sign_pool_ =
-      vector_on(ops, weight_f32(w, "ngram_sign_pool", {cfg.ngram_sign_rows, cfg.ngram_dim}));
+  // f32 as it is (a trainer's resident copy stays where it is: no copy a step), else widened.
+  const Shape pool{cfg.ngram_sign_rows, cfg.ngram_dim};
+  sign_pool_ = weight_need(w, "ngram_sign_pool", pool).dtype() == DType::f32
+                   ? weight_on(ops, w, "ngram_sign_pool", pool)
+                   : vector_on(ops, weight_f32(w, "ngram_sign_pool", pool));
   smear_ = vector_on(ops, weight_f32(w, "smear_gate", {1, cfg.smear_channels}));
   ve_gate_ = vector_on(ops, weight_f32(w, "ve_gate",
                                        {int64_t(cfg.value_embed_gate_layers.size()), H,

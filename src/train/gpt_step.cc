@@ -36,7 +36,11 @@ std::unique_ptr<Family> model_of(const GptParams& p, const GptStepOptions& o, co
   } else {
     for (const ParamTensor& t : p.tensors()) view(t.name, t.data.data(), t.shape);
   }
-  view("ngram_sign_pool", p.sign_pool.data(), {cfg.ngram_sign_rows, cfg.ngram_dim});
+  if (o.resident) {
+    w["ngram_sign_pool"] = o.resident->sign_pool;
+  } else {
+    view("ngram_sign_pool", p.sign_pool.data(), {cfg.ngram_sign_rows, cfg.ngram_dim});
+  }
   for (const auto& [kind, r] : {std::pair{"narrow", &p.rotary_narrow}, {"wide", &p.rotary_wide}}) {
     const std::string pre = std::string("rotary.") + kind;
     view(pre + ".freq", r->freq.data(), {int64_t(r->freq.size())});
@@ -94,6 +98,9 @@ GptResident::GptResident(const GptParams& params, const Ops& backend) : ops(&bac
     floats += (int64_t(t.data.size()) + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
   grad_block = backend.alloc({std::max<int64_t>(floats, 1)}, DType::f32);
+  const GptConfig& c = params.config();
+  sign_pool =
+      backend.upload(Tensor::from_vector(params.sign_pool, {c.ngram_sign_rows, c.ngram_dim}));
   for (size_t k = 0; k < at.size(); ++k)
     grads.emplace_back(grad_block.buffer(), grad_block.byte_offset() + size_t(at[k]) * 4,
                        DType::f32, params.tensors()[k].shape);

@@ -55,6 +55,8 @@ struct GptResident {
   // boundary with the gaps left zero: a norm or a scale of all the gradients is one op (one
   // host wait for the norm, not one a tensor).
   Tensor grad_block;
+  // The n-gram sign pool (a fixed buffer, not trained) on the backend, uploaded once for the run.
+  Tensor sign_pool;
   std::vector<float*> value_ptrs();
   std::vector<float*> grad_ptrs();
   void download(GptParams& params) const;
