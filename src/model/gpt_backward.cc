@@ -49,13 +49,7 @@ class GradOps {
   // rows in order).
   void add_dot(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, int64_t n,
                float* slot, float s) const {
-    if (rows == 0 || n == 0) return;
-    float* partial = zeros(rows);
-    const CombineTerm t[] = {{.x = b, .ldx = ldb, .lane = n_.ones_.data<float>()}};
-    const CombineGrad g[] = {{.dcoef = partial, .ldc = 1}};
-    x_.ops.combine_backward(
-        {.forward = {.rows = rows, .n = n, .terms = t}, .dy = a, .ldy = lda, .grads = g});
-    x_.ops.column_sum({.x = partial, .ldx = 1, .rows = rows, .n = 1, .s = s, .out = slot});
+    add_dots(a, lda, rows, n, {{.b = b, .ldb = ldb, .slot = slot, .s = s}});
   }
 
   // add_dot of one a with several b in one pass over a: dots[k].slot += dots[k].s a . dots[k].b

@@ -694,9 +694,7 @@ cudaError_t launch_softcap(float* y, int64_t n, float cap, cudaStream_t stream) 
 cudaError_t launch_copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                              int64_t n, cudaStream_t stream) {
   if (rows * n == 0) return cudaSuccess;
-  const bool by4 = (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) % 16 == 0 &&
-                   (ldx | ldy | n) % 4 == 0;
-  if (by4) {
+  if (n % 4 == 0 && aligned4(x, ldx) && aligned4(y, ldy)) {
     copy_rows4_kernel<<<row_grid(rows, n / 4), kThreads, 0, stream>>>(
         reinterpret_cast<const float4*>(x), ldx / 4, reinterpret_cast<float4*>(y), ldy / 4, rows,
         n / 4);
